@@ -1,0 +1,9 @@
+"""The one exception type for mistakes in what the user gave us (config, data, paths).
+
+The command line prints its message as one line and exits non-zero, without a traceback;
+anything else that escapes is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Bad input from the user: the message says what and where, in one line."""

@@ -1,0 +1,26 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import grpo
+from grpo.cli import main
+
+
+def test_version_and_help(capsys):
+    try:
+        main(["--version"])
+    except SystemExit as stop:
+        assert stop.code == 0
+    assert capsys.readouterr().out.strip() == f"grpo {grpo.__version__}"
+    assert main([]) == 0
+    assert "GRPO" in capsys.readouterr().out
+
+
+def test_console_command_is_installed():
+    command = str(Path(sys.executable).parent / "grpo")  # the entry point pip wrote
+    out = subprocess.run([command, "--help"], capture_output=True, text=True, check=True)
+    assert "value model goes" in out.stdout
+    bad = subprocess.run([command, "--no-such-flag"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "unrecognized arguments" in bad.stderr
+    assert "Traceback" not in bad.stderr
