@@ -1,0 +1,105 @@
+"""Pass@k and Maj@k: the two curves behind "RL raises Maj@K but not Pass@K".
+
+Both are exact expectations over the C(n, k) ways of choosing k of a prompt's n samples
+(without replacement), so they are smooth in k and need no resampling:
+- pass@k: the chance that at least one of the k is correct (Chen et al., arXiv 2107.03374).
+  `1 - (1 - c/n)^k` is biased (it samples with replacement); it is not used.
+- maj@k: the accuracy of a majority vote over the k (DeepSeekMath Fig. 7 plots its mean
+  over prompts). Ties among m answers score 1/m for each correct one, i.e. a uniformly
+  random pick among the tied answers. Samples with no answer (None) never win a vote while
+  any answer was drawn; k unanswered samples score 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+__all__ = ["pass_at_k", "maj_at_k"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator: 1 - C(n - c, k) / C(n, k) (Chen et al. 2021, eq. 1).
+
+    `n` samples of which `c` are correct, k <= n. Exact: computed with integer binomials.
+    """
+    n, c, k = int(n), int(c), int(k)
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _binomial_weights(count: int, p: float) -> np.ndarray:
+    """w[x] = C(count, x) p^x (1 - p)^(count - x) for x = 0..count.
+
+    Scaling every binomial coefficient by p^x (1-p)^(count-x) keeps the products in
+    `maj_at_k` near 1 instead of near C(n, k), which would overflow float64 for n ~ 1000;
+    the scale is the same p^k (1-p)^(n-k) for every way of drawing k, so it divides out.
+    """
+    x = np.arange(count + 1)
+    if p >= 1.0:
+        return (x == count).astype(np.float64)
+    log_comb = np.array([math.lgamma(count + 1) - math.lgamma(i + 1) - math.lgamma(count - i + 1) for i in x])
+    return np.exp(log_comb + x * math.log(p) + (count - x) * math.log1p(-p))
+
+
+def _correct_flags(answers: list, correct) -> list[bool]:
+    """`correct` is either n per-sample flags or the reference answer."""
+    if isinstance(correct, (str, bytes)) or not hasattr(correct, "__len__") or len(correct) != len(answers):
+        return [a is not None and a == correct for a in answers]
+    flags = list(correct.tolist() if hasattr(correct, "tolist") else correct)
+    if all(isinstance(f, (bool, np.bool_)) for f in flags):
+        return [bool(f) for f in flags]
+    return [a is not None and a == correct for a in answers]
+
+
+def maj_at_k(answers: Sequence[Hashable | None], correct, k: int) -> float:
+    """Expected accuracy of a majority vote over k of the n samples, drawn without replacement.
+
+    `answers`: the n extracted answers (hashable; None = no answer). `correct`: n booleans
+    (sample i is correct; an answer counts as correct if any of its samples is) or the
+    reference answer itself. Ties among m answers count 1/m for each correct one; None never
+    wins a vote while any answer was drawn.
+
+    Exact: for each correct answer a and each number v of its copies drawn, a dynamic
+    programme over the other answers counts the draws in which none exceeds v, tracking how
+    many tie at v. O(n^2 * k * m) for m distinct answers; brute force is O(C(n, k)).
+    """
+    answers = list(answers)
+    n, k = len(answers), int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+    flags = _correct_flags(answers, correct)
+    counts = Counter(a for a in answers if a is not None)
+    n_none = n - sum(counts.values())
+    right = {a for a, ok in zip(answers, flags) if ok and a is not None}
+    if not right:
+        return 0.0
+    p = k / n
+    weights = {c: _binomial_weights(c, p) for c in {*counts.values(), n_none}}
+    total = 0.0
+    for answer in right:
+        others = [c for b, c in counts.items() if b != answer]
+        ties = np.arange(len(others) + 1)  # t other answers tied with ours at the top
+        for v in range(1, min(counts[answer], k) + 1):
+            rest = k - v  # draws left for the other answers and the unanswered samples
+            ways = np.zeros((rest + 1, len(others) + 1))  # ways[s, t]: s drawn, t tying
+            ways[0, 0] = 1.0
+            for c in others:
+                w = weights[c]
+                grown = np.zeros_like(ways)
+                for x in range(min(c, v, rest) + 1):
+                    if x < v:
+                        grown[x:, :] += w[x] * ways[: rest + 1 - x, :]
+                    else:  # x == v: this answer ties with ours
+                        grown[x:, 1:] += w[x] * ways[: rest + 1 - x, :-1]
+                ways = grown
+            w_none = weights[n_none]
+            filled = sum(w_none[x] * ways[rest - x, :] for x in range(min(n_none, rest) + 1))
+            total += weights[counts[answer]][v] * float((filled / (1 + ties)).sum())
+    return total / float(_binomial_weights(n, p)[k])
