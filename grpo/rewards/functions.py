@@ -1,0 +1,312 @@
+"""Reward functions: the protocol, turning the config's specs into functions, and scoring.
+
+A reward function has the signature TRL users already know,
+`fn(prompts, completions, **columns) -> list[float | None]`, where `columns` are the
+dataset's other columns, one value per completion, and None means "cannot score". A spec
+names either a built-in (`BUILTIN_REWARDS`) or a user function as 'pkg.module:attr'.
+
+Why so many checks: a reward function is user code that runs at every step of a long run.
+A bad value it returns (a NaN, a string, one score short) would otherwise surface steps
+later as a NaN loss or a shape error, far from its cause. So `load_rewards` resolves every
+spec before the first step, and `score` checks every value it gets back; each mistake is a
+one-line UserError that names the function, and where it can, the row and the completion.
+
+None is "not scored", never 0: a row's total is the weighted sum over the functions that
+scored it, and NaN when none did (the advantage code leaves NaN rows out of the baseline).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import numbers
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from grpo.errors import UserError
+from grpo.rewards.rules import exact_answer, math_answer, r1_format
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardFn",
+    "RewardScores",
+    "WeightedReward",
+    "load_rewards",
+    "resolve_reward",
+    "score",
+]
+
+_PREVIEW_CHARS = 40  # of a completion, in an error message
+_DETAIL_CHARS = 200  # of an exception's text or a bad value, in an error message
+# Names `score` passes positionally: a data column of either name could not reach the function.
+_ARGUMENTS = ("prompts", "completions")
+
+
+class RewardFn(Protocol):
+    """fn(prompts, completions, **columns) -> one score per completion; None = cannot score.
+
+    `columns` are the dataset's other columns, each a list row-aligned with `completions`
+    (TRL's GRPOTrainer convention, so its reward functions work unchanged).
+    """
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: Any
+    ) -> list[float | None]: ...
+
+
+@dataclass(frozen=True)
+class WeightedReward:
+    """A resolved reward function and its weight in the total."""
+
+    name: str  # the spec as written (built-in name or 'pkg.module:attr'), '#2' on repeats
+    fn: RewardFn
+    weight: float
+
+
+@dataclass
+class RewardScores:
+    """The scores of one batch of N completions."""
+
+    # (N,) float32: sum of weight * score over the functions that scored the row; NaN if none did
+    total: Tensor
+    per_function: dict[str, Tensor]  # name -> (N,) float32 unweighted scores, NaN where None
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "exact_answer": exact_answer,
+    "math_answer": math_answer,
+    "r1_format": r1_format,
+}
+
+
+def _one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
+    """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` chars."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    """'ValueError: boom', on one line."""
+    detail = _one_line(str(exc))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _builtin(spec: str) -> RewardFn:
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    close = difflib.get_close_matches(spec, BUILTIN_REWARDS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserError(
+        f"unknown reward {spec!r}{hint} (built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
+        "or give 'pkg.module:function')"
+    )
+
+
+def _import(spec: str, module_name: str) -> ModuleType:
+    # The `grpo` console script puts its own bin directory on sys.path, not the working
+    # directory, so a rewards.py next to the user's config would not be found. Appended, not
+    # prepended, so it never shadows an installed package.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        # ImportError's text already says what is missing; anything else (a SyntaxError, a
+        # crash while the module runs) needs its type to make sense.
+        detail = _one_line(str(exc)) if isinstance(exc, ImportError) else _describe(exc)
+        raise UserError(
+            f"reward {spec!r}: cannot import module {module_name!r} ({detail})"
+        ) from exc
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """The function a spec names: a built-in name, or 'pkg.module:attr' (attr may be dotted).
+
+    The module is imported from sys.path, with the working directory tried last. Raises
+    UserError (one line, naming the spec) when the name is unknown, the module cannot be
+    imported, the attribute is missing, or what it names is not a function.
+    """
+    if not isinstance(spec, str):
+        raise UserError(
+            f"reward {spec!r}: expected a built-in name or 'pkg.module:function', "
+            f"got a {type(spec).__name__}"
+        )
+    if ":" not in spec:
+        return _builtin(spec)
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise UserError(f"reward {spec!r}: expected 'pkg.module:function'")
+    obj: Any = _import(spec, module_name)
+    owner = f"module {module_name!r}"
+    walked: list[str] = []
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"reward {spec!r}: {owner} has no attribute {part!r}")
+        obj = getattr(obj, part)
+        walked.append(part)
+        owner = repr(f"{module_name}:{'.'.join(walked)}")
+    # A class is callable, but calling it builds an instance instead of returning scores.
+    if isinstance(obj, type):
+        raise UserError(
+            f"reward {spec!r}: {attr_path!r} is a class; name a function, a method or an "
+            "instance with __call__"
+        )
+    if not callable(obj):
+        raise UserError(
+            f"reward {spec!r}: {attr_path!r} is not callable (it is a {type(obj).__name__})"
+        )
+    return obj
+
+
+def _check_weight(spec: str, weight: Any) -> float:
+    if not isinstance(weight, numbers.Real):
+        raise UserError(
+            f"reward {spec!r}: weight must be a number, got {_one_line(repr(weight))} "
+            f"({type(weight).__name__})"
+        )
+    # An infinite weight is as broken as NaN: inf * 0 makes the total NaN.
+    if not math.isfinite(weight):
+        raise UserError(f"reward {spec!r}: weight must be a finite number, got {weight}")
+    return float(weight)
+
+
+def load_rewards(specs: list[tuple[str, float]]) -> list[WeightedReward]:
+    """Resolve (spec, weight) pairs into WeightedRewards, checking all before any runs.
+
+    Names stay unique, as `RewardScores.per_function` is keyed by them: a spec that appears
+    again becomes 'spec#2', 'spec#3', ... A weight of 0 is allowed (log a function's
+    scores without training on them); a weight that is not a finite number is a UserError.
+    """
+    rewards = []
+    seen: Counter[str] = Counter()
+    for spec, weight in specs:
+        fn = resolve_reward(spec)
+        seen[spec] += 1
+        name = spec if seen[spec] == 1 else f"{spec}#{seen[spec]}"
+        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(spec, weight)))
+    return rewards
+
+
+def _preview(completion: str) -> str:
+    """The completion's first characters, quoted on one line."""
+    text = str(completion)
+    return repr(text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "...")
+
+
+def _raise_for_failing_row(
+    reward: WeightedReward,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+    batch_error: Exception,
+) -> NoReturn:
+    """Re-run `reward` on each row alone to name the row that makes it raise.
+
+    Only on the error path, so the cost of N extra calls does not matter. A function that
+    fails on the batch but on no single row (it depends on the batch) is reported as such.
+    """
+    for i in range(len(completions)):
+        row_columns = {key: values[i : i + 1] for key, values in columns.items()}
+        try:
+            reward.fn(prompts[i : i + 1], completions[i : i + 1], **row_columns)
+        except Exception as row_error:
+            raise UserError(
+                f"reward {reward.name!r} raised {_describe(row_error)} on row {i} "
+                f"(completion {_preview(completions[i])})"
+            ) from row_error
+    raise UserError(
+        f"reward {reward.name!r} raised {_describe(batch_error)} on the batch of "
+        f"{len(completions)} completions (no single row fails alone)"
+    ) from batch_error
+
+
+def _as_scores(name: str, values: Any, n: int) -> Tensor:
+    """Check one function's return value and turn it into (N,) float32, NaN for None."""
+    # Arrays and tensors are not Sequences, but their lists are exactly what was meant.
+    if isinstance(values, (np.ndarray, Tensor)):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise UserError(
+            f"reward {name!r} returned a {type(values).__name__}, not a list of scores "
+            "(one float or None per completion)"
+        )
+    if len(values) != n:
+        raise UserError(f"reward {name!r} returned {len(values)} scores for {n} completions")
+    scores = []
+    for i, value in enumerate(values):
+        if value is None:
+            scores.append(math.nan)
+            continue
+        # numbers.Real includes bool (True -> 1.0) and numpy's scalar types.
+        if not isinstance(value, numbers.Real):
+            raise UserError(
+                f"reward {name!r} returned {_one_line(repr(value))} ({type(value).__name__}) "
+                f"for row {i}; expected a number, or None for 'cannot score'"
+            )
+        if not math.isfinite(value):
+            raise UserError(
+                f"reward {name!r} returned {value} for row {i}; return None for 'cannot score'"
+            )
+        scores.append(float(value))
+    return torch.tensor(scores, dtype=torch.float32)
+
+
+def _call(
+    reward: WeightedReward,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+) -> Tensor:
+    try:
+        values = reward.fn(prompts, completions, **columns)
+    except UserError:
+        raise  # already one line that names its culprit, e.g. a built-in's missing column
+    except Exception as exc:
+        _raise_for_failing_row(reward, prompts, completions, columns, exc)
+    return _as_scores(reward.name, values, len(completions))
+
+
+def score(
+    rewards: list[WeightedReward],
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+) -> RewardScores:
+    """Run every reward function on a batch and combine their scores.
+
+    `prompts`, `completions` and every column are row-aligned: row i of each belongs to
+    completion i (a prompt repeats once per completion). Returns the raw scores of each
+    function (NaN where it returned None) and
+        total_i = sum_f weight_f * score_fi   over the f that scored row i   (N,)
+    which is NaN where no function scored row i.
+    """
+    n = len(completions)
+    if len(prompts) != n:
+        raise ValueError(
+            f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion"
+        )
+    for key, values in columns.items():
+        if key in _ARGUMENTS:
+            raise UserError(
+                f"data column {key!r} has the name of a reward-function argument; rename the column"
+            )
+        if len(values) != n:
+            raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
+    per_function = {r.name: _call(r, prompts, completions, columns) for r in rewards}
+    scores = torch.stack(list(per_function.values())) if rewards else torch.empty(0, n)  # (F, N)
+    weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32).unsqueeze(1)  # (F, 1)
+    scored = ~torch.isnan(scores)  # (F, N)
+    weighted = torch.where(scored, weights * scores, torch.zeros_like(scores)).sum(0)  # (N,)
+    total = torch.where(scored.any(0), weighted, torch.full_like(weighted, math.nan))  # (N,)
+    return RewardScores(total=total, per_function=per_function)
