@@ -1,0 +1,362 @@
+"""The typed run configuration: a YAML file plus dotted `--set` overrides, validated up front.
+
+Every field carries its documentation (`grpo train --help` prints them all). Validation runs
+before any model is loaded: an unknown or misspelt key, a value of the wrong type or an
+impossible value raises `UserError` with one line that names the key.
+
+The algorithm is a preset for exactly the three places where GRPO and PPO differ
+(DeepSeekMath §4.1): where the baseline comes from (`loss.baseline`: the group of G
+samples, or a learned critic), where the KL goes (`loss.kl_in`: the loss, or the per-token
+reward) and which estimator measures it (`loss.kl_estimator`: k3 or k1). Keys left unset
+take the preset's value; keys set explicitly win.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from grpo.errors import UserError
+
+__all__ = ["Config", "load_config", "config_from_dict", "config_to_dict", "describe_fields", "PRESETS"]
+
+
+def opt(default: Any, doc: str, **kw) -> Any:
+    """A dataclass field with its documentation attached."""
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc}, **kw)
+    return field(default=default, metadata={"doc": doc}, **kw)
+
+
+@dataclass
+class DataConfig:
+    path: str = opt("", "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, or a `datasets` name.")
+    prompt_column: str = opt("prompt", "Column holding the prompt: a string, or a list of chat messages (then the tokenizer's chat template is applied).")
+    split: str = opt("train", "Split to use when `path` is a `datasets` name or a saved DatasetDict.")
+    shuffle: bool = opt(True, "Shuffle the prompts by `seed`, reshuffling at each pass over the data.")
+
+
+@dataclass
+class RewardConfig:
+    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format) or 'pkg.module:function' with TRL's signature fn(prompts, completions, **columns) -> list[float | None].")
+    model: str | None = opt(None, "A reward model (path or hub id) scoring prompt + completion. Not available yet: use `function`.")
+    weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = opt(8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1.")
+    prompts_per_step: int = opt(4, "Prompts per step; a step samples prompts_per_step * group_size completions.")
+    max_new_tokens: int = opt(64, "Longest completion, in tokens (generation stops earlier at EOS).")
+    min_new_tokens: int = opt(0, "Shortest completion: EOS is suppressed before this many tokens.")
+    temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
+    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
+    top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(100, "Total RL steps (each: sample, score, advantages, update).")
+    iterations: int = opt(1, "Outer iterations of DeepSeekMath Algorithm 1; the reference model is reset to the policy at the start of each. Steps are split evenly among them.")
+    lr: float = opt(1e-6, "Policy learning rate (DeepSeekMath: 1e-6 for 7B; ~1e-3 suits tiny models trained from scratch).")
+    epochs: int = opt(1, "mu: update epochs over each step's batch. With 1 the old policy is the current one: no extra forward pass, the ratio is 1.")
+    minibatches: int = opt(1, "Optimizer steps per epoch: the batch of completions is split into this many minibatches.")
+    micro_batch_size: int = opt(0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
+    warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
+    schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after warm-up.")
+    max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (0 = no clipping).")
+    checkpoint_every: int = opt(0, "Save a resumable checkpoint every N steps (0 = only at the end).")
+    keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
+    sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
+    tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in.")
+
+
+@dataclass
+class LossConfig:
+    baseline: Literal["group", "critic"] | None = opt(None, "Where advantages come from: 'group' (GRPO: (r - mean) / std over the G samples of a prompt) or 'critic' (PPO: a value model and GAE). Default: the algorithm's.")
+    kl_in: Literal["loss", "reward"] | None = opt(None, "Where the KL penalty goes: 'loss' (GRPO: + beta * KL per token in the loss) or 'reward' (PPO: - beta * KL per token in the reward). Default: the algorithm's.")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = opt(None, "KL estimator: k3 (GRPO, unbiased and >= 0), k1 (PPO), k2. Default: the algorithm's.")
+    beta: float = opt(0.04, "KL coefficient. 0 loads no reference model.")
+    scale: Literal["group", "batch", "none"] = opt("group", "GRPO advantage divisor: the group's std (paper), the batch's std, or none (Dr. GRPO).")
+    eps: float = opt(1e-4, "Added to the std in the GRPO advantage.")
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = opt("seq-mean-token-mean", "How per-token losses are averaged: per sequence then over sequences (DeepSeekMath), over all tokens (DAPO), or summed over a constant max_new_tokens (Dr. GRPO).")
+    clip_low: float = opt(0.2, "Lower clip range epsilon: the ratio is clipped at 1 - clip_low.")
+    clip_high: float = opt(0.2, "Upper clip range: 1 + clip_high (DAPO's clip-higher uses 0.28).")
+    ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token (PPO/GRPO) or per sequence (GSPO).")
+    dual_clip: float | None = opt(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (off by default).")
+    drop_zero_std_groups: bool = opt(False, "Leave out of the update the groups whose rewards are all equal (their advantages are all 0; DAPO's dynamic sampling without the refill).")
+    gamma: float = opt(1.0, "PPO: discount in GAE.")
+    lam: float = opt(0.95, "PPO: GAE lambda.")
+    whiten_advantages: bool = opt(True, "PPO: whiten the GAE advantages over the batch.")
+    value_clip: float | None = opt(0.2, "PPO: clip range of the value loss (null = no clipping).")
+
+
+@dataclass
+class ValueConfig:
+    model: str | None = opt(None, "PPO's value model: a causal LM whose backbone gets a scalar head. Default: the policy's `model`.")
+    lr: float | None = opt(None, "Value model learning rate. Default: train.lr.")
+
+
+@dataclass
+class LoraConfig:
+    r: int = opt(0, "LoRA rank (0 = full fine-tuning). With LoRA the reference is the same weights with the adapter off: no second copy.")
+    alpha: float = opt(16.0, "LoRA alpha.")
+    target_modules: list[str] | str = opt("all-linear", "Modules to adapt (peft's target_modules).")
+
+
+@dataclass
+class Config:
+    algorithm: Literal["grpo", "ppo"] = opt("grpo", "The preset for loss.baseline, loss.kl_in and loss.kl_estimator: grpo (group, loss, k3) or ppo (critic, reward, k1).")
+    model: str = opt("", "The policy: a Hugging Face causal LM directory or hub id.")
+    seed: int = opt(0, "Seed for sampling, shuffling and initialisation.")
+    output_dir: str = opt("runs/train", "Where config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ go.")
+    data: DataConfig = opt(DataConfig(), "The prompts.")
+    rewards: list[RewardConfig] = opt([], "Reward functions (or models) and their weights; the reward is their weighted sum.")
+    rollout: RolloutConfig = opt(RolloutConfig(), "Sampling.")
+    train: TrainConfig = opt(TrainConfig(), "The optimisation loop.")
+    loss: LossConfig = opt(LossConfig(), "The objective.")
+    value: ValueConfig = opt(ValueConfig(), "PPO's value model.")
+    lora: LoraConfig = opt(LoraConfig(), "Parameter-efficient fine-tuning.")
+
+
+# The three places where the algorithms differ.
+PRESETS: dict[str, dict[str, str]] = {
+    "grpo": {"baseline": "group", "kl_in": "loss", "kl_estimator": "k3"},
+    "ppo": {"baseline": "critic", "kl_in": "reward", "kl_estimator": "k1"},
+}
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the type hint `tp`; return it converted (int -> float, ...)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(tp):
+            try:
+                return _convert(value, option, key)
+            except UserError as err:
+                errors.append((option, err))
+        # A choice among names keeps its own message, with its did-you-mean hint.
+        for option, err in errors:
+            if typing.get_origin(option) is Literal and value is not None:
+                raise UserError(f"{err} (or null)") from None
+        raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"{key}: expected one of {_type_name(tp)}, got {value!r}{hint}")
+    elif origin is list:
+        if isinstance(value, list):
+            (item,) = typing.get_args(tp)
+            return [_convert(v, item, f"{key}.{i}") for i, v in enumerate(value)]
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return _build(tp, value, key)
+    elif tp is float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise UserError(f"{key}: expected a finite number, got {value!r}")
+            return number
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is bool or tp is str:
+        if isinstance(value, tp):
+            return value
+    raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+            raise UserError(f"unknown config key '{full}'{hint}")
+        kwargs[key] = _convert(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise UserError(f"--set {dotted}: '{'.'.join(parts[:i])}' has no item {part}")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise UserError(f"--set {dotted}: '{'.'.join(parts[:i])}' is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
+                node[part] = {}
+            node = node[part]
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'rollout.group_size=4' -> ('rollout.group_size', 4); the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set expects key.sub=value, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise UserError(f"--set {key}: cannot read value {raw!r} ({str(err).splitlines()[0]})") from None
+    return key.strip(), value
+
+
+def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
+    """Build and validate a Config from a mapping (as read from YAML) and `key=value` overrides."""
+    if not isinstance(data, dict):
+        raise UserError(f"the config must be a mapping of keys to values, got {type(data).__name__}")
+    tree = copy.deepcopy(data)  # overrides must not write into the caller's mapping
+    for text in overrides:
+        _set_dotted(tree, *parse_override(text))
+    config = _build(Config, tree)
+    _resolve_presets(config)
+    validate(config)
+    return config
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Read a YAML config file, apply `key=value` overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: invalid YAML ({' '.join(str(err).split())})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the config must be a mapping of keys to values, got a {type(data).__name__}")
+    return config_from_dict(data, overrides)
+
+
+def _resolve_presets(config: Config) -> None:
+    for key, value in PRESETS[config.algorithm].items():
+        if getattr(config.loss, key) is None:
+            setattr(config.loss, key, value)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def validate(c: Config) -> None:
+    """Impossible values, each reported with its key. Runs before anything is loaded."""
+    _require(bool(c.model), "model: required (a Hugging Face model directory or hub id)")
+    _require(bool(c.data.path), "data.path: required (a prompt file or a datasets name)")
+    _require(len(c.rewards) > 0, "rewards: at least one reward is required, e.g. [{function: exact_answer}]")
+    for i, r in enumerate(c.rewards):
+        _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
+        _require(r.model is None, f"rewards.{i}.model: reward models in the loop are not available yet; use a reward function")
+        _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
+    ro, tr, lo = c.rollout, c.train, c.loss
+    if lo.baseline == "group":
+        _require(ro.group_size >= 2, f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}")
+        _require(lo.kl_in == "loss", "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')")
+    _require(ro.group_size >= 1, f"rollout.group_size: must be >= 1, got {ro.group_size}")
+    _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
+    _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
+    _require(0 <= ro.min_new_tokens <= ro.max_new_tokens, "rollout.min_new_tokens: must be between 0 and rollout.max_new_tokens")
+    _require(ro.temperature > 0, f"rollout.temperature: must be > 0, got {ro.temperature}")
+    _require(0 < ro.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {ro.top_p}")
+    _require(ro.top_k >= 0, f"rollout.top_k: must be >= 0, got {ro.top_k}")
+    _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
+    _require(1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}")
+    _require(tr.lr > 0, f"train.lr: must be > 0, got {tr.lr}")
+    _require(tr.epochs >= 1, f"train.epochs: must be >= 1, got {tr.epochs}")
+    batch = ro.prompts_per_step * ro.group_size
+    _require(1 <= tr.minibatches <= batch, f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}")
+    _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
+    _require(len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)")
+    _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
+    for name in ("warmup_steps", "checkpoint_every", "sample_every"):
+        _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
+    _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")
+    _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
+    _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
+    _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")
+    _require(lo.dual_clip is None or lo.dual_clip > 1, f"loss.dual_clip: must be > 1, got {lo.dual_clip}")
+    _require(lo.eps >= 0, "loss.eps: must be >= 0")
+    _require(0 <= lo.gamma <= 1, f"loss.gamma: must be in [0, 1], got {lo.gamma}")
+    _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
+    _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")
+    _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
+    _require(c.lora.r >= 0, "lora.r: must be >= 0")
+
+
+# ---- writing and documenting ----------------------------------------------------------------
+
+
+def config_to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every leaf field: the reference printed by --help."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hint):
+            rows.extend(describe_fields(hint, key + "."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if typing.get_origin(hint) is list and typing.get_args(hint) and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            rows.append((key, "[]", f.metadata.get("doc", "")))
+            rows.extend(describe_fields(typing.get_args(hint)[0], key + "[]."))
+            continue
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        rows.append((key, shown, f.metadata.get("doc", "")))
+    return rows
