@@ -1,0 +1,1 @@
+"""Plumbing: seeding, checkpoints, logging sinks, memory readings."""

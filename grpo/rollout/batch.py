@@ -1,0 +1,64 @@
+"""The Rollout: one step's prompts and sampled completions, as tensors and as text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """N = prompts * G rows; rows g*G .. g*G+G-1 are the G completions of prompt g.
+
+    `input_ids` holds each prompt (left-padded to P) followed by its completion
+    (right-padded to T), so one forward pass scores the completion tokens.
+    """
+
+    input_ids: Tensor  # (N, P + T) long
+    attention_mask: Tensor  # (N, P + T) long: 1 on real prompt and completion tokens
+    completion_mask: Tensor  # (N, T) float: 1 on completion tokens up to and including EOS
+    prompts: list[str]  # (N,) the prompt text fed to the model (chat template applied)
+    completions: list[str]  # (N,) decoded completion text, without special tokens
+    rows: list[dict]  # (N,) the data row of each completion (its prompt's row, repeated)
+    group_size: int
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def completion_ids(self) -> Tensor:  # (N, T)
+        return self.input_ids[:, -self.completion_mask.shape[1] :]
+
+    @property
+    def position_ids(self) -> Tensor:  # (N, P + T): positions count real tokens only
+        return (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+    def columns(self, exclude: str) -> dict[str, list]:
+        """The data's other columns, one value per completion (what reward functions get)."""
+        keys = [k for k in self.rows[0] if k != exclude] if self.rows else []
+        return {k: [row.get(k) for row in self.rows] for k in keys}
+
+    def select(self, index: Tensor) -> Rollout:
+        """The rows in `index` (a 1-D long tensor), e.g. a minibatch."""
+        picked = index.tolist()
+        return Rollout(
+            input_ids=self.input_ids[index],
+            attention_mask=self.attention_mask[index],
+            completion_mask=self.completion_mask[index],
+            prompts=[self.prompts[i] for i in picked],
+            completions=[self.completions[i] for i in picked],
+            rows=[self.rows[i] for i in picked],
+            group_size=self.group_size,
+        )
+
+    @property
+    def completion_lengths(self) -> Tensor:  # (N,)
+        return self.completion_mask.sum(1)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        self.input_ids = self.input_ids.to(device)
+        self.attention_mask = self.attention_mask.to(device)
+        self.completion_mask = self.completion_mask.to(device)
+        return self

@@ -1,0 +1,249 @@
+"""The outer loop: DeepSeekMath Algorithm 1, for GRPO and PPO alike.
+
+for iteration in 1..I:              reference <- policy
+    for step in 1..M:               sample a batch of prompts; sample G outputs each;
+                                    score; advantages; mu epochs of updates
+(Iterative reward-model training between iterations arrives with reward models.)
+
+Everything is validated before any model is loaded: the config, the reward functions, the
+data. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
+`output_dir`, and `resume=True` continues from the newest checkpoint so that the metrics
+are those of a run never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from grpo.config import Config, config_from_dict, config_to_dict, load_config
+from grpo.data import PromptStream, load_rows
+from grpo.errors import UserError
+from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint
+from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
+from grpo.infra.seed import rng_state, seed_everything, set_rng_state
+from grpo.rewards import load_rewards
+from grpo.rollout import HFSampler
+from grpo.train.models import (
+    AdapterOff,
+    FrozenCopy,
+    NoReference,
+    apply_lora,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+)
+from grpo.train.schedule import lr_lambda
+from grpo.train.step import BASELINES, Engine, StepResult, train_step
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    final_dir: Path
+    metrics: list[dict]
+    models_held: int
+
+
+def as_config(config: Config | dict | str | Path, overrides: list[str] = ()) -> Config:
+    if isinstance(config, Config):
+        return config_from_dict(config_to_dict(config), overrides) if overrides else config
+    if isinstance(config, dict):
+        return config_from_dict(config, overrides)
+    return load_config(config, overrides)
+
+
+def build_engine(c: Config, rewards) -> Engine:
+    """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
+    tokenizer = load_tokenizer(c.model)
+    policy = load_causal_lm(c.model, c.train.dtype)
+    if c.lora.r:
+        policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
+    if c.loss.beta == 0:
+        reference = NoReference()
+    else:
+        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy)
+    critic = load_value_model(c.value.model or c.model, c.train.dtype) if c.loss.baseline == "critic" else None
+
+    policy_params = [p for p in policy.parameters() if p.requires_grad]
+    critic_params = list(critic.parameters()) if critic is not None else []
+    groups = [{"params": policy_params, "lr": c.train.lr}]
+    if critic_params:
+        groups.append({"params": critic_params, "lr": c.value.lr or c.train.lr})
+    optimizer = torch.optim.AdamW(groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay)
+    updates = c.train.steps * c.train.epochs * c.train.minibatches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
+
+    ro, lo = c.rollout, c.loss
+    sampler = HFSampler(
+        tokenizer,
+        prompt_column=c.data.prompt_column,
+        group_size=ro.group_size,
+        max_new_tokens=ro.max_new_tokens,
+        min_new_tokens=ro.min_new_tokens,
+        temperature=ro.temperature,
+        top_p=ro.top_p,
+        top_k=ro.top_k,
+    )
+    return Engine(
+        policy=policy,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        rewards=rewards,
+        reference=reference,
+        critic=critic,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        baseline=BASELINES[lo.baseline],
+        baseline_kwargs=dict(
+            group_size=ro.group_size, scale=lo.scale, eps=lo.eps, beta=lo.beta, kl_estimator=lo.kl_estimator,
+            kl_in=lo.kl_in, gamma=lo.gamma, lam=lo.lam, whiten_advantages=lo.whiten_advantages,
+        ),
+        prompt_column=c.data.prompt_column,
+        temperature=ro.temperature,
+        beta=lo.beta,
+        kl_estimator=lo.kl_estimator,
+        kl_in_loss=lo.kl_in == "loss",
+        clip=dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level),
+        dual_clip=lo.dual_clip,
+        aggregation=lo.aggregation,
+        max_new_tokens=ro.max_new_tokens,
+        epochs=c.train.epochs,
+        minibatches=c.train.minibatches,
+        micro_batch_size=c.train.micro_batch_size,
+        max_grad_norm=c.train.max_grad_norm,
+        value_clip=lo.value_clip,
+        drop_zero_std_groups=lo.drop_zero_std_groups,
+        group_size=ro.group_size,
+        policy_params=policy_params,
+        critic_params=critic_params,
+    )
+
+
+def models_held(e: Engine, c: Config) -> int:
+    """The models a run holds, counted as the papers count them: policy, reference (unless
+    beta = 0), value model (PPO) and reward. The reward counts once when it is given by rule
+    functions, and once per reward model: GRPO holds 3, PPO 4."""
+    reward_models = sum(1 for r in c.rewards if r.model is not None)
+    rule_rewards = any(r.function is not None for r in c.rewards)
+    return 1 + int(e.reference.held) + int(e.critic is not None) + max(reward_models, int(rule_rewards))
+
+
+def _trainer_state(e: Engine, stream: PromptStream, step: int, iteration: int) -> dict:
+    return {
+        "step": step,
+        "policy": e.policy.state_dict(),
+        # The reference equals the initial model during the first iteration; after a reset
+        # it is a snapshot of the policy, which only the checkpoint can give back.
+        "reference": e.reference.state_dict() if iteration > 0 else None,
+        "critic": e.critic.state_dict() if e.critic is not None else None,
+        "optimizer": e.optimizer.state_dict(),
+        "scheduler": e.scheduler.state_dict(),
+        "data": stream.state_dict(),
+        "rng": rng_state(),
+    }
+
+
+def _restore(e: Engine, stream: PromptStream, state: dict) -> int:
+    e.policy.load_state_dict(state["policy"])
+    if state["reference"] is not None:
+        e.reference.load_state_dict(state["reference"])
+    if e.critic is not None:
+        e.critic.load_state_dict(state["critic"])
+    e.optimizer.load_state_dict(state["optimizer"])
+    e.scheduler.load_state_dict(state["scheduler"])
+    stream.load_state_dict(state["data"])
+    set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def _write_samples(path: Path, step: int, result: StepResult, prompt_column: str) -> None:
+    batch = result.rollout
+    with open(path, "a", encoding="utf-8") as f:
+        for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
+            reward = float(result.scores[i])
+            f.write(json.dumps({
+                "step": step,
+                "prompt": batch.rows[i][prompt_column],
+                "completion": batch.completions[i],
+                "reward": reward if math.isfinite(reward) else None,
+            }) + "\n")
+
+
+def _save_final(e: Engine, final_dir: Path) -> None:
+    policy = e.policy
+    if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
+        policy = policy.merge_and_unload()
+    policy.save_pretrained(final_dir)
+    e.tokenizer.save_pretrained(final_dir)
+
+
+def _postfix(metrics: dict) -> dict:
+    kl = metrics.get("kl")
+    return {
+        "reward": f"{metrics['reward/mean']:.3f}",
+        "kl": "-" if kl is None else f"{kl:.4f}",
+        "s/step": f"{metrics['time/step']:.2f}",
+    }
+
+
+def train(
+    config: Config | dict | str | Path,
+    *,
+    overrides: list[str] = (),
+    resume: bool = False,
+    progress: bool = True,
+) -> TrainResult:
+    """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path)."""
+    from tqdm.auto import tqdm
+
+    c = as_config(config, overrides)
+    out = Path(c.output_dir)
+    metrics_path = out / "metrics.jsonl"
+    if not resume and (metrics_path.exists() or (out / "checkpoints").exists()):
+        raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it or choose another output_dir")
+
+    # Everything that can be wrong with the input is found before any model is loaded.
+    rewards = load_rewards([(r.function, r.weight) for r in c.rewards])
+    stream = PromptStream(load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split), seed=c.seed, shuffle=c.data.shuffle)
+    state = load_latest_checkpoint(out) if resume else None
+
+    seed_everything(c.seed)
+    e = build_engine(c, rewards)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(c), sort_keys=False))
+
+    start = 0
+    if state is not None:
+        start = _restore(e, stream, state)
+        truncate_metrics(metrics_path, start)
+    sinks = Sinks([JsonlSink(metrics_path)] + ([TensorBoardSink(out / "tensorboard")] if c.train.tensorboard else []))
+    steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
+    held = models_held(e, c)
+
+    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress, dynamic_ncols=True)
+    try:
+        for step in range(start, c.train.steps):
+            iteration = step // steps_per_iteration
+            if step > 0 and step % steps_per_iteration == 0:
+                e.reference.reset_to(e.policy)  # Algorithm 1: reference <- policy
+            result = train_step(e, stream.take(c.rollout.prompts_per_step))
+            number = step + 1
+            metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
+            sinks.log(number, metrics)
+            bar.update(1)
+            bar.set_postfix(_postfix(metrics))
+            if c.train.sample_every and number % c.train.sample_every == 0:
+                _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
+            if number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0):
+                save_checkpoint(out, number, _trainer_state(e, stream, number, iteration), keep=c.train.keep_checkpoints)
+    finally:
+        bar.close()
+        sinks.close()
+    _save_final(e, out / "final")
+    return TrainResult(out, out / "final", read_metrics(metrics_path), held)

@@ -1,0 +1,206 @@
+"""The networks a run holds: policy, reference, critic; and the forward passes over a Rollout.
+
+GRPO holds three models (policy, reference, reward: a reward *function* here, or a reward
+model); PPO holds four (plus the critic, a value model). The reference is a frozen copy of
+the policy, or, with LoRA, the same weights with the adapter switched off (no second copy).
+With beta = 0 there is no reference at all. Dropout is off in every model: they all stay in
+eval mode for the whole run (gradients flow regardless of the mode).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from grpo.algo import token_logprobs
+from grpo.errors import UserError
+from grpo.rollout import Rollout
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # OSError, ValueError, ... from the hub client or the files
+        raise UserError(f"model: cannot load a tokenizer from '{path}' ({_first_line(err)})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, dtype: str, key: str = "model"):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except Exception as err:
+        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({_first_line(err)})") from None
+    return model.eval()  # dropout off for RL
+
+
+def apply_lora(model, r: int, alpha: float, target_modules):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UserError("lora.r > 0 needs peft: pip install 'grpo[lora]'") from None
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, bias="none")
+    return get_peft_model(model, config).eval()
+
+
+def completion_logits(model, batch: Rollout) -> Tensor:
+    """Logits that predict each completion token: (N, T, V)."""
+    t_len = batch.completion_mask.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=t_len + 1,  # only the positions that predict completion tokens
+        use_cache=False,
+    )
+    return out.logits[:, :-1]  # position P-1+t predicts completion token t
+
+
+def policy_logprobs(model, batch: Rollout, temperature: float) -> Tensor:
+    """(N, T) float32 log-probabilities of the completion tokens under `model`."""
+    return token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=temperature)
+
+
+# ---- the reference ----------------------------------------------------------------------------
+
+
+class Reference(Protocol):
+    held: bool  # whether a network is held for it (for the "models held" count)
+
+    def logprobs(self, batch: Rollout, temperature: float) -> Tensor | None: ...
+    def reset_to(self, policy) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class NoReference:
+    """beta = 0: no KL term, so no reference model is loaded."""
+
+    held = False
+
+    def logprobs(self, batch, temperature):
+        return None
+
+    def reset_to(self, policy):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class FrozenCopy:
+    """A frozen copy of the policy's weights."""
+
+    held = True
+
+    def __init__(self, policy):
+        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(self, batch, temperature):
+        return policy_logprobs(self.model, batch, temperature)
+
+    @torch.no_grad()
+    def reset_to(self, policy):
+        self.model.load_state_dict(policy.state_dict())
+
+    def state_dict(self):
+        return self.model.state_dict()
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state)
+
+
+class AdapterOff:
+    """LoRA: the reference is the base weights, i.e. the policy with its adapter disabled.
+    Resetting the reference to the policy merges the adapter into the base and starts a
+    fresh (zero) adapter, so the policy is unchanged and the reference catches up."""
+
+    held = True
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    @torch.no_grad()
+    def logprobs(self, batch, temperature):
+        with self.policy.disable_adapter():
+            return policy_logprobs(self.policy, batch, temperature)
+
+    @torch.no_grad()
+    def reset_to(self, policy):
+        for module in policy.modules():
+            if hasattr(module, "merge") and hasattr(module, "lora_B"):
+                module.merge()
+                module.merged_adapters = []  # keep the merge: it is the new base
+                for b in module.lora_B.values():
+                    nn.init.zeros_(b.weight)
+
+    def state_dict(self):
+        return {}  # the base weights are part of the policy's own state
+
+    def load_state_dict(self, state):
+        pass
+
+
+# ---- the critic -------------------------------------------------------------------------------
+
+
+class ValueModel(nn.Module):
+    """PPO's critic: a causal LM's backbone with a scalar head, V(prefix) per position."""
+
+    def __init__(self, backbone, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # start at V = 0: no opinion before any data
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: Rollout) -> Tensor:
+        """(N, T): the value of the state before each completion token."""
+        t_len = batch.completion_mask.shape[1]
+        hidden = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state  # (N, P + T, H)
+        return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1)
+
+
+def load_value_model(path: str, dtype: str) -> ValueModel:
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    # The checkpoint's language-model head is not part of the backbone: transformers would
+    # print a table of these "unexpected" keys, which here are expected.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+    except Exception as err:
+        raise UserError(f"value.model: cannot load a model from '{path}' ({_first_line(err)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return ValueModel(backbone, backbone.config.hidden_size).eval()
+
+
+def count_parameters(model: nn.Module | None) -> int:
+    return 0 if model is None else sum(p.numel() for p in model.parameters())

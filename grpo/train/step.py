@@ -1,0 +1,260 @@
+"""One RL step, the same for GRPO and PPO: sample, score, baseline, update.
+
+The algorithms differ in exactly three places, each chosen once when the engine is built:
+1. the baseline: `group_baseline` (GRPO) or `critic_baseline` (PPO: value model + GAE);
+2. the KL: added to the per-token loss (GRPO) or subtracted from the per-token reward (PPO);
+3. the critic: absent (GRPO) or trained beside the policy with a clipped value loss (PPO).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from grpo.algo import (
+    aggregate,
+    clipped_fraction,
+    entropy,
+    gae,
+    group_advantages,
+    kl_estimate,
+    kl_penalized_rewards,
+    policy_loss,
+    token_logprobs,
+    value_loss,
+    whiten,
+)
+from grpo.infra.memory import peak_memory_mb
+from grpo.rewards import WeightedReward, score
+from grpo.rollout import Rollout, Sampler
+from grpo.train.models import Reference, completion_logits, policy_logprobs
+
+# ---- the baselines: place 1 (and 2, for where the KL enters the reward) ------------------------
+
+
+@dataclass
+class Targets:
+    advantages: Tensor  # (N,) per sequence, or (N, T) per token
+    returns: Tensor | None = None  # (N, T) for the critic, else None
+
+
+def group_baseline(scores, batch, old_logprobs, ref_logprobs, old_values, *, group_size, scale, eps, **_) -> Targets:
+    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps) for every token of output i."""
+    return Targets(group_advantages(scores, group_size, scale=scale, eps=eps))
+
+
+def critic_baseline(
+    scores, batch, old_logprobs, ref_logprobs, old_values, *, beta, kl_estimator, kl_in, gamma, lam, whiten_advantages, **_
+) -> Targets:
+    """PPO: per-token rewards (score at the last token, minus beta * KL per token when the
+    KL goes into the reward), then GAE against the critic's values, whitened."""
+    mask = batch.completion_mask
+    scores = torch.nan_to_num(scores, nan=0.0)  # an unscorable output teaches nothing
+    penalised = kl_in == "reward" and ref_logprobs is not None
+    rewards = kl_penalized_rewards(
+        scores,
+        old_logprobs if penalised else torch.zeros_like(mask),
+        ref_logprobs if penalised else torch.zeros_like(mask),
+        mask,
+        beta=beta if penalised else 0.0,
+        kind=kl_estimator,
+    )  # (N, T)
+    advantages, returns = gae(rewards, old_values, mask, gamma=gamma, lam=lam)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    return Targets(advantages, returns)
+
+
+BASELINES: dict[str, Callable[..., Targets]] = {"group": group_baseline, "critic": critic_baseline}
+
+
+# ---- the engine: what a step needs, chosen once from the config --------------------------------
+
+
+@dataclass
+class Engine:
+    policy: nn.Module
+    tokenizer: object
+    sampler: Sampler
+    rewards: list[WeightedReward]
+    reference: Reference
+    critic: nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    baseline: Callable[..., Targets]
+    baseline_kwargs: dict
+    prompt_column: str
+    temperature: float
+    beta: float
+    kl_estimator: str
+    kl_in_loss: bool
+    clip: dict  # clip_low, clip_high, level: the ratio's clipping, for the loss and its diagnostics
+    dual_clip: float | None
+    aggregation: str
+    max_new_tokens: int
+    epochs: int
+    minibatches: int
+    micro_batch_size: int
+    max_grad_norm: float
+    value_clip: float | None
+    drop_zero_std_groups: bool
+    group_size: int
+    policy_params: list = field(default_factory=list)
+    critic_params: list = field(default_factory=list)
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """With one epoch and one minibatch the old policy is the current one (ratio 1), so
+        its log-probs are the current ones, detached: no extra forward pass. Otherwise the
+        policy moves between updates, and PPO's KL-in-reward needs them before any update."""
+        return self.epochs > 1 or self.minibatches > 1 or self.critic is not None
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    rollout: Rollout
+    scores: Tensor  # (N,)
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
+    """(N/G,) bool: groups whose scored rewards are not all equal (their advantages move the policy)."""
+    groups = scores.view(-1, group_size)
+    lo = torch.where(torch.isnan(groups), torch.inf, groups).min(1).values
+    hi = torch.where(torch.isnan(groups), -torch.inf, groups).max(1).values
+    return hi > lo
+
+
+def train_step(e: Engine, rows: list[dict]) -> StepResult:
+    """One step on `rows` (prompts_per_step data rows): sample, score, baseline, update."""
+    start = time.perf_counter()
+
+    # 1. Sample G completions for each prompt.
+    batch = e.sampler.sample(e.policy, rows)
+    generated = time.perf_counter()
+
+    # 2. Score them; NaN = no reward function could score it.
+    prompts = [row[e.prompt_column] for row in batch.rows]
+    reward = score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column))
+    scores = reward.total.to(batch.completion_mask.device)  # (N,)
+    scored = time.perf_counter()
+
+    # 3. The reference's (and, when the policy will move, the old policy's) log-probs; values.
+    spread = _groups_with_spread(scores, e.group_size)  # (N/G,)
+    if e.drop_zero_std_groups:
+        keep = spread.repeat_interleave(e.group_size).nonzero().squeeze(1)
+        batch, scores = batch.select(keep), scores[keep]
+    with torch.no_grad():
+        ref_logprobs = e.reference.logprobs(batch, e.temperature) if len(batch) else None
+        old_logprobs = policy_logprobs(e.policy, batch, e.temperature) if e.needs_old_logprobs and len(batch) else None
+        old_values = e.critic(batch) if e.critic is not None and len(batch) else None
+
+    # 4. Advantages: from the group (GRPO) or from the critic (PPO).
+    targets = e.baseline(scores, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs) if len(batch) else None
+
+    # 5. Update: mu epochs over minibatches, accumulating micro-batches.
+    stats = _update(e, batch, targets, old_logprobs, ref_logprobs, old_values) if len(batch) else {}
+    updated = time.perf_counter()
+
+    lengths = batch.completion_lengths if len(batch) else torch.zeros(0)
+    finite = scores[~torch.isnan(scores)]
+    metrics = {
+        "reward/mean": float(finite.mean()) if len(finite) else math.nan,
+        "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
+        **{f"reward/{name}": float(torch.nanmean(v)) for name, v in reward.per_function.items()},
+        **stats,
+        "tokens/completion": int(lengths.sum()),
+        "completion_length/mean": float(lengths.float().mean()) if len(lengths) else 0.0,
+        "frac_zero_std_groups": float(1.0 - spread.float().mean()),
+        "frac_unscored": float(torch.isnan(reward.total).float().mean()),
+        "lr": e.scheduler.get_last_lr()[0],
+        "time/step": updated - start,
+        "time/generate": generated - start,
+        "time/score": scored - generated,
+        "time/update": updated - scored,
+        "memory/peak_mb": peak_memory_mb(),
+    }
+    metrics.setdefault("kl", None)
+    return StepResult(metrics, batch, reward.total)
+
+
+def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logprobs, old_values) -> dict:
+    n = len(batch)
+    mask = batch.completion_mask
+    sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "value_loss": 0.0, "grad_norm": 0.0}
+    first_pass_tokens = 0.0
+    updates = 0
+    for epoch in range(e.epochs):
+        order = torch.randperm(n) if e.minibatches > 1 else torch.arange(n)
+        for minibatch in order.chunk(e.minibatches):
+            totals = dict(
+                num_sequences=len(minibatch),
+                num_tokens=float(mask[minibatch].sum()),
+                max_tokens=e.max_new_tokens,
+            )
+            size = e.micro_batch_size or len(minibatch)
+            for micro in minibatch.split(size):
+                part = batch.select(micro)
+                m = part.completion_mask  # (n, T)
+                logits = completion_logits(e.policy, part)  # (n, T, V)
+                logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
+                old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
+                advantages = targets.advantages[micro]
+                per_token = policy_loss(logprobs, old, advantages, m, **e.clip, dual_clip=e.dual_clip)  # (n, T)
+                ref = ref_logprobs[micro] if ref_logprobs is not None else None
+                if ref is not None and e.kl_in_loss:
+                    # GRPO (DeepSeekMath eq. 3): the KL is a term of the loss, per token.
+                    per_token = per_token + e.beta * kl_estimate(logprobs, ref, e.kl_estimator) * m
+                loss = aggregate(per_token, m, e.aggregation, **totals)
+                if e.critic is not None:
+                    values = e.critic(part)  # (n, T)
+                    v_loss = value_loss(
+                        values, old_values[micro], targets.returns[micro], m,
+                        clip=e.value_clip, num_tokens=totals["num_tokens"],
+                    )
+                    loss = loss + v_loss
+                    sums["value_loss"] += float(v_loss.detach())
+                loss.backward()
+                sums["loss"] += float(loss.detach())
+                if epoch == 0:  # diagnostics of the policy as sampled
+                    with torch.no_grad():
+                        tokens = float(m.sum())
+                        first_pass_tokens += tokens
+                        sums["entropy"] += float((entropy(logits.detach(), temperature=e.temperature) * m).sum())
+                        if ref is not None:
+                            sums["kl"] += float((kl_estimate(logprobs.detach(), ref, e.kl_estimator) * m).sum())
+                sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **e.clip)) * len(micro)
+            sums["grad_norm"] += _clip(e.policy_params, e.max_grad_norm)
+            _clip(e.critic_params, e.max_grad_norm)
+            e.optimizer.step()
+            e.scheduler.step()
+            e.optimizer.zero_grad(set_to_none=True)
+            updates += 1
+    stats = {
+        "loss": sums["loss"] / updates,
+        "kl": sums["kl"] / max(first_pass_tokens, 1.0) if ref_logprobs is not None else None,
+        "entropy": sums["entropy"] / max(first_pass_tokens, 1.0),
+        "clip_fraction": sums["clip_fraction"] / (n * e.epochs),
+        "grad_norm": sums["grad_norm"] / updates,
+    }
+    if e.critic is not None:
+        stats["value_loss"] = sums["value_loss"] / updates
+        stats["value/mean"] = _masked_mean(old_values, mask)
+    return stats
+
+
+def _clip(params: list, max_norm: float) -> float:
+    if not params:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))

@@ -1,0 +1,48 @@
+import json
+
+import pytest
+
+from grpo.tasks.tiny import save_tiny_model
+
+ALPHABET = "0123456789abc "
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama with a character tokenizer, saved as a Hugging Face directory."""
+    return str(save_tiny_model(tmp_path_factory.mktemp("model"), ALPHABET, hidden_size=64, layers=2, heads=4))
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "tag": i}) + "\n" for i, p in enumerate(["a", "b", "c", "ab", "ba", "cab", "abc", "cc"])))
+    return str(path)
+
+
+@pytest.fixture
+def make_config(tiny_model, prompts_file, tmp_path):
+    """A small, fast config; keyword arguments are --set style overrides."""
+
+    def make(algorithm="grpo", **sections):
+        config = {
+            "algorithm": algorithm,
+            "model": tiny_model,
+            "seed": 0,
+            "output_dir": str(tmp_path / "run"),
+            "data": {"path": prompts_file},
+            "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
+            "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
+            "train": {"steps": 4, "lr": 1e-3, "sample_every": 2},
+            "loss": {"beta": 0.04},
+        }
+        if algorithm == "ppo":
+            config["rollout"].update(group_size=1, prompts_per_step=8)
+        for section, values in sections.items():
+            if isinstance(values, dict):
+                config.setdefault(section, {}).update(values)
+            else:
+                config[section] = values
+        return config
+
+    return make

@@ -1,0 +1,33 @@
+"""Reward functions the training tests name by import path, as a user's config would."""
+
+import os
+import signal
+
+_calls = {"n": 0}
+
+
+def sevens(prompts, completions, **columns):
+    """Learnable from scratch: the fraction of '7' among the first 8 characters."""
+    return [c[:8].count("7") / 8 for c in completions]
+
+
+def sevens_then_die(prompts, completions, **columns):
+    """`sevens`, but the process kills itself (SIGKILL, no clean-up) at the Nth call, where
+    N is $GRPO_TEST_DIE_AT: a crash in the middle of a step, after its sampling."""
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_DIE_AT", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sevens(prompts, completions)
+
+
+def explodes(prompts, completions, **columns):
+    raise ZeroDivisionError("the reward divided by zero")
+
+
+def constant(prompts, completions, **columns):
+    return [0.5 for _ in completions]
+
+
+def sevens_or_none(prompts, completions, **columns):
+    """`sevens`, but completions that start with '0' cannot be scored."""
+    return [None if c.startswith("0") else c[:8].count("7") / 8 for c in completions]

@@ -1,0 +1,134 @@
+"""The engine's pieces: what is loaded, what is computed, and what is skipped."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import grpo
+import grpo.train.step as step_module
+from grpo.config import config_from_dict
+from grpo.data import PromptStream, load_rows
+from grpo.rewards import load_rewards
+from grpo.rollout.sampler import HFSampler, completion_mask
+from grpo.train.loop import build_engine
+from grpo.train.models import policy_logprobs
+from grpo.train.step import train_step
+
+
+def engine_for(config_dict):
+    c = config_from_dict(config_dict)
+    torch.manual_seed(c.seed)
+    e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
+    stream = PromptStream(load_rows(c.data.path, prompt_column=c.data.prompt_column), seed=c.seed)
+    return e, c, stream
+
+
+def test_completion_mask_stops_after_the_first_eos():
+    ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0]])
+    got = completion_mask(ids, eos_token_id=2)
+    assert got.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_sampler_keeps_each_prompts_group_contiguous(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    sampler = HFSampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=5)
+    torch.manual_seed(0)
+    rows = [{"prompt": "ab"}, {"prompt": "cab"}]
+    batch = sampler.sample(model, rows)
+    assert len(batch) == 6 and batch.completion_mask.shape == (6, batch.completion_ids.shape[1])
+    assert [r["prompt"] for r in batch.rows] == ["ab"] * 3 + ["cab"] * 3
+    # Left-padded prompts: every row's prompt ends right before its completion.
+    decoded = tokenizer.batch_decode(batch.input_ids[:, : -batch.completion_mask.shape[1]], skip_special_tokens=True)
+    assert decoded == ["ab"] * 3 + ["cab"] * 3
+    assert batch.completions == tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+
+
+def test_one_update_epoch_needs_no_old_policy_pass(make_config, monkeypatch):
+    calls = []
+    monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
+    e, c, stream = engine_for(make_config())
+    assert not e.needs_old_logprobs
+    train_step(e, stream.take(c.rollout.prompts_per_step))
+    assert calls == []
+    e, c, stream = engine_for(make_config(train={"epochs": 2, "lr": 1e-3}))
+    result = train_step(e, stream.take(c.rollout.prompts_per_step))
+    assert calls == [1]  # one pass for the old policy, before the first update
+    assert result.metrics["clip_fraction"] >= 0.0
+
+
+def test_micro_batches_give_the_same_update_as_the_whole_batch(make_config):
+    weights = []
+    for micro in (0, 5):
+        e, c, stream = engine_for(make_config(train={"micro_batch_size": micro, "lr": 1e-3}))
+        train_step(e, stream.take(c.rollout.prompts_per_step))
+        weights.append({k: v.clone() for k, v in e.policy.state_dict().items()})
+    for key in weights[0]:
+        torch.testing.assert_close(weights[0][key], weights[1][key], rtol=1e-5, atol=1e-6)
+
+
+def test_beta_zero_loads_no_reference(make_config):
+    result = grpo.train(make_config(loss={"beta": 0.0}, train={"steps": 2}), progress=False)
+    assert result.models_held == 2  # policy and reward only
+    assert all(m["kl"] is None for m in result.metrics)
+
+
+def test_groups_with_equal_rewards_can_be_dropped(make_config, tiny_model):
+    config = make_config(rewards=[{"function": "tests.train.rewards_for_tests:constant"}],
+                         loss={"drop_zero_std_groups": True}, train={"steps": 2})
+    result = grpo.train(config, progress=False)
+    assert all(m["frac_zero_std_groups"] == 1.0 for m in result.metrics)
+    assert all(m["tokens/completion"] == 0 for m in result.metrics)  # nothing left to train on
+    before = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(result.final_dir).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_unscored_completions_are_counted_and_left_out(make_config):
+    config = make_config(rewards=[{"function": "tests.train.rewards_for_tests:sevens_or_none"}], train={"steps": 3})
+    metrics = grpo.train(config, progress=False).metrics
+    assert any(0 < m["frac_unscored"] < 1 for m in metrics)
+    assert all(m["reward/mean"] is not None for m in metrics)
+
+
+def test_chat_prompts_go_through_the_chat_template(make_config, tiny_model, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    model_dir = tmp_path / "chat-model"
+    AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in ["ab", "ba"]))
+    config = make_config(model=str(model_dir), data={"path": str(data), "prompt_column": "messages"},
+                         rollout={"prompts_per_step": 2}, train={"steps": 1})
+    e, c, stream = engine_for(config)
+    batch = e.sampler.sample(e.policy, stream.take(2))
+    assert sorted(set(batch.prompts)) == ["ab=", "ba="]
+    assert grpo.train(config, progress=False).metrics[0]["step"] == 1
+
+
+def test_lora_reference_is_the_adapter_switched_off(make_config, tiny_model):
+    e, c, stream = engine_for(make_config(lora={"r": 4, "alpha": 8}))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    batch = e.sampler.sample(e.policy, stream.take(2))
+    for _ in range(3):
+        train_step(e, stream.take(c.rollout.prompts_per_step))
+    # The policy moved; the reference is still the base model, with no second copy held.
+    with torch.no_grad():
+        torch.testing.assert_close(e.reference.logprobs(batch, 1.0), policy_logprobs(base, batch, 1.0))
+        assert not torch.allclose(policy_logprobs(e.policy, batch, 1.0), policy_logprobs(base, batch, 1.0))
+    trainable = sum(p.numel() for p in e.policy.parameters() if p.requires_grad)
+    assert 0 < trainable < sum(p.numel() for p in base.parameters()) / 2
+
+
+def test_lora_run_saves_a_plain_model(make_config):
+    result = grpo.train(make_config(lora={"r": 4}, train={"steps": 2}), progress=False)
+    assert result.models_held == 3
+    final = AutoModelForCausalLM.from_pretrained(result.final_dir)
+    assert not any("lora" in k for k in final.state_dict())
+
+
+def test_tensorboard_sink_writes_events(make_config, tmp_path):
+    result = grpo.train(make_config(train={"steps": 2, "tensorboard": True}), progress=False)
+    assert list((result.output_dir / "tensorboard").glob("events.out.tfevents.*"))

@@ -1,0 +1,56 @@
+"""End-to-end runs on a tiny model that must actually learn."""
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+import grpo
+
+STEP_KEYS = {
+    "step", "reward/mean", "reward/std", "reward/tests.train.rewards_for_tests:sevens", "kl", "loss",
+    "clip_fraction", "entropy", "tokens/completion", "completion_length/mean", "frac_zero_std_groups",
+    "time/step", "time/generate", "time/update", "memory/peak_mb",
+}
+
+
+def gain(metrics, k=5):
+    rewards = [m["reward/mean"] for m in metrics]
+    return sum(rewards[-k:]) / k - sum(rewards[:k]) / k
+
+
+def check_run_outputs(result, steps):
+    out = Path(result.output_dir)
+    assert [m["step"] for m in result.metrics] == list(range(1, steps + 1))
+    for m in result.metrics:
+        assert STEP_KEYS <= set(m), STEP_KEYS - set(m)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, steps + 1))
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["steps"] == steps
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"step", "prompt", "completion", "reward"} <= set(samples[0])
+    assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
+
+
+def test_grpo_learns_the_sevens_reward(make_config, tiny_model):
+    result = grpo.train(make_config(train={"steps": 40, "lr": 1e-3, "sample_every": 10}), progress=False)
+    check_run_outputs(result, 40)
+    assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
+    assert result.models_held == 3  # policy, reference, reward
+    assert result.metrics[0]["kl"] == 0.0 and result.metrics[-1]["kl"] > 0  # the policy moved away from the reference
+    assert all(m["clip_fraction"] == 0.0 for m in result.metrics)  # mu = 1: the ratio is exactly 1
+    # final/ holds the trained weights, not the initial ones.
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(result.final_dir).state_dict()
+    assert any(not torch.equal(initial[k], final[k]) for k in initial)
+
+
+def test_ppo_learns_the_sevens_reward(make_config):
+    config = make_config("ppo", train={"steps": 40, "lr": 1e-3, "sample_every": 10})
+    result = grpo.train(config, progress=False)
+    check_run_outputs(result, 40)
+    assert gain(result.metrics) >= 0.1, [round(m["reward/mean"], 3) for m in result.metrics]
+    assert result.models_held == 4  # policy, reference, reward, value
+    assert {"value_loss", "value/mean"} <= set(result.metrics[-1])
