@@ -306,6 +306,7 @@ def validate(c: Config) -> None:
         _require(ro.group_size >= 2, f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}")
         _require(lo.kl_in == "loss", "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')")
     _require(ro.group_size >= 1, f"rollout.group_size: must be >= 1, got {ro.group_size}")
+    _require(not lo.drop_zero_std_groups or ro.group_size >= 2, "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)")
     _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
     _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
     _require(0 <= ro.min_new_tokens <= ro.max_new_tokens, "rollout.min_new_tokens: must be between 0 and rollout.max_new_tokens")

@@ -118,8 +118,8 @@ class Engine:
 @dataclass
 class StepResult:
     metrics: dict
-    rollout: Rollout
-    scores: Tensor  # (N,)
+    rollout: Rollout  # everything sampled, including groups left out of the update
+    scores: Tensor  # (N,) their rewards
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
@@ -139,7 +139,8 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
     start = time.perf_counter()
 
     # 1. Sample G completions for each prompt.
-    batch = e.sampler.sample(e.policy, rows)
+    batch = sampled = e.sampler.sample(e.policy, rows)
+    lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
     # 2. Score them; NaN = no reward function could score it.
@@ -148,32 +149,37 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
     scores = reward.total.to(batch.completion_mask.device)  # (N,)
     scored = time.perf_counter()
 
-    # 3. The reference's (and, when the policy will move, the old policy's) log-probs; values.
+    # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scores, e.group_size)  # (N/G,)
     if e.drop_zero_std_groups:
         keep = spread.repeat_interleave(e.group_size).nonzero().squeeze(1)
         batch, scores = batch.select(keep), scores[keep]
-    with torch.no_grad():
-        ref_logprobs = e.reference.logprobs(batch, e.temperature) if len(batch) else None
-        old_logprobs = policy_logprobs(e.policy, batch, e.temperature) if e.needs_old_logprobs and len(batch) else None
-        old_values = e.critic(batch) if e.critic is not None and len(batch) else None
 
-    # 4. Advantages: from the group (GRPO) or from the critic (PPO).
-    targets = e.baseline(scores, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs) if len(batch) else None
+    stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
+    if len(batch):
+        # 3. The reference's (and, if the policy moves before the last update, the old
+        #    policy's) log-probs, and the critic's values.
+        with torch.no_grad():
+            ref_logprobs = e.reference.logprobs(batch, e.temperature)  # (N, T) or None
+            old_logprobs = policy_logprobs(e.policy, batch, e.temperature) if e.needs_old_logprobs else None
+            old_values = e.critic(batch) if e.critic is not None else None  # (N, T) or None
 
-    # 5. Update: mu epochs over minibatches, accumulating micro-batches.
-    stats = _update(e, batch, targets, old_logprobs, ref_logprobs, old_values) if len(batch) else {}
+        # 4. Advantages: from the group (GRPO) or from the critic (PPO).
+        targets = e.baseline(scores, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs)
+
+        # 5. Update: mu epochs over minibatches, accumulating micro-batches.
+        stats = _update(e, batch, targets, old_logprobs, ref_logprobs, old_values)
     updated = time.perf_counter()
 
-    lengths = batch.completion_lengths if len(batch) else torch.zeros(0)
-    finite = scores[~torch.isnan(scores)]
+    finite = reward.total[~torch.isnan(reward.total)]
     metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
         **{f"reward/{name}": float(torch.nanmean(v)) for name, v in reward.per_function.items()},
         **stats,
         "tokens/completion": int(lengths.sum()),
-        "completion_length/mean": float(lengths.float().mean()) if len(lengths) else 0.0,
+        "tokens/trained": int(batch.completion_lengths.sum()),
+        "completion_length/mean": float(lengths.float().mean()),
         "frac_zero_std_groups": float(1.0 - spread.float().mean()),
         "frac_unscored": float(torch.isnan(reward.total).float().mean()),
         "lr": e.scheduler.get_last_lr()[0],
@@ -183,8 +189,7 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
         "time/update": updated - scored,
         "memory/peak_mb": peak_memory_mb(),
     }
-    metrics.setdefault("kl", None)
-    return StepResult(metrics, batch, reward.total)
+    return StepResult(metrics, sampled, reward.total)
 
 
 def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logprobs, old_values) -> dict:
