@@ -1,0 +1,238 @@
+"""The built-in verifiable task: addition with a worked, column-by-column solution.
+
+A ~1M-parameter model with a character tokenizer learns it from scratch in minutes on a CPU,
+which makes it the demo's task: rule rewards check the final answer (outcome supervision,
+DeepSeek-R1's accuracy reward) and a per-step verifier checks every column (process
+supervision, DeepSeekMath §4.1.3), with no reward model to train.
+
+Format (every character is in `ALPHABET`; nothing else, no spaces, no newlines):
+
+    prompt      A+B=                       the operands in decimal, e.g. "47+85="
+    completion  STEP;STEP;...;STEP>ANSWER  one STEP per column, ones column first
+    STEP        x+y+c=Cs                   exactly 8 characters: x, y the column's digits of
+                                           A and B (0 where an operand has run out of digits),
+                                           c the carry in (0 for the ones column), Cs the
+                                           column sum x+y+c as two digits: the carry out C,
+                                           then the sum digit s ("=03" for a sum of 3)
+    ANSWER      A+B in decimal, no leading zeros
+
+    "47+85=" -> "7+5+0=12;4+8+1=13>132"    (21 characters; a 2-digit problem needs <= 21)
+    "30+41=" -> "0+1+0=01;3+4+0=07>71"
+
+The steps are fixed-width so that each one can be checked alone: step k states the digits
+of column k, the carry in (the previous column's true carry out) and the result. The final
+carry has no step of its own: it is the answer's leading digit.
+
+Reading a completion (any string; nothing here raises):
+- The answer is the text after the first '>', which must be decimal digits and nothing
+  more (`extract_answer`); text after the answer makes it malformed (None), so a model
+  that keeps generating instead of stopping earns nothing. No '>' means no answer.
+- The steps (`steps_of`) are the non-empty ';'-separated pieces before the first '>' (the
+  whole completion when it has none), each with its end offset, one past its last
+  character; with a character tokenizer the step's last token is at `end - 1`.
+
+Rewards (TRL signature; 1.0 right, 0.0 wrong):
+- `correctness_reward`: the answer equals the data's `answer` column. Choice beyond TRL's
+  protocol: without an `answer` column the reference is computed from the prompt, since
+  this task verifies itself; a row whose reference is None (or an unparsable prompt with no
+  column) cannot be scored (None).
+- `format_reward`: the completion has the shape above, one or more steps then an answer,
+  and nothing else. Shape only: it does not look at the prompt (a skipped column is a
+  step_reward matter), and the carry and answer are any digits.
+- `step_reward`: the completion's items (its steps, then its answer) are compared position
+  by position with the worked solution of the prompt's problem: item i earns 1.0 exactly
+  when it equals the solution's item i. So a step is right when it is arithmetically right
+  *and* it is the column expected there (right digits, right carry in), and the answer
+  entry earns 1.0 only when the answer is right *and* comes after exactly one step per
+  column (a skipped or extra step costs the answer's reward too). The answer entry is
+  always there, at `len(completion)`, and earns 0.0 when the answer is missing or
+  malformed: a truncated run of correct steps must not score like a finished solution. A
+  completion with no steps gets `[(len(completion), 0.0)]`, and an unparsable prompt gives
+  0.0 everywhere.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.errors import UserError
+
+__all__ = [
+    "ALPHABET",
+    "MAX_DIGITS",
+    "Problem",
+    "correctness_reward",
+    "extract_answer",
+    "format_reward",
+    "is_correct",
+    "make_problem",
+    "make_rows",
+    "parse_prompt",
+    "problem_for",
+    "step_reward",
+    "steps_of",
+]
+
+ALPHABET = "0123456789+=;>"
+STEP_SEPARATOR = ";"
+ANSWER_MARKER = ">"
+# Longest operand a prompt may have. It keeps int <-> str within Python's 4300-digit limit
+# (which would raise ValueError), far above any problem this task is meant for.
+MAX_DIGITS = 1000
+
+# [0-9], never \d: \d also matches other scripts' digits ('٣'), which int() would accept.
+_PROMPT = re.compile(rf"([0-9]{{1,{MAX_DIGITS}}})\+([0-9]{{1,{MAX_DIGITS}}})=")
+_STEP = r"[0-9]\+[0-9]\+[0-9]=[0-9][0-9]"
+_SHAPE = re.compile(rf"{_STEP}(?:;{_STEP})*>[0-9]+")
+_ANSWER = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One addition problem and its target completion (see the module docstring)."""
+
+    a: int
+    b: int
+    prompt: str  # "47+85="
+    answer: str  # "132"
+    solution: str  # "7+5+0=12;4+8+1=13>132": the worked steps, then the answer
+
+
+def _column_steps(a: int, b: int) -> list[str]:
+    """The worked steps of a + b, ones column first: 'x+y+c=Cs' per column."""
+    a_digits, b_digits = str(a)[::-1], str(b)[::-1]  # ones digit first
+    steps, carry = [], 0
+    for k in range(max(len(a_digits), len(b_digits))):
+        x = int(a_digits[k]) if k < len(a_digits) else 0
+        y = int(b_digits[k]) if k < len(b_digits) else 0
+        total = x + y + carry  # 0..19
+        steps.append(f"{x}+{y}+{carry}={total:02d}")
+        carry = total // 10
+    return steps
+
+
+def problem_for(a: int, b: int) -> Problem:
+    """The problem a + b with its prompt, answer and worked solution (a, b >= 0)."""
+    if a < 0 or b < 0:
+        raise ValueError(f"operands must be non-negative, got {a} and {b}")
+    answer = str(a + b)
+    solution = STEP_SEPARATOR.join(_column_steps(a, b)) + ANSWER_MARKER + answer
+    return Problem(a=a, b=b, prompt=f"{a}+{b}=", answer=answer, solution=solution)
+
+
+def make_problem(rng: random.Random, digits: int = 2) -> Problem:
+    """A problem whose operands are drawn uniformly from the `digits`-digit numbers."""
+    if not 1 <= digits <= MAX_DIGITS:
+        raise UserError(f"arithmetic digits must be between 1 and {MAX_DIGITS}, got {digits}")
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    return problem_for(rng.randint(low, high), rng.randint(low, high))
+
+
+def make_rows(n: int, *, seed: int, digits: int = 2) -> list[dict[str, str]]:
+    """`n` data rows {"prompt", "answer", "solution"}; the same for the same seed.
+
+    Uses its own `random.Random(seed)`, so the global random state is neither read nor moved.
+    Rows are drawn independently: a prompt can repeat (rarely, for 2 digits: 8100 problems).
+    """
+    rng = random.Random(seed)
+    problems = [make_problem(rng, digits) for _ in range(n)]
+    return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution} for p in problems]
+
+
+def parse_prompt(prompt: str) -> tuple[int, int] | None:
+    """(a, b) from a prompt 'A+B=' (exactly that: no spaces, ASCII digits), else None."""
+    match = _PROMPT.fullmatch(prompt) if isinstance(prompt, str) else None
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def _split(completion: str) -> tuple[str, str | None]:
+    """(steps part, answer part): around the first '>'; the answer part is None without one."""
+    body, marker, rest = completion.partition(ANSWER_MARKER)
+    return body, (rest if marker else None)
+
+
+def steps_of(completion: str) -> list[tuple[int, str]]:
+    """The completion's steps as (end, text), in order: end is one past the step's last
+    character, so `completion[:end].endswith(text)`. The steps are the non-empty pieces
+    between ';' before the first '>'; they are returned whether well formed or not."""
+    body, _ = _split(completion)
+    steps, start = [], 0
+    for piece in body.split(STEP_SEPARATOR):
+        end = start + len(piece)
+        if piece:
+            steps.append((end, piece))
+        start = end + len(STEP_SEPARATOR)
+    return steps
+
+
+def extract_answer(completion: str) -> str | None:
+    """The digits after the first '>' when they are all that follows it, else None."""
+    _, rest = _split(completion)
+    if rest is None or _ANSWER.fullmatch(rest) is None:
+        return None
+    return rest
+
+
+def is_correct(completion: str, answer: str) -> bool:
+    """Whether the completion's final answer is `answer` (compared as text, so '0132' is wrong)."""
+    return extract_answer(completion) == str(answer).strip()
+
+
+def _reference(prompt: str) -> str | None:
+    parsed = parse_prompt(prompt)
+    return None if parsed is None else str(parsed[0] + parsed[1])
+
+
+def correctness_reward(
+    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """1.0 when the completion's final answer is the reference, else 0.0; None: no reference.
+
+    The reference is the `answer` column; without one (answer=None), it is a + b from the
+    prompt. The completion must be a string; anything else is a caller's bug.
+    """
+    golds = [_reference(p) for p in prompts] if answer is None else answer
+    return [
+        None if gold is None else float(is_correct(completion, gold))
+        for completion, gold in zip(completions, golds, strict=True)
+    ]
+
+
+def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """1.0 when the completion is 'STEP;...;STEP>ANSWER' and nothing else, else 0.0."""
+    return [float(_SHAPE.fullmatch(completion) is not None) for completion in completions]
+
+
+def _step_rewards(prompt: str, completion: str) -> list[tuple[int, float]]:
+    steps = steps_of(completion)
+    if not steps:
+        return [(len(completion), 0.0)]
+    parsed = parse_prompt(prompt)
+    # The solution's items: one step per column, then the answer (empty: nothing is right).
+    expected = [] if parsed is None else [*_column_steps(*parsed), str(parsed[0] + parsed[1])]
+    items = [*steps, (len(completion), extract_answer(completion))]
+    return [
+        (end, float(i < len(expected) and text == expected[i]))
+        for i, (end, text) in enumerate(items)
+    ]
+
+
+def step_reward(
+    prompts: list[str], completions: list[str], **_: Any
+) -> list[list[tuple[int, float]]]:
+    """Process supervision: per completion, (end, reward) for each step and then the answer.
+
+    Item i (step i, or the answer after the last step) earns 1.0 when it equals item i of
+    the prompt's worked solution, else 0.0; the answer's end is `len(completion)`. A
+    completion with no steps gets `[(len(completion), 0.0)]`. See the module docstring.
+    """
+    return [
+        _step_rewards(prompt, completion)
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
