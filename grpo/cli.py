@@ -31,6 +31,48 @@ samples.jsonl (completions with their rewards), checkpoints/ and final/ (a Huggi
 model directory). Ready configs: configs/grpo.yaml and configs/ppo.yaml.
 """
 
+RM_HELP = """\
+Reward models: a network that gives each (prompt, completion) one scalar score, trained on
+comparisons (which of two completions of a prompt is better) with the Bradley-Terry loss.
+
+GRPO drops PPO's value model (the critic), not the reward model: the reward model is what
+scores the G sampled completions whose mean becomes the baseline. Use one where no rule can
+check an answer. A trained reward model is a Hugging Face directory
+(AutoModelForSequenceClassification, one output) that a run's rewards can use.
+"""
+
+RM_TRAIN_HELP = """\
+Train a reward model from pairwise comparisons.
+
+PAIRS is a .jsonl, .json, .parquet or .csv file (or a `datasets` directory or name) whose
+rows hold `prompt` (text, or chat messages), `chosen` (the better completion) and `rejected`
+(the worse). The model is BASE (any causal LM directory or hub id) with a new one-output head
+on its last token; all of it is trained to score chosen above rejected (Bradley-Terry loss).
+A seeded --eval-fraction of the pairs is held out; the accuracy on them (how often chosen
+scores above rejected) is reported before and after training. The last line printed is a
+JSON summary: accuracy and pairs (held out), train_pairs, output, ...
+"""
+
+RM_EVAL_HELP = """\
+Measure a trained reward model on comparisons: the fraction of pairs whose chosen completion
+scores above the rejected one (accuracy; ties count 1/2) and the mean score difference
+(margin). The last line printed is a JSON object with accuracy, margin and pairs.
+"""
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
 
 def _config_reference() -> str:
     from grpo.config import describe_fields
@@ -52,6 +94,33 @@ def _train(args: argparse.Namespace) -> int:
     last = result.metrics[-1] if result.metrics else {}
     print(json.dumps({"output_dir": str(result.output_dir), "final": str(result.final_dir),
                       "steps": last.get("step"), "reward/mean": last.get("reward/mean")}))
+    return 0
+
+
+def _rm_train(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from grpo.rewards.model import train_reward_model
+
+    hf_logging.disable_progress_bar()  # our own bar shows the training; no bars per weight file
+    summary = train_reward_model(
+        args.model, args.data, args.output, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
+        eval_fraction=args.eval_fraction, seed=args.seed, max_length=args.max_length,
+        overwrite=args.overwrite, progress=not args.quiet,
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def _rm_eval(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from grpo.rewards.model import RewardModel, load_pairs
+
+    hf_logging.disable_progress_bar()
+    pairs = load_pairs(args.data)  # bad data fails before the model loads
+    model = RewardModel.from_pretrained(args.model, batch_size=args.batch_size)
+    print(json.dumps({**model.evaluate(pairs), "model": args.model, "data": args.data}))
     return 0
 
 
@@ -78,6 +147,47 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in output_dir from its newest checkpoint")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
+
+    rm = commands.add_parser(
+        "rm",
+        help="train and evaluate reward models (a scalar score per completion, from comparisons)",
+        description=RM_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rm.set_defaults(handler=lambda args: rm.print_help())
+    rm_commands = rm.add_subparsers(title="commands", metavar="COMMAND")
+
+    rm_train = rm_commands.add_parser(
+        "train",
+        help="train a reward model from pairwise comparisons",
+        description=RM_TRAIN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rm_train.add_argument("--model", required=True, metavar="BASE", help="the causal LM to start from (directory or hub id)")
+    rm_train.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
+    rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
+    rm_train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: %(default)s)")
+    rm_train.add_argument("--epochs", type=_positive_int, default=1, help="passes over the pairs (default: %(default)s)")
+    rm_train.add_argument("--batch-size", type=_positive_int, default=16, help="pairs per update (default: %(default)s)")
+    rm_train.add_argument("--eval-fraction", type=_fraction, default=0.1,
+                          help="fraction of the pairs held out to measure accuracy (default: %(default)s)")
+    rm_train.add_argument("--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)")
+    rm_train.add_argument("--max-length", type=_positive_int, default=None,
+                          help="tokens per text; longer texts lose their beginning (default: the model's limit)")
+    rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
+    rm_train.add_argument("--quiet", action="store_true", help="no progress bar")
+    rm_train.set_defaults(handler=_rm_train)
+
+    rm_eval = rm_commands.add_parser(
+        "eval",
+        help="measure a reward model's accuracy on comparisons",
+        description=RM_EVAL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
+    rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
+    rm_eval.add_argument("--batch-size", type=_positive_int, default=32, help="texts per forward pass (default: %(default)s)")
+    rm_eval.set_defaults(handler=_rm_eval)
     return parser
 
 

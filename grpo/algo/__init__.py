@@ -7,13 +7,22 @@ tokens, V vocabulary. Every function documents its formula and its source.
 from grpo.algo.advantages import ADVANTAGE_SCALES, gae, group_advantages, process_advantages, whiten
 from grpo.algo.kl import KL_ESTIMATORS, kl_estimate, kl_penalized_rewards
 from grpo.algo.logprobs import entropy, token_logprobs
-from grpo.algo.losses import AGGREGATIONS, aggregate, clipped_fraction, policy_loss, policy_ratio, value_loss
+from grpo.algo.losses import (
+    AGGREGATIONS,
+    aggregate,
+    bradley_terry_loss,
+    clipped_fraction,
+    policy_loss,
+    policy_ratio,
+    value_loss,
+)
 
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "aggregate",
+    "bradley_terry_loss",
     "clipped_fraction",
     "entropy",
     "gae",

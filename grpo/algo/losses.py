@@ -11,6 +11,8 @@ Aggregation is where GRPO's variants differ most, so each is a named function:
 Gradient accumulation: pass the whole batch's `num_sequences` and `num_tokens` (and a fixed
 `max_tokens`) to `aggregate` for each micro-batch; the micro-batch losses then sum to the
 whole batch's loss, and their gradients to its gradient, in every mode.
+
+`bradley_terry_loss` trains reward models (the model GRPO keeps) from pairwise comparisons.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "aggregate",
     "value_loss",
     "AGGREGATIONS",
+    "bradley_terry_loss",
 ]
 
 
@@ -188,3 +192,16 @@ def value_loss(
         loss = torch.maximum(loss, (clipped_values - returns) ** 2)
     num_tokens = float(m.sum()) if num_tokens is None else num_tokens
     return 0.5 * (loss * m).sum() / max(num_tokens, 1)
+
+
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
+    """The pairwise loss of a reward model: -log P(chosen preferred over rejected), averaged.
+
+    loss = mean_i -log sigmoid(r_chosen_i - r_rejected_i)
+    Bradley & Terry (1952) model P(a > b) = sigmoid(r_a - r_b); InstructGPT (arXiv 2203.02155)
+    eq. 1 trains its reward model with this loss. Both arguments (N,), one pair per row.
+    logsigmoid, not log(sigmoid(.)): in float32 sigmoid(m) is 0 for margins below about -88
+    (exp(88) overflows), so its log would be -inf; logsigmoid stays finite, as does its gradient.
+    """
+    margin = chosen_rewards - rejected_rewards  # (N,)
+    return -F.logsigmoid(margin).mean()

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo.algo import aggregate, clipped_fraction, policy_loss, value_loss
+from grpo.algo import aggregate, bradley_terry_loss, clipped_fraction, policy_loss, value_loss
 from grpo.algo.losses import AGGREGATIONS
 from tests.helpers import random_batch, right_padded_mask
 
@@ -80,6 +80,37 @@ def test_value_loss_by_hand():
     assert float(value_loss(values, old, returns, mask, clip=0.2)) == pytest.approx(0.5 * (1.69 + 4.0) / 2)
     assert float(value_loss(values, old, returns, torch.tensor([[0.0, 1.0]]))) == pytest.approx(2.0)
 
+
+
+def test_bradley_terry_loss_by_hand():
+    chosen, rejected = torch.tensor([2.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, 3.0])
+    # Margins 2, 0, -2: -log sigmoid(m) = log(1 + e^-m) = log(1 + e^-2), log 2, log(1 + e^2).
+    expected = (math.log1p(math.exp(-2.0)) + math.log(2.0) + math.log1p(math.exp(2.0))) / 3
+    assert float(bradley_terry_loss(chosen, rejected)) == pytest.approx(expected)
+    # Only the margin matters: shifting both rewards by a constant changes nothing.
+    assert float(bradley_terry_loss(chosen + 5.0, rejected + 5.0)) == pytest.approx(expected)
+
+
+def test_bradley_terry_gradient_raises_chosen_and_lowers_rejected():
+    chosen = torch.tensor([0.5, -1.0, 3.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 2.0, 3.0], requires_grad=True)
+    bradley_terry_loss(chosen, rejected).backward()
+    # d loss / d r_chosen = -(1 - sigmoid(m)) / N < 0: a descent step raises r_chosen.
+    expected = -(1 - torch.sigmoid(chosen.detach() - rejected.detach())) / 3
+    torch.testing.assert_close(chosen.grad, expected)
+    torch.testing.assert_close(rejected.grad, -expected)  # and lowers r_rejected as much
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()
+
+
+def test_bradley_terry_loss_is_finite_for_huge_margins():
+    # log(sigmoid(-100)) is -inf in float32; logsigmoid gives the exact 100.
+    chosen = torch.tensor([100.0, -100.0], requires_grad=True)
+    rejected = torch.zeros(2)
+    loss = bradley_terry_loss(chosen, rejected)
+    loss.backward()
+    assert loss.item() == pytest.approx((0.0 + 100.0) / 2)
+    assert torch.isfinite(chosen.grad).all()
+    torch.testing.assert_close(chosen.grad, torch.tensor([0.0, -0.5]))
 
 # ---- invariants -------------------------------------------------------------------------
 

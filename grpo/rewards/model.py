@@ -1,0 +1,408 @@
+"""Reward models: a scalar score per completion, learned from pairwise comparisons.
+
+"GRPO removes the reward model" is a common misreading: GRPO removes PPO's *value* model
+(the critic). The reward model stays; it is what scores each of the G completions whose
+mean becomes the baseline. When no rule can check an answer, that scorer is a network:
+
+    r(prompt, completion) = w . h_last      h_last: the backbone's hidden state at the
+                                            text's last (non-padding) token
+
+trained on comparisons {prompt, chosen, rejected} with the Bradley-Terry loss
+-log sigmoid(r(chosen) - r(rejected)) (InstructGPT, arXiv 2203.02155, eq. 1; see
+`grpo.algo.bradley_terry_loss`). A `RewardModel` is a reward function with TRL's signature,
+so it plugs into `grpo.rewards.score` next to rule rewards, and `score_steps` scores every
+prefix of a completion, the per-step rewards of process supervision (DeepSeekMath §4.1.3).
+
+The network is transformers' `AutoModelForSequenceClassification` with `num_labels=1` (for
+a Llama: `LlamaForSequenceClassification`, a bias-free linear head named `score`), so a
+saved reward model is an ordinary Hugging Face directory. Choices made here, and why:
+- Pooling. transformers' head reads the rightmost token whose *id* is not
+  `config.pad_token_id` (it ignores the attention mask). So the config's pad id must be the
+  id the tokenizer pads with; we set it (the tokenizer's pad token, else its EOS). A
+  consequence: with pad = EOS, trailing EOS tokens of a text are skipped as if padding.
+- Right padding, so every real token keeps its position ids (0, 1, ...) whatever the batch:
+  a text's score does not depend on what it is batched with.
+- Truncation from the left: the head reads the last token, so the end of the text is what
+  must survive. The limit is the tokenizer's `model_max_length`, capped by the model's
+  position embeddings; `save` writes it into the tokenizer so a loaded model keeps it.
+- No EOS is appended to the text (TRL's reward trainer does not either).
+- Chat prompts go through the chat template with the completion as the assistant turn; the
+  rendered text already holds its special tokens, so none are added when tokenizing it.
+- Training keeps the model in eval mode (dropout off), as every model of an RL run does.
+- Bradley-Terry fixes rewards only up to a constant. GRPO's group baseline removes any
+  constant; PPO's does not, which is why InstructGPT shifts its reward model's scores.
+  Nothing here shifts them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.algo import bradley_terry_loss
+from grpo.data import load_rows
+from grpo.errors import UserError
+
+__all__ = ["RewardModel", "load_pairs", "split_pairs", "train_reward_model"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FALLBACK_MAX_LENGTH = 2048  # when neither the tokenizer nor the config states a limit
+_NO_LIMIT = 1_000_000  # tokenizers without a limit report model_max_length ~ 1e30
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise UserError(f"reward model: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}") from None
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    # Hub ids never start with '/', '.' or '~': such a path can only be a missing directory,
+    # which the hub client would otherwise report as a malformed repository id.
+    local = Path(path).expanduser()
+    if path.startswith(("/", ".", "~")) and not local.exists():
+        raise UserError(f"reward model: no such directory '{path}'")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise UserError(f"reward model: '{path}' holds no Hugging Face model (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # OSError, ValueError, ... from the hub client or the files
+        raise UserError(f"reward model: cannot load a tokenizer from '{path}' ({_first_line(err)})") from None
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise UserError(f"reward model: the tokenizer of '{path}' has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_classifier(path: str, dtype: torch.dtype, **kwargs):
+    """AutoModelForSequenceClassification and its loading info, the load report silenced."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    # Built from a causal LM, the new `score` head is "missing" and the LM head "unexpected":
+    # transformers prints a table of both, which here is the expected outcome. Real problems
+    # are checked by the callers from the loading info.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=dtype, output_loading_info=True, **kwargs
+        )
+    except Exception as err:
+        raise UserError(f"reward model: cannot load a model from '{path}' ({_first_line(err)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _default_max_length(model, tokenizer) -> int:
+    limits = [tokenizer.model_max_length, getattr(model.config.get_text_config(), "max_position_embeddings", None)]
+    limits = [int(x) for x in limits if x is not None and 0 < x < _NO_LIMIT]
+    return min(limits) if limits else _FALLBACK_MAX_LENGTH
+
+
+class RewardModel:
+    """A scalar reward model: a causal LM's backbone with a one-output head on its last non-padding token
+    (transformers' AutoModelForSequenceClassification with num_labels=1)."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 16, max_length: int | None = None):
+        if model.config.num_labels != 1:
+            raise ValueError(f"a reward model has one output, this model has {model.config.num_labels}")
+        self.model = model.eval()  # dropout off, for scoring and for training alike
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size  # texts per forward pass when scoring
+        self.max_length = max_length or _default_max_length(model, tokenizer)  # tokens per text
+        # The head pools at the rightmost token that is not the config's pad id: it must be
+        # the id we pad with, or it would read a padding position.
+        for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+            config.pad_token_id = tokenizer.pad_token_id
+
+    # ---- loading and saving -------------------------------------------------------------------
+
+    @classmethod
+    def from_base(cls, base: str, *, seed: int = 0, dtype: str | torch.dtype = "float32", **kw) -> RewardModel:
+        """A new, untrained reward model on a causal LM's backbone (a directory or hub id).
+
+        The head is freshly initialised from `seed` (the global RNG is left as it was), so
+        the same base and seed give the same model.
+        """
+        tokenizer = _load_tokenizer(base)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, _ = _load_classifier(base, _torch_dtype(dtype), num_labels=1)
+        return cls(model, tokenizer, **kw)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "float32", **kw) -> RewardModel:
+        """A reward model saved by `save` (or any sequence-classification model with one output)."""
+        tokenizer = _load_tokenizer(path)
+        model, info = _load_classifier(path, _torch_dtype(dtype))
+        if info["missing_keys"]:
+            missing = ", ".join(sorted(info["missing_keys"])[:3])
+            raise UserError(
+                f"reward model: '{path}' is not a trained reward model (no weights for {missing}); "
+                f"train one from it with `grpo rm train --model {path} ...`"
+            )
+        if model.config.num_labels != 1:
+            raise UserError(
+                f"reward model: '{path}' has {model.config.num_labels} outputs; a reward model has 1"
+            )
+        return cls(model, tokenizer, **kw)
+
+    def save(self, directory: str | Path) -> None:
+        """Write a Hugging Face directory that `from_pretrained` (this class's or
+        AutoModelForSequenceClassification's) loads."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.model_max_length = self.max_length  # so a loaded model truncates alike
+        self.tokenizer.save_pretrained(directory)
+
+    # ---- scoring ------------------------------------------------------------------------------
+
+    def text(self, prompt: str | list[dict], completion: str) -> str:
+        """What the model reads: prompt + completion, or for chat messages the chat template
+        with the completion as the assistant's turn."""
+        if isinstance(prompt, str):
+            return prompt + completion
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise UserError("reward model: the prompts are chat messages but its tokenizer has no chat template")
+        messages = [*prompt, {"role": "assistant", "content": completion}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
+    def _encode(self, prompts: Sequence, completions: Sequence[str]) -> dict[str, Tensor]:
+        """Right-padded, left-truncated token ids and attention mask of the texts, on the model's device."""
+        tok = self.tokenizer
+        tok.padding_side, tok.truncation_side = "right", "left"
+        texts = [self.text(prompt, completion) for prompt, completion in zip(prompts, completions, strict=True)]
+        ids: list[list[int]] = [[] for _ in texts]
+        # A rendered chat template already holds its BOS and turn markers: add none to it.
+        for chat in (False, True):
+            rows = [i for i, prompt in enumerate(prompts) if isinstance(prompt, str) != chat]
+            if rows:
+                encoded = tok([texts[i] for i in rows], add_special_tokens=not chat, truncation=True,
+                              max_length=self.max_length)
+                for i, row_ids in zip(rows, encoded["input_ids"]):
+                    ids[i] = row_ids
+        if not all(ids):
+            raise UserError("reward model: cannot score an empty text (an empty prompt and completion)")
+        padded = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+        device = next(self.model.parameters()).device
+        return {key: value.to(device) for key, value in padded.items()}
+
+    def _forward(self, encoded: dict[str, Tensor]) -> Tensor:
+        """(B,) float32 rewards; the head reads each row's last non-padding token."""
+        out = self.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], use_cache=False)
+        return out.logits.squeeze(-1).float()
+
+    def _batches(self, n: int, batch_size: int | None) -> Iterator[slice]:
+        size = batch_size or self.batch_size
+        for start in range(0, n, size):
+            yield slice(start, min(start + size, n))
+
+    @torch.no_grad()
+    def scores(self, prompts: Sequence, completions: Sequence[str], *, batch_size: int | None = None) -> Tensor:
+        """(N,) float32 on the CPU: the reward of each (prompt, completion) pair."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completions")
+        self.model.eval()
+        parts = [self._forward(self._encode(prompts[s], completions[s])).cpu()
+                 for s in self._batches(len(completions), batch_size)]
+        return torch.cat(parts) if parts else torch.empty(0)
+
+    def score_steps(
+        self, prompts: Sequence, completions: Sequence[str], step_ends: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """A process reward model: for completion i, the score of prompt_i + completion_i[:end]
+        for every character offset `end` in step_ends[i]. All prefixes are scored in batches."""
+        if not len(prompts) == len(completions) == len(step_ends):
+            raise ValueError(
+                f"got {len(prompts)} prompts, {len(completions)} completions and {len(step_ends)} step lists"
+            )
+        flat_prompts, prefixes = [], []
+        for prompt, completion, ends in zip(prompts, completions, step_ends):
+            for end in ends:
+                if not 0 <= end <= len(completion):
+                    raise ValueError(f"step end {end} is outside a completion of {len(completion)} characters")
+                flat_prompts.append(prompt)
+                prefixes.append(completion[:end])
+        flat = self.scores(flat_prompts, prefixes).tolist()
+        out, start = [], 0
+        for ends in step_ends:
+            out.append(flat[start : start + len(ends)])
+            start += len(ends)
+        return out
+
+    def __call__(self, prompts: list, completions: list[str], **columns: Any) -> list[float]:
+        """The reward-function protocol (TRL's signature): one score per completion. The
+        dataset's other columns are accepted and not used."""
+        return self.scores(prompts, completions).tolist()
+
+    # ---- training -----------------------------------------------------------------------------
+
+    def fit(
+        self,
+        pairs: Sequence[dict],
+        *,
+        lr: float = 1e-4,
+        epochs: int = 1,
+        batch_size: int = 16,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> list[float]:
+        """Train on comparisons {prompt, chosen, rejected} with the Bradley-Terry loss.
+
+        Every parameter is trained, with AdamW. Each epoch visits the pairs in an order drawn
+        from a private generator seeded with `seed` (the global RNGs are not touched). A
+        batch's chosen and rejected texts go through the model in one forward pass. Returns
+        the loss of every batch, in order.
+        """
+        from tqdm.auto import tqdm
+
+        if not pairs:
+            raise ValueError("fit needs at least one pair")
+        generator = torch.Generator().manual_seed(seed)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        self.model.eval()  # dropout off; gradients flow regardless of the mode
+        batches_per_epoch = math.ceil(len(pairs) / batch_size)
+        bar = tqdm(total=epochs * batches_per_epoch, desc="reward model", disable=not progress, dynamic_ncols=True)
+        losses: list[float] = []
+        try:
+            for epoch in range(1, epochs + 1):
+                order = torch.randperm(len(pairs), generator=generator).tolist()
+                epoch_losses: list[float] = []
+                for start in range(0, len(pairs), batch_size):
+                    rows = [pairs[i] for i in order[start : start + batch_size]]
+                    b = len(rows)
+                    prompts = [row["prompt"] for row in rows] * 2
+                    completions = [row["chosen"] for row in rows] + [row["rejected"] for row in rows]
+                    rewards = self._forward(self._encode(prompts, completions))  # (2B,): chosen, then rejected
+                    loss = bradley_terry_loss(rewards[:b], rewards[b:])
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    epoch_losses.append(loss.item())
+                    bar.update(1)
+                    bar.set_postfix(epoch=f"{epoch}/{epochs}", loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}")
+                losses.extend(epoch_losses)
+        finally:
+            bar.close()
+            optimizer.zero_grad(set_to_none=True)  # free the gradients' memory
+        return losses
+
+    def evaluate(self, pairs: Sequence[dict], *, batch_size: int | None = None) -> dict:
+        """Pairwise accuracy on comparisons: {"accuracy": fraction of pairs with
+        r(chosen) > r(rejected), a tie counting 1/2; "margin": mean r(chosen) - r(rejected);
+        "pairs": how many}."""
+        if not pairs:
+            raise ValueError("evaluate needs at least one pair")
+        prompts = [row["prompt"] for row in pairs]
+        chosen = self.scores(prompts, [row["chosen"] for row in pairs], batch_size=batch_size)  # (n,)
+        rejected = self.scores(prompts, [row["rejected"] for row in pairs], batch_size=batch_size)  # (n,)
+        wins = (chosen > rejected).double() + 0.5 * (chosen == rejected).double()
+        margin = (chosen - rejected).double().mean()
+        return {"accuracy": wins.mean().item(), "margin": margin.item(), "pairs": len(pairs)}
+
+
+# ---- comparison data ---------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def load_pairs(path: str) -> list[dict]:
+    """Comparisons from a data file or dataset (any format `grpo.data.load_rows` reads): every
+    row has a `prompt` (text or chat messages) and the strings `chosen` and `rejected`, the
+    completion preferred and the one not. Other columns are kept. At least two rows."""
+    rows = load_rows(path, prompt_column="prompt")
+    for number, row in enumerate(rows, start=1):
+        for key in ("chosen", "rejected"):
+            if key not in row:
+                raise UserError(f"data: {path} row {number} has no {key!r} (columns: {', '.join(row)})")
+            if not isinstance(row[key], str):
+                raise UserError(f"data: {path} row {number}: {key!r} must be a string, got {_kind(row[key])}")
+    if len(rows) < 2:
+        raise UserError(f"data: {path} has {len(rows)} comparison; a reward model needs at least 2")
+    return rows
+
+
+def split_pairs(pairs: Sequence[dict], eval_fraction: float, *, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held_out): a seeded random `eval_fraction` of the pairs held out, at least one
+    when the fraction is positive, and at least one left to train on."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+    n = len(pairs)
+    n_eval = max(1, round(n * eval_fraction)) if eval_fraction > 0 else 0
+    if n - n_eval < 1:
+        raise UserError(f"data: {n} comparisons leave none to train on after holding out {n_eval}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [pairs[i] for i in order[n_eval:]], [pairs[i] for i in order[:n_eval]]
+
+
+def train_reward_model(
+    base: str,
+    data: str,
+    output: str | Path,
+    *,
+    lr: float = 1e-4,
+    epochs: int = 1,
+    batch_size: int = 16,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    max_length: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """What `grpo rm train` does: hold out a seeded fraction of the comparisons in `data`,
+    train a reward model on `base` with the rest, measure it on the held-out pairs (before
+    and after training) and save it to `output`. Returns the summary the command prints.
+
+    Checks the output directory and the data before any model is loaded.
+    """
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output: '{out}' exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"output: '{out}' is not empty; pass --overwrite to write into it, or choose another")
+    pairs = load_pairs(data)
+    train, held_out = split_pairs(pairs, eval_fraction, seed=seed)
+
+    started = time.perf_counter()
+    model = RewardModel.from_base(base, seed=seed, max_length=max_length)
+    before = model.evaluate(held_out) if held_out else None
+    losses = model.fit(train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress)
+    after = model.evaluate(held_out) if held_out else None
+    model.save(out)
+    none = {"accuracy": None, "margin": None}  # nothing held out
+    before, after = before or none, after or none
+    return {
+        "output": str(out),
+        "accuracy": after["accuracy"],  # on the held-out pairs
+        "margin": after["margin"],
+        "pairs": len(held_out),
+        "initial_accuracy": before["accuracy"],
+        "train_pairs": len(train),
+        "epochs": epochs,
+        "loss/first": losses[0],
+        "loss/last": losses[-1],
+        "time_s": round(time.perf_counter() - started, 3),
+    }
