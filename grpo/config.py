@@ -47,9 +47,12 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format) or 'pkg.module:function' with TRL's signature fn(prompts, completions, **columns) -> list[float | None].")
-    model: str | None = opt(None, "A reward model (path or hub id) scoring prompt + completion. Not available yet: use `function`.")
+    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function' with TRL's signature fn(prompts, completions, **columns) -> list[float | None]. With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
+    model: str | None = opt(None, "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.")
     weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
+    normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")
+    process: bool = opt(False, "Reward models with loss.supervision: process: score the prefix ending at each step (a process reward model); steps end at the characters in `step_separator`.")
+    step_separator: str = opt("\n", "Process reward models: the characters that end a reasoning step.")
 
 
 @dataclass
@@ -89,6 +92,7 @@ class LossConfig:
     kl_in: Literal["loss", "reward"] | None = opt(None, "Where the KL penalty goes: 'loss' (GRPO: + beta * KL per token in the loss) or 'reward' (PPO: - beta * KL per token in the reward). Default: the algorithm's.")
     kl_estimator: Literal["k1", "k2", "k3"] | None = opt(None, "KL estimator: k3 (GRPO, unbiased and >= 0), k1 (PPO), k2. Default: the algorithm's.")
     beta: float = opt(0.04, "KL coefficient. 0 loads no reference model.")
+    supervision: Literal["outcome", "process"] = opt("outcome", "Outcome: one reward per completion, every token gets its advantage. Process (DeepSeekMath §4.1.3): rewards per reasoning step, normalised over the group; a token's advantage sums the normalised rewards of the steps ending at or after it.")
     scale: Literal["group", "batch", "none"] = opt("group", "GRPO advantage divisor: the group's std (paper), the batch's std, or none (Dr. GRPO).")
     eps: float = opt(1e-4, "Added to the std in the GRPO advantage.")
     aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = opt("seq-mean-token-mean", "How per-token losses are averaged: per sequence then over sequences (DeepSeekMath), over all tokens (DAPO), or summed over a constant max_new_tokens (Dr. GRPO).")
@@ -101,6 +105,21 @@ class LossConfig:
     lam: float = opt(0.95, "PPO: GAE lambda.")
     whiten_advantages: bool = opt(True, "PPO: whiten the GAE advantages over the batch.")
     value_clip: float | None = opt(0.2, "PPO: clip range of the value loss (null = no clipping).")
+
+
+@dataclass
+class RewardModelUpdateConfig:
+    verifier: str | None = opt(None, "Iterative RL (DeepSeekMath §4.1.4): a reward function (built-in or 'pkg.module:function') that labels the policy's fresh samples; between iterations the reward model keeps training on comparisons of its higher- over lower-scored samples. Unset: the reward model stays fixed.")
+    reward: int = opt(-1, "Which `rewards` entry is the reward model to train (its index; -1 = the first entry with a `model`).")
+    data: str | None = opt(None, "The reward model's earlier training comparisons (rows prompt, chosen, rejected), the first history that replay draws from.")
+    replay: float = opt(0.1, "Fraction of the historical comparisons replayed beside the new ones at each update (DeepSeekMath: 10%).")
+    prompts: int = opt(16, "Prompts sampled for new comparisons at each update.")
+    samples_per_prompt: int = opt(4, "Completions sampled per prompt for new comparisons.")
+    max_pairs_per_prompt: int = opt(4, "Most comparisons built from one prompt's samples.")
+    lr: float = opt(1e-4, "Reward model learning rate.")
+    epochs: int = opt(1, "Epochs over each update's comparisons.")
+    batch_size: int = opt(16, "Comparisons per reward-model batch.")
+    save: bool = opt(True, "Save the updated reward model to output_dir/reward_model after each update.")
 
 
 @dataclass
@@ -128,6 +147,7 @@ class Config:
     train: TrainConfig = opt(TrainConfig(), "The optimisation loop.")
     loss: LossConfig = opt(LossConfig(), "The objective.")
     value: ValueConfig = opt(ValueConfig(), "PPO's value model.")
+    reward_model_update: RewardModelUpdateConfig = opt(RewardModelUpdateConfig(), "Iterative RL: keep training the reward model between iterations.")
     lora: LoraConfig = opt(LoraConfig(), "Parameter-efficient fine-tuning.")
 
 
@@ -299,7 +319,9 @@ def validate(c: Config) -> None:
     _require(len(c.rewards) > 0, "rewards: at least one reward is required, e.g. [{function: exact_answer}]")
     for i, r in enumerate(c.rewards):
         _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
-        _require(r.model is None, f"rewards.{i}.model: reward models in the loop are not available yet; use a reward function")
+        _require(not r.process or r.model is not None, f"rewards.{i}.process: only reward models have a process mode; a function returns its own steps")
+        _require(not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process")
+        _require(bool(r.step_separator), f"rewards.{i}.step_separator: must not be empty")
         _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
     ro, tr, lo = c.rollout, c.train, c.loss
     if lo.baseline == "group":
@@ -334,6 +356,18 @@ def validate(c: Config) -> None:
     _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
     _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")
     _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
+    _require(lo.supervision == "outcome" or lo.baseline == "group", "loss.supervision: process supervision needs the group baseline (loss.baseline: group)")
+    u = c.reward_model_update
+    if u.verifier is not None:
+        models = [i for i, r in enumerate(c.rewards) if r.model is not None]
+        _require(bool(models), "reward_model_update.verifier: there is no reward model to update; add a rewards entry with a `model`")
+        _require(u.reward == -1 or u.reward in models, f"reward_model_update.reward: rewards.{u.reward} is not a reward model")
+        _require(tr.iterations >= 2, "reward_model_update.verifier: the reward model is updated between iterations; set train.iterations >= 2")
+    _require(0 <= u.replay < 1, f"reward_model_update.replay: must be in [0, 1), got {u.replay}")
+    for name in ("prompts", "epochs", "batch_size", "max_pairs_per_prompt"):
+        _require(getattr(u, name) >= 1, f"reward_model_update.{name}: must be >= 1")
+    _require(u.samples_per_prompt >= 2, "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt")
+    _require(u.lr > 0, "reward_model_update.lr: must be > 0")
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
 
 

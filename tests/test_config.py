@@ -387,7 +387,10 @@ def test_optional_literal_keeps_the_hint():
         (["rewards=[{function: f, model: m}]"], "rewards.0"),  # both
         (["rewards=[{weight: 1}]"], "rewards.0"),  # neither
         (["rewards=[{function: f}, {weight: 2}]"], "rewards.1"),
-        (["rewards=[{model: some/rm}]"], "rewards.0.model"),  # not available yet
+        (["rewards=[{function: r1_format, process: true}]"], "rewards.0.process"),
+        (["loss.supervision=process", "algorithm=ppo", "rollout.group_size=1"], "loss.supervision"),
+        (["reward_model_update.verifier=r1_format"], "reward_model_update.verifier"),
+        (["reward_model_update.replay=1.0"], "reward_model_update.replay"),
         (["rewards.0.weight=.nan"], "rewards.0.weight"),
         (["rewards.0.weight=.inf"], "rewards.0.weight"),
         (["rewards=[]"], "rewards"),

@@ -77,7 +77,9 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep the lines of steps <= last_step: a resumed run rewrites what came after its checkpoint."""
-    kept = [m for m in read_metrics(path) if m.get("step", 0) <= last_step]
+def truncate_metrics(path: Path, last_step: int, *, key: str = "step") -> None:
+    """Keep the lines whose `key` <= last_step: a resumed run rewrites what came after its checkpoint."""
+    if not Path(path).exists():
+        return
+    kept = [m for m in read_metrics(path) if m.get(key, 0) <= last_step]
     Path(path).write_text("".join(json.dumps(m) + "\n" for m in kept))

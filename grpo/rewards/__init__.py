@@ -10,8 +10,10 @@ from grpo.rewards.functions import (
     RewardScores,
     WeightedReward,
     load_rewards,
+    StepScores,
     resolve_reward,
     score,
+    score_steps,
 )
 from grpo.rewards.rules import exact_answer, extract_answer, math_answer, r1_format
 
@@ -27,4 +29,6 @@ __all__ = [
     "r1_format",
     "resolve_reward",
     "score",
+    "score_steps",
+    "StepScores",
 ]

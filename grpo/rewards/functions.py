@@ -35,6 +35,7 @@ from torch import Tensor
 
 from grpo.errors import UserError
 from grpo.rewards.rules import exact_answer, math_answer, r1_format
+from grpo.tasks import arithmetic
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -44,6 +45,8 @@ __all__ = [
     "load_rewards",
     "resolve_reward",
     "score",
+    "score_steps",
+    "StepScores",
 ]
 
 _PREVIEW_CHARS = 40  # of a completion, in an error message
@@ -86,6 +89,10 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "exact_answer": exact_answer,
     "math_answer": math_answer,
     "r1_format": r1_format,
+    # The built-in arithmetic task (grpo.tasks.arithmetic): answer, shape, and each step.
+    "arithmetic_correct": arithmetic.correctness_reward,
+    "arithmetic_format": arithmetic.format_reward,
+    "arithmetic_steps": arithmetic.step_reward,
 }
 
 
@@ -262,19 +269,42 @@ def _as_scores(name: str, values: Any, n: int) -> Tensor:
     return torch.tensor(scores, dtype=torch.float32)
 
 
+def _run(
+    reward: WeightedReward,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+) -> Any:
+    try:
+        return reward.fn(prompts, completions, **columns)
+    except UserError:
+        raise  # already one line that names its culprit, e.g. a built-in's missing column
+    except Exception as exc:
+        _raise_for_failing_row(reward, prompts, completions, columns, exc)
+
+
 def _call(
     reward: WeightedReward,
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
 ) -> Tensor:
-    try:
-        values = reward.fn(prompts, completions, **columns)
-    except UserError:
-        raise  # already one line that names its culprit, e.g. a built-in's missing column
-    except Exception as exc:
-        _raise_for_failing_row(reward, prompts, completions, columns, exc)
-    return _as_scores(reward.name, values, len(completions))
+    return _as_scores(reward.name, _run(reward, prompts, completions, columns), len(completions))
+
+
+def _check_batch(prompts: list, completions: list[str], columns: dict[str, Sequence[Any]]) -> None:
+    n = len(completions)
+    if len(prompts) != n:
+        raise ValueError(
+            f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion"
+        )
+    for key, values in columns.items():
+        if key in _ARGUMENTS:
+            raise UserError(
+                f"data column {key!r} has the name of a reward-function argument; rename the column"
+            )
+        if len(values) != n:
+            raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
 
 
 def score(
@@ -291,18 +321,8 @@ def score(
         total_i = sum_f weight_f * score_fi   over the f that scored row i   (N,)
     which is NaN where no function scored row i.
     """
+    _check_batch(prompts, completions, columns)
     n = len(completions)
-    if len(prompts) != n:
-        raise ValueError(
-            f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion"
-        )
-    for key, values in columns.items():
-        if key in _ARGUMENTS:
-            raise UserError(
-                f"data column {key!r} has the name of a reward-function argument; rename the column"
-            )
-        if len(values) != n:
-            raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
     per_function = {r.name: _call(r, prompts, completions, columns) for r in rewards}
     scores = torch.stack(list(per_function.values())) if rewards else torch.empty(0, n)  # (F, N)
     weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32).unsqueeze(1)  # (F, 1)
@@ -310,3 +330,75 @@ def score(
     weighted = torch.where(scored, weights * scores, torch.zeros_like(scores)).sum(0)  # (N,)
     total = torch.where(scored.any(0), weighted, torch.full_like(weighted, math.nan))  # (N,)
     return RewardScores(total=total, per_function=per_function)
+
+
+# ---- process supervision: rewards per reasoning step ------------------------------------------
+
+
+@dataclass
+class StepScores:
+    """Step rewards of one batch of N completions (process supervision, DeepSeekMath §4.1.3)."""
+
+    steps: list[list[tuple[int, float]]]  # (N,) lists of (end, weighted reward), sorted by end
+    per_function: dict[str, Tensor]  # name -> (N,) mean unweighted step reward, NaN if unscored
+
+    @property
+    def total(self) -> Tensor:
+        """(N,) float32: the mean step reward of each completion, NaN where it has none."""
+        return torch.tensor(
+            [sum(r for _, r in s) / len(s) if s else math.nan for s in self.steps], dtype=torch.float32
+        )
+
+
+def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:
+    """Check a function's return for process supervision: per completion a number (one step
+    ending at the last character), None, or a list of (end, reward) with 0 < end <= len."""
+    if isinstance(values, (np.ndarray, Tensor)):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise UserError(f"reward {name!r} returned a {type(values).__name__}, not one entry per completion")
+    if len(values) != len(completions):
+        raise UserError(f"reward {name!r} returned {len(values)} scores for {len(completions)} completions")
+    out: list[list[tuple[int, float]] | None] = []
+    for i, value in enumerate(values):
+        if value is None or isinstance(value, numbers.Real):
+            out.append(None if value is None else [(len(completions[i]), float(_as_scores(name, [value], 1)[0]))])
+            continue
+        steps = []
+        for item in value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else [value]:
+            ok = isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], numbers.Integral)
+            if not ok or not 0 < item[0] <= max(len(completions[i]), 1):
+                raise UserError(
+                    f"reward {name!r} returned step {_one_line(repr(item))} for row {i}; expected "
+                    f"(end, reward) with end a character offset in 1..{len(completions[i])}"
+                )
+            reward = float(_as_scores(name, [item[1]], 1)[0])
+            if not math.isnan(reward):
+                steps.append((int(item[0]), reward))
+        out.append(steps or None)
+    return out
+
+
+def score_steps(
+    rewards: list[WeightedReward],
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, Sequence[Any]],
+) -> StepScores:
+    """Process supervision: every function's steps, weighted, merged per completion.
+
+    A function may return per completion a list of (end, reward) steps (end = character
+    offset one past the step), a single number (one step at the end of the completion: an
+    outcome reward beside the process ones) or None (no steps).
+    """
+    _check_batch(prompts, completions, columns)
+    merged: list[list[tuple[int, float]]] = [[] for _ in completions]
+    per_function = {}
+    for reward in rewards:
+        steps = _as_steps(reward.name, _run(reward, prompts, completions, columns), completions)
+        per_function[reward.name] = torch.tensor(
+            [sum(r for _, r in s) / len(s) if s else math.nan for s in steps], dtype=torch.float32
+        )
+        for i, s in enumerate(steps):
+            merged[i].extend((end, reward.weight * r) for end, r in s or [])
+    return StepScores([sorted(s) for s in merged], per_function)

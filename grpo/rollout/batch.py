@@ -62,3 +62,29 @@ class Rollout:
         self.attention_mask = self.attention_mask.to(device)
         self.completion_mask = self.completion_mask.to(device)
         return self
+
+
+def char_to_token_ends(tokenizer, completion_ids: list[int], char_ends: list[int]) -> list[int]:
+    """Map character offsets in a decoded completion to token positions.
+
+    A step that ends at character offset `end` (one past its last character) ends at the
+    first token t whose decoded prefix ids[:t+1] is at least `end` characters long. Decoding
+    prefixes (rather than tokens one by one) keeps multi-byte characters and merges right;
+    a binary search keeps it to O(log T) decodes per step.
+    """
+
+    def decoded_length(t: int) -> int:
+        return len(tokenizer.decode(completion_ids[: t + 1], skip_special_tokens=True))
+
+    last = len(completion_ids) - 1
+    ends = []
+    for end in char_ends:
+        lo, hi = 0, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if decoded_length(mid) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        ends.append(lo)
+    return ends

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,9 @@ from grpo.errors import UserError
 from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint
 from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
 from grpo.infra.seed import rng_state, seed_everything, set_rng_state
-from grpo.rewards import load_rewards
+from grpo.rewards import WeightedReward, load_rewards, score, score_steps
+from grpo.rewards.adapters import ModelReward, ProcessModelReward
+from grpo.rewards.model import RewardModel, load_pairs
 from grpo.rollout import HFSampler
 from grpo.train.models import (
     AdapterOff,
@@ -39,6 +42,7 @@ from grpo.train.models import (
     load_value_model,
 )
 from grpo.train.schedule import lr_lambda
+from grpo.train.iterative import RewardModelUpdater
 from grpo.train.step import BASELINES, Engine, StepResult, train_step
 
 
@@ -58,7 +62,33 @@ def as_config(config: Config | dict | str | Path, overrides: list[str] = ()) -> 
     return load_config(config, overrides)
 
 
-def build_engine(c: Config, rewards) -> Engine:
+def resolve_functions(c: Config) -> dict[int, WeightedReward]:
+    """The function rewards, resolved (and so checked) before any model is loaded."""
+    entries = [(i, r) for i, r in enumerate(c.rewards) if r.function is not None]
+    resolved = load_rewards([(r.function, r.weight) for _, r in entries])
+    return {i: w for (i, _), w in zip(entries, resolved)}
+
+
+def load_reward_models(c: Config, functions: dict[int, WeightedReward]) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
+    """All rewards in config order: the resolved functions and the loaded reward models."""
+    rewards, models = [], {}
+    for i, r in enumerate(c.rewards):
+        if r.function is not None:
+            rewards.append(functions[i])
+            continue
+        models[i] = RewardModel.from_pretrained(r.model)
+        if r.process:
+            fn = ProcessModelReward(models[i], separator=r.step_separator, normalize=r.normalize)
+        else:
+            fn = ModelReward(models[i], normalize=r.normalize)
+        name = f"model:{r.model}"
+        if any(w.name == name for w in rewards):
+            name += f"#{i}"
+        rewards.append(WeightedReward(name=name, fn=fn, weight=r.weight))
+    return rewards, models
+
+
+def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
     tokenizer = load_tokenizer(c.model)
     policy = load_causal_lm(c.model, c.train.dtype)
@@ -99,7 +129,8 @@ def build_engine(c: Config, rewards) -> Engine:
         critic=critic,
         optimizer=optimizer,
         scheduler=scheduler,
-        baseline=BASELINES[lo.baseline],
+        score=score_steps if lo.supervision == "process" else score,
+        baseline=BASELINES[lo.baseline, lo.supervision],
         baseline_kwargs=dict(
             group_size=ro.group_size, scale=lo.scale, eps=lo.eps, beta=lo.beta, kl_estimator=lo.kl_estimator,
             kl_in=lo.kl_in, gamma=lo.gamma, lam=lo.lam, whiten_advantages=lo.whiten_advantages,
@@ -134,8 +165,47 @@ def models_held(e: Engine, c: Config) -> int:
     return 1 + int(e.reference.held) + int(e.critic is not None) + max(reward_models, int(rule_rewards))
 
 
-def _trainer_state(e: Engine, stream: PromptStream, step: int, iteration: int) -> dict:
+def build_updater(c: Config, e: Engine, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]) -> RewardModelUpdater:
+    """Iterative RL: what keeps training the reward model between iterations."""
+    u = c.reward_model_update
+    index = u.reward if u.reward >= 0 else min(models)
+    sampler = HFSampler(
+        e.tokenizer, prompt_column=c.data.prompt_column, group_size=u.samples_per_prompt,
+        max_new_tokens=c.rollout.max_new_tokens, min_new_tokens=c.rollout.min_new_tokens,
+        temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k,
+    )
+    return RewardModelUpdater(
+        model=models[index],
+        verifier=verifier,
+        sampler=sampler,
+        prompts=PromptStream(rows, seed=c.seed + 1, shuffle=True),
+        prompt_column=c.data.prompt_column,
+        prompts_per_update=u.prompts,
+        samples_per_prompt=u.samples_per_prompt,
+        max_pairs_per_prompt=u.max_pairs_per_prompt,
+        replay=u.replay,
+        fit_kwargs=dict(lr=u.lr, epochs=u.epochs, batch_size=u.batch_size),
+        history=load_pairs(u.data) if u.data else [],
+        rng=random.Random(c.seed),
+    )
+
+
+class NoUpdater:
+    """No iterative reward-model training: the reward stays as it is."""
+
+    def update(self, policy) -> None:
+        return None
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+def _trainer_state(e: Engine, stream: PromptStream, updater, step: int, iteration: int) -> dict:
     return {
+        "reward_model_update": updater.state_dict(),
         "step": step,
         "policy": e.policy.state_dict(),
         # The reference equals the initial model during the first iteration; after a reset
@@ -149,8 +219,9 @@ def _trainer_state(e: Engine, stream: PromptStream, step: int, iteration: int) -
     }
 
 
-def _restore(e: Engine, stream: PromptStream, state: dict) -> int:
+def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
     e.policy.load_state_dict(state["policy"])
+    updater.load_state_dict(state["reward_model_update"])
     if state["reference"] is not None:
         e.reference.load_state_dict(state["reference"])
     if e.critic is not None:
@@ -173,6 +244,13 @@ def _write_samples(path: Path, step: int, result: StepResult, prompt_column: str
                 "completion": batch.completions[i],
                 "reward": reward if math.isfinite(reward) else None,
             }) + "\n")
+
+
+def _record_update(out: Path, before_step: int, iteration: int, update: dict, updater: RewardModelUpdater, save: bool) -> None:
+    with open(out / "reward_model_updates.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"before_step": before_step, "after_iteration": iteration, **update}) + "\n")
+    if save:
+        updater.model.save(out / "reward_model")
 
 
 def _save_final(e: Engine, final_dir: Path) -> None:
@@ -209,19 +287,25 @@ def train(
         raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it or choose another output_dir")
 
     # Everything that can be wrong with the input is found before any model is loaded.
-    rewards = load_rewards([(r.function, r.weight) for r in c.rewards])
-    stream = PromptStream(load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split), seed=c.seed, shuffle=c.data.shuffle)
+    functions = resolve_functions(c)
+    u = c.reward_model_update
+    verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
+    rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split)
+    stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
     state = load_latest_checkpoint(out) if resume else None
 
     seed_everything(c.seed)
+    rewards, reward_models = load_reward_models(c, functions)
     e = build_engine(c, rewards)
+    updater = build_updater(c, e, verifier, reward_models, rows) if verifier else NoUpdater()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(c), sort_keys=False))
 
     start = 0
     if state is not None:
-        start = _restore(e, stream, state)
+        start = _restore(e, stream, updater, state)
         truncate_metrics(metrics_path, start)
+        truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
     sinks = Sinks([JsonlSink(metrics_path)] + ([TensorBoardSink(out / "tensorboard")] if c.train.tensorboard else []))
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
@@ -231,7 +315,12 @@ def train(
         for step in range(start, c.train.steps):
             iteration = step // steps_per_iteration
             if step > 0 and step % steps_per_iteration == 0:
-                e.reference.reset_to(e.policy)  # Algorithm 1: reference <- policy
+                # Algorithm 1, between iterations: the reward model learns from the policy's
+                # new samples (iterative RL), then the reference becomes the policy.
+                update = updater.update(e.policy)
+                if update is not None:
+                    _record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
+                e.reference.reset_to(e.policy)
             result = train_step(e, stream.take(c.rollout.prompts_per_step))
             number = step + 1
             metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
@@ -241,7 +330,7 @@ def train(
             if c.train.sample_every and number % c.train.sample_every == 0:
                 _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
             if number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0):
-                save_checkpoint(out, number, _trainer_state(e, stream, number, iteration), keep=c.train.keep_checkpoints)
+                save_checkpoint(out, number, _trainer_state(e, stream, updater, number, iteration), keep=c.train.keep_checkpoints)
     finally:
         bar.close()
         sinks.close()

@@ -25,16 +25,26 @@ from grpo.algo import (
     kl_estimate,
     kl_penalized_rewards,
     policy_loss,
+    process_advantages,
     token_logprobs,
     value_loss,
     whiten,
 )
 from grpo.infra.memory import peak_memory_mb
-from grpo.rewards import WeightedReward, score
+from grpo.rewards import StepScores, WeightedReward
 from grpo.rollout import Rollout, Sampler
+from grpo.rollout.batch import char_to_token_ends
 from grpo.train.models import Reference, completion_logits, policy_logprobs
 
 # ---- the baselines: place 1 (and 2, for where the KL enters the reward) ------------------------
+
+
+@dataclass
+class StepTensors:
+    """Process supervision: the step rewards and the token where each step ends."""
+
+    rewards: Tensor  # (N, S) float, NaN where a completion has fewer than S steps
+    ends: Tensor  # (N, S) long, token index of each step's end, -1 where absent
 
 
 @dataclass
@@ -43,13 +53,19 @@ class Targets:
     returns: Tensor | None = None  # (N, T) for the critic, else None
 
 
-def group_baseline(scores, batch, old_logprobs, ref_logprobs, old_values, *, group_size, scale, eps, **_) -> Targets:
+def group_baseline(scores, steps, batch, old_logprobs, ref_logprobs, old_values, *, group_size, scale, eps, **_) -> Targets:
     """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps) for every token of output i."""
     return Targets(group_advantages(scores, group_size, scale=scale, eps=eps))
 
 
+def process_baseline(scores, steps, batch, old_logprobs, ref_logprobs, old_values, *, group_size, eps, **_) -> Targets:
+    """GRPO with process supervision (DeepSeekMath §4.1.3): step rewards normalised over the
+    group; token t's advantage sums the normalised rewards of the steps ending at or after t."""
+    return Targets(process_advantages(steps.rewards, steps.ends, batch.completion_mask, group_size, eps=eps))
+
+
 def critic_baseline(
-    scores, batch, old_logprobs, ref_logprobs, old_values, *, beta, kl_estimator, kl_in, gamma, lam, whiten_advantages, **_
+    scores, steps, batch, old_logprobs, ref_logprobs, old_values, *, beta, kl_estimator, kl_in, gamma, lam, whiten_advantages, **_
 ) -> Targets:
     """PPO: per-token rewards (score at the last token, minus beta * KL per token when the
     KL goes into the reward), then GAE against the critic's values, whitened."""
@@ -70,7 +86,12 @@ def critic_baseline(
     return Targets(advantages, returns)
 
 
-BASELINES: dict[str, Callable[..., Targets]] = {"group": group_baseline, "critic": critic_baseline}
+# (loss.baseline, loss.supervision) -> the function that turns rewards into advantages.
+BASELINES: dict[tuple[str, str], Callable[..., Targets]] = {
+    ("group", "outcome"): group_baseline,
+    ("group", "process"): process_baseline,
+    ("critic", "outcome"): critic_baseline,
+}
 
 
 # ---- the engine: what a step needs, chosen once from the config --------------------------------
@@ -86,6 +107,7 @@ class Engine:
     critic: nn.Module | None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    score: Callable  # grpo.rewards.score (outcome) or score_steps (process supervision)
     baseline: Callable[..., Targets]
     baseline_kwargs: dict
     prompt_column: str
@@ -134,6 +156,23 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
     return hi > lo
 
 
+def _step_tensors(steps: list[list[tuple[int, float]]], batch: Rollout, tokenizer) -> StepTensors:
+    """Step rewards at character offsets -> (N, S) rewards and the token where each step ends."""
+    n, width = len(steps), max((len(s) for s in steps), default=0) or 1
+    rewards = torch.full((n, width), float("nan"))
+    ends = torch.full((n, width), -1, dtype=torch.long)
+    lengths = batch.completion_lengths.long().tolist()
+    for i, row in enumerate(steps):
+        if not row:
+            continue
+        ids = batch.completion_ids[i, : lengths[i]].tolist()
+        token_ends = char_to_token_ends(tokenizer, ids, [end for end, _ in row])
+        rewards[i, : len(row)] = torch.tensor([r for _, r in row])
+        ends[i, : len(row)] = torch.tensor(token_ends)
+    device = batch.completion_mask.device
+    return StepTensors(rewards.to(device), ends.to(device))
+
+
 def train_step(e: Engine, rows: list[dict]) -> StepResult:
     """One step on `rows` (prompts_per_step data rows): sample, score, baseline, update."""
     start = time.perf_counter()
@@ -143,17 +182,20 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
-    # 2. Score them; NaN = no reward function could score it.
+    # 2. Score them; NaN = no reward function could score it. With process supervision a
+    #    completion's score is its mean step reward (for the metrics and the group spread).
     prompts = [row[e.prompt_column] for row in batch.rows]
-    reward = score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column))
+    reward = e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column))
     scores = reward.total.to(batch.completion_mask.device)  # (N,)
     scored = time.perf_counter()
 
     # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scores, e.group_size)  # (N/G,)
+    keep = torch.arange(len(batch))
     if e.drop_zero_std_groups:
         keep = spread.repeat_interleave(e.group_size).nonzero().squeeze(1)
         batch, scores = batch.select(keep), scores[keep]
+    steps = _step_tensors([reward.steps[i] for i in keep.tolist()], batch, e.tokenizer) if isinstance(reward, StepScores) else None
 
     stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
     if len(batch):
@@ -165,7 +207,7 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
             old_values = e.critic(batch) if e.critic is not None else None  # (N, T) or None
 
         # 4. Advantages: from the group (GRPO) or from the critic (PPO).
-        targets = e.baseline(scores, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs)
+        targets = e.baseline(scores, steps, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs)
 
         # 5. Update: mu epochs over minibatches, accumulating micro-batches.
         stats = _update(e, batch, targets, old_logprobs, ref_logprobs, old_values)

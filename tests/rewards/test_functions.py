@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grpo.errors import UserError
+from grpo.tasks import arithmetic
 from grpo.rewards import (
     BUILTIN_REWARDS,
     WeightedReward,
@@ -81,6 +82,9 @@ def test_builtins_resolve_to_their_functions():
         "exact_answer": exact_answer,
         "math_answer": math_answer,
         "r1_format": r1_format,
+        "arithmetic_correct": arithmetic.correctness_reward,
+        "arithmetic_format": arithmetic.format_reward,
+        "arithmetic_steps": arithmetic.step_reward,
     }
     for name, fn in BUILTIN_REWARDS.items():
         assert resolve_reward(name) is fn
@@ -117,15 +121,16 @@ def test_unknown_builtin_suggests_the_closest():
     message = _raises_one_line(resolve_reward, "exact_anwser")
     assert message == (
         "unknown reward 'exact_anwser'; did you mean 'exact_answer'? "
-        "(built-ins: exact_answer, math_answer, r1_format; or give 'pkg.module:function')"
+        "(built-ins: arithmetic_correct, arithmetic_format, arithmetic_steps, exact_answer, "
+        "math_answer, r1_format; or give 'pkg.module:function')"
     )
 
 
 def test_unknown_builtin_far_from_all_lists_them():
     message = _raises_one_line(resolve_reward, "bleu")
     assert message == (
-        "unknown reward 'bleu' (built-ins: exact_answer, math_answer, r1_format; "
-        "or give 'pkg.module:function')"
+        "unknown reward 'bleu' (built-ins: arithmetic_correct, arithmetic_format, arithmetic_steps, "
+        "exact_answer, math_answer, r1_format; or give 'pkg.module:function')"
     )
 
 

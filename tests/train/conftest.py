@@ -1,7 +1,9 @@
 import json
+import random
 
 import pytest
 
+from grpo.rewards.model import RewardModel
 from grpo.tasks.tiny import save_tiny_model
 
 ALPHABET = "0123456789abc "
@@ -46,3 +48,35 @@ def make_config(tiny_model, prompts_file, tmp_path):
         return config
 
     return make
+
+
+CHARS = "0123456789abc "
+
+
+def sevens_pairs(n, seed):
+    """Comparisons whose chosen completion has more '7's in its first 8 characters."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        k = rng.randint(1, 8)
+        chosen = [rng.choice(CHARS.replace("7", "")) for _ in range(8)]
+        for i in rng.sample(range(8), k):
+            chosen[i] = "7"
+        rejected = [rng.choice(CHARS.replace("7", "")) for _ in range(8)]
+        for i in rng.sample(range(8), rng.randint(0, k - 1)):
+            rejected[i] = "7"
+        pairs.append({"prompt": rng.choice(["a", "b", "c", "ab"]), "chosen": "".join(chosen), "rejected": "".join(rejected)})
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def sevens_rm(tiny_model, tmp_path_factory):
+    """A reward model trained (from the tiny base) to prefer completions with more 7s."""
+    directory = tmp_path_factory.mktemp("rm")
+    rm = RewardModel.from_base(tiny_model, seed=0)
+    rm.fit(sevens_pairs(400, seed=1), lr=1e-3, epochs=2, batch_size=16, progress=False)
+    assert rm.evaluate(sevens_pairs(100, seed=2))["accuracy"] >= 0.9
+    rm.save(directory / "model")
+    history = directory / "history.jsonl"
+    history.write_text("".join(json.dumps(p) + "\n" for p in sevens_pairs(40, seed=3)))
+    return str(directory / "model"), str(history)

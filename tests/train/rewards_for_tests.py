@@ -31,3 +31,8 @@ def constant(prompts, completions, **columns):
 def sevens_or_none(prompts, completions, **columns):
     """`sevens`, but completions that start with '0' cannot be scored."""
     return [None if c.startswith("0") else c[:8].count("7") / 8 for c in completions]
+
+
+def sevens_steps(prompts, completions, **columns):
+    """Process supervision: each of the first 8 characters is a step, rewarded if it is '7'."""
+    return [[(i + 1, float(ch == "7")) for i, ch in enumerate(c[:8])] or None for c in completions]

@@ -46,3 +46,30 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(make_config, tmp_pa
     assert resumed.returncode == 0, resumed.stderr
     assert results(tmp_path / "killed") == results(tmp_path / "straight")
     assert [m["iteration"] for m in results(tmp_path / "killed")] == [1] * 5 + [2] * 5
+
+
+def test_resume_restores_an_iteratively_trained_reward_model(make_config, sevens_rm, tmp_path):
+    # 3 iterations of 2 steps: the reward model is updated before steps 3 and 5. Checkpoints
+    # at 4; killed inside step 6. The resumed run needs the updated reward model, its
+    # comparison history and its random state from the checkpoint.
+    rm_dir, history = sevens_rm
+    settings = dict(
+        rewards=[{"model": rm_dir}, {"function": "tests.train.rewards_for_tests:sevens_then_die", "weight": 0.0}],
+        train={"steps": 6, "iterations": 3, "checkpoint_every": 4, "lr": 1e-3},
+        reward_model_update={"verifier": "tests.train.rewards_for_tests:sevens", "data": history,
+                             "prompts": 4, "samples_per_prompt": 4, "lr": 1e-3},
+    )
+    for name in ("straight", "killed"):
+        config = make_config(**settings)
+        config["output_dir"] = str(tmp_path / name)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    assert grpo_train(tmp_path / "straight.yaml").returncode == 0
+    assert grpo_train(tmp_path / "killed.yaml", env={"GRPO_TEST_DIE_AT": "6"}).returncode == -signal.SIGKILL
+    resumed = grpo_train(tmp_path / "killed.yaml", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert results(tmp_path / "killed") == results(tmp_path / "straight")
+    straight, killed = (
+        [json.loads(line) for line in (tmp_path / run / "reward_model_updates.jsonl").read_text().splitlines()]
+        for run in ("straight", "killed")
+    )
+    assert len(straight) == 2 and killed == straight
