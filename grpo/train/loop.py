@@ -39,6 +39,7 @@ from grpo.train.models import (
     apply_lora,
     load_causal_lm,
     load_tokenizer,
+    count_parameters,
     load_value_model,
 )
 from grpo.train.schedule import lr_lambda
@@ -52,6 +53,7 @@ class TrainResult:
     final_dir: Path
     metrics: list[dict]
     models_held: int
+    summary: dict
 
 
 def as_config(config: Config | dict | str | Path, overrides: list[str] = ()) -> Config:
@@ -163,6 +165,31 @@ def models_held(e: Engine, c: Config) -> int:
     reward_models = sum(1 for r in c.rewards if r.model is not None)
     rule_rewards = any(r.function is not None for r in c.rewards)
     return 1 + int(e.reference.held) + int(e.critic is not None) + max(reward_models, int(rule_rewards))
+
+
+def parameters_held(e: Engine, reward_models: dict[int, RewardModel]) -> int:
+    """Parameters of every network held: policy, a reference copy, critic, reward models."""
+    copies = [e.reference.model] if isinstance(e.reference, FrozenCopy) else []
+    networks = [e.policy, *copies, e.critic, *(rm.model for rm in reward_models.values())]
+    return sum(count_parameters(n) for n in networks)
+
+
+def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) -> dict:
+    """What a run cost and what it reached, for comparing runs (`summary.json`)."""
+    times = sorted(m["time/step"] for m in metrics)
+    last = [m["reward/mean"] for m in metrics[-5:] if m["reward/mean"] is not None]
+    return {
+        "algorithm": c.algorithm,
+        "models": models,
+        "parameters": parameters,
+        "steps": len(metrics),
+        "prompts": len(metrics) * c.rollout.prompts_per_step,
+        "generated_tokens": sum(m["tokens/completion"] for m in metrics),
+        "time_s": sum(times),
+        "time_per_step_s": times[len(times) // 2] if times else None,
+        "peak_memory_mb": max((m["memory/peak_mb"] for m in metrics), default=None),
+        "reward/final": sum(last) / len(last) if last else None,
+    }
 
 
 def build_updater(c: Config, e: Engine, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]) -> RewardModelUpdater:
@@ -335,4 +362,7 @@ def train(
         bar.close()
         sinks.close()
     _save_final(e, out / "final")
-    return TrainResult(out, out / "final", read_metrics(metrics_path), held)
+    metrics = read_metrics(metrics_path)
+    summary = run_summary(c, metrics, held, parameters_held(e, reward_models))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return TrainResult(out, out / "final", metrics, held, summary)

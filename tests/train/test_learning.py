@@ -39,6 +39,10 @@ def test_grpo_learns_the_sevens_reward(make_config, tiny_model):
     check_run_outputs(result, 40)
     assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
     assert result.models_held == 3  # policy, reference, reward
+    summary = json.loads((result.output_dir / "summary.json").read_text())
+    policy_parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model).parameters())
+    assert summary["parameters"] == 2 * policy_parameters  # the policy and its frozen copy
+    assert summary["generated_tokens"] == 40 * 32 * 8 and summary["steps"] == 40
     assert result.metrics[0]["kl"] == 0.0 and result.metrics[-1]["kl"] > 0  # the policy moved away from the reference
     assert all(m["clip_fraction"] == 0.0 for m in result.metrics)  # mu = 1: the ratio is exactly 1
     # final/ holds the trained weights, not the initial ones.
@@ -53,4 +57,5 @@ def test_ppo_learns_the_sevens_reward(make_config):
     check_run_outputs(result, 40)
     assert gain(result.metrics) >= 0.1, [round(m["reward/mean"], 3) for m in result.metrics]
     assert result.models_held == 4  # policy, reference, reward, value
+    assert result.summary["parameters"] > 2 * sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(config["model"]).parameters())
     assert {"value_loss", "value/mean"} <= set(result.metrics[-1])
