@@ -1,0 +1,366 @@
+"""The evaluation runner: sample n completions per prompt, check each, report pass@k and maj@k.
+
+DeepSeekMath (Fig. 7) finds that RL raises Maj@K but not Pass@K: it makes the right answer
+more likely among what the model already samples, not the set of problems it can solve.
+`evaluate` measures both curves for one model: n samples per prompt at temperature 0.7 (the
+paper's), then for every k the mean over prompts of the exact estimators in
+`grpo.eval.metrics` (pass@k unbiased, Chen et al.; maj@k the expected majority-vote accuracy
+over k of the n samples), each with a 95% confidence interval over prompts.
+
+It is two parts, so that the metrics can be tested without a model:
+- `sample_completions`: the loop over `model.generate` (through `HFSampler`).
+- `measure`: completions -> verdicts -> the report. Pure Python, no model.
+
+Choices beyond the plain description:
+- Confidence intervals are the normal ones over prompts: mean +- 1.96 * s / sqrt(P), with s
+  the sample std (ddof 1) of the per-prompt values, clipped to [0, 1]. They cover the
+  spread over prompts only: each per-prompt value is already an exact expectation over the
+  C(n, k) choices of k samples, but the n samples themselves are one random draw.
+- A completion can be correct without an extractable answer (a lenient reward function):
+  it counts for pass@k and accuracy but cannot win a majority vote (maj_at_k ignores None).
+- Reproducible: the same seed, batch_size and device give the same completions (the seed
+  starts one torch generator stream that the generate calls consume in order; a different
+  batch_size cuts the stream differently). The caller's torch RNG state is restored after.
+- ks beyond n are dropped with a warning (pass@k needs k <= n samples).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from grpo.errors import UserError
+from grpo.eval.metrics import maj_at_k, pass_at_k
+
+__all__ = [
+    "TASKS",
+    "Verifier",
+    "evaluate",
+    "measure",
+    "reward_verifier",
+    "sample_completions",
+    "task_verifier",
+]
+
+Z_95 = 1.96  # two-sided 95% quantile of the standard normal
+
+
+@dataclass
+class Verifier:
+    """How to read and check a completion for one data row.
+
+    `extract` gives the completion's final answer (None = no answer): the votes of maj@k.
+    `check` says whether the completion is correct for the row: the c of pass@k.
+    `check_group`, when given, checks all completions of a row in one call (a batched reward
+    function); it must agree with `check`.
+    """
+
+    extract: Callable[[str], Hashable | None]
+    check: Callable[[str, dict], bool]
+    check_group: Callable[[list[str], dict], list[bool]] | None = None
+
+    def check_all(self, completions: list[str], row: dict) -> list[bool]:
+        if self.check_group is not None:
+            return [bool(ok) for ok in self.check_group(completions, row)]
+        return [bool(self.check(completion, row)) for completion in completions]
+
+
+# ---- verifiers --------------------------------------------------------------------------
+
+
+def _arithmetic_verifier() -> Verifier:
+    from grpo.tasks import arithmetic
+
+    def reference(row: dict) -> str:
+        # As arithmetic.correctness_reward: without an `answer` column the prompt says it.
+        if row.get("answer") is not None:
+            return str(row["answer"])
+        parsed = arithmetic.parse_prompt(row.get("prompt"))
+        if parsed is None:
+            raise UserError(
+                f"task arithmetic: a row has no 'answer' column and its prompt "
+                f"{str(row.get('prompt'))[:40]!r} is not 'A+B='"
+            )
+        return str(parsed[0] + parsed[1])
+
+    return Verifier(
+        extract=arithmetic.extract_answer,
+        check=lambda completion, row: arithmetic.is_correct(completion, reference(row)),
+    )
+
+
+# Built-in tasks: name -> a function that builds its verifier (imported on use).
+TASKS: dict[str, Callable[[], Verifier]] = {"arithmetic": _arithmetic_verifier}
+
+
+def task_verifier(name: str) -> Verifier:
+    """The verifier of a built-in task: "arithmetic" reads the answer after '>' and compares it
+    with the row's `answer` (or, without one, the sum in its prompt)."""
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r} (tasks: {', '.join(sorted(TASKS))})")
+    return TASKS[name]()
+
+
+def reward_verifier(
+    spec: str,
+    threshold: float = 0.5,
+    *,
+    prompt_column: str = "prompt",
+    extract: Callable[[str], Hashable | None] | None = None,
+) -> Verifier:
+    """A reward function as a verifier: a completion is correct when its score >= threshold.
+
+    `spec` is anything `grpo.rewards.functions.resolve_reward` takes (a built-in name or
+    'pkg.module:function', TRL's signature); it gets the row's prompt and its other columns.
+    A None score is not correct. `extract` defaults to `grpo.rewards.rules.extract_answer`
+    (an <answer> tag, a \\boxed{}, or GSM8K's '####').
+    """
+    from grpo.rewards.functions import resolve_reward
+    from grpo.rewards.rules import extract_answer
+
+    fn = resolve_reward(spec)
+
+    def check_group(completions: list[str], row: dict) -> list[bool]:
+        prompt = row.get(prompt_column)
+        columns = {key: [value] * len(completions) for key, value in row.items() if key != prompt_column}
+        try:
+            scores = fn([prompt] * len(completions), list(completions), **columns)
+        except UserError:
+            raise
+        except Exception as err:
+            detail = " ".join(str(err).split())[:200]
+            raise UserError(f"verifier {spec!r} raised {type(err).__name__}: {detail}") from err
+        if hasattr(scores, "tolist"):
+            scores = scores.tolist()
+        if isinstance(scores, (str, bytes)) or not isinstance(scores, Sequence) or len(scores) != len(completions):
+            raise UserError(f"verifier {spec!r} must return one score per completion, got {scores!r:.80}")
+        verdicts = []
+        for value in scores:
+            if value is not None and not isinstance(value, numbers.Real):
+                raise UserError(f"verifier {spec!r} returned {value!r:.80}, not a number or None")
+            verdicts.append(value is not None and not math.isnan(value) and value >= threshold)
+        return verdicts
+
+    return Verifier(
+        extract=extract or extract_answer,
+        check=lambda completion, row: check_group([completion], row)[0],
+        check_group=check_group,
+    )
+
+
+# ---- sampling ---------------------------------------------------------------------------
+
+
+def _calls(prompts: int, n: int, batch_size: int) -> list[tuple[list[int], int]]:
+    """The generate calls, as (prompt indices, completions per prompt), in order.
+
+    As many whole prompts as fit in batch_size completions; a prompt whose n does not fit
+    alone is split over several calls of at most batch_size completions.
+    """
+    if n <= batch_size:
+        per_call = batch_size // n
+        return [(list(range(i, min(i + per_call, prompts))), n) for i in range(0, prompts, per_call)]
+    return [([i], min(batch_size, n - done)) for i in range(prompts) for done in range(0, n, batch_size)]
+
+
+def sample_completions(
+    model,
+    tokenizer,
+    rows: list[dict],
+    *,
+    n: int,
+    prompt_column: str = "prompt",
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 256,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[list[str]]:
+    """n sampled completions (decoded text) for each row, [prompt][sample].
+
+    Runs under `torch.random.fork_rng` seeded with `seed`: the caller's RNG state is the same
+    afterwards, and the same seed and batch_size give the same completions.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from grpo.rollout.sampler import HFSampler
+
+    samplers: dict[int, HFSampler] = {}  # one per group size (at most two: n and a remainder)
+    completions: list[list[str]] = [[] for _ in rows]
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    bar = tqdm(total=len(rows) * n, desc="eval", unit="completion", disable=not progress,
+               dynamic_ncols=True, file=sys.stderr)
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for indices, group_size in _calls(len(rows), n, batch_size):
+            if group_size not in samplers:
+                samplers[group_size] = HFSampler(
+                    tokenizer, prompt_column=prompt_column, group_size=group_size,
+                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                )
+            rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
+            for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
+                completions[i].extend(rollout.completions[j * group_size : (j + 1) * group_size])
+            bar.update(len(rollout))
+    bar.close()
+    return completions
+
+
+# ---- metrics ----------------------------------------------------------------------------
+
+
+def valid_ks(ks: Sequence[int], n: int) -> list[int]:
+    """The ks to report, sorted and unique; those beyond n are dropped with a warning."""
+    if n < 1:
+        raise UserError(f"n must be at least 1, got {n}")
+    bad = [k for k in ks if not isinstance(k, numbers.Integral) or k < 1]
+    if bad:
+        raise UserError(f"k must be positive integers, got {bad[0]!r}")
+    wanted = sorted(set(int(k) for k in ks))
+    dropped = [k for k in wanted if k > n]
+    if dropped:
+        print(f"grpo eval: warning: dropping k = {', '.join(map(str, dropped))}: more than n = {n} samples",
+              file=sys.stderr)
+    kept = [k for k in wanted if k <= n]
+    if not kept:
+        raise UserError(f"no k <= n = {n} to report (got k = {', '.join(map(str, wanted)) or 'none'})")
+    return kept
+
+
+@lru_cache(maxsize=65536)
+def _maj_of_profile(profile: tuple[tuple[int, bool], ...], n_none: int, k: int) -> float:
+    """maj@k of any prompt whose answers have these (count, correct) pairs and n_none blanks."""
+    answers: list[int | None] = [None] * n_none
+    flags = [False] * n_none
+    for label, (count, correct) in enumerate(profile):
+        answers += [label] * count
+        flags += [correct] * count
+    return maj_at_k(answers, flags, k)
+
+
+def _maj_at_ks(answers: list[Hashable | None], flags: list[bool], ks: list[int]) -> dict[int, float]:
+    """maj_at_k for every k, called only where needed: it depends on the answers only through
+    their counts and which of them are correct (an answer is correct if any of its samples is,
+    as in maj_at_k), so prompts with the same profile share one computation."""
+    counts = Counter(a for a in answers if a is not None)
+    right = {a for a, ok in zip(answers, flags) if ok and a is not None}
+    if not right:
+        return {k: 0.0 for k in ks}
+    profile = tuple(sorted((count, answer in right) for answer, count in counts.items()))
+    n_none = len(answers) - sum(counts.values())
+    return {k: _maj_of_profile(profile, n_none, k) for k in ks}
+
+
+def _mean_ci(values: list[float]) -> tuple[float, list[float]]:
+    """Mean and its normal 95% interval mean +- 1.96 * s / sqrt(P), clipped to [0, 1]."""
+    p = len(values)
+    mean = sum(values) / p
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (p - 1)) if p > 1 else 0.0
+    half = Z_95 * std / math.sqrt(p)
+    return mean, [max(0.0, mean - half), min(1.0, mean + half)]
+
+
+def measure(
+    completions: list[list[str]],
+    rows: list[dict],
+    *,
+    ks: Sequence[int],
+    verifier: Verifier,
+    prompt_column: str = "prompt",
+) -> dict:
+    """The report of `evaluate` for given completions ([prompt][sample], n per prompt).
+
+    Per prompt: c = completions the verifier accepts, pass@k = pass_at_k(n, c, k), maj@k =
+    maj_at_k(extracted answers, per-completion verdicts, k). Reported: their means over
+    prompts with 95% normal intervals (see the module docstring). No model is involved.
+    """
+    if len(completions) != len(rows) or not rows:
+        raise ValueError(f"need one list of completions per row, got {len(completions)} for {len(rows)} rows")
+    n = len(completions[0])
+    if any(len(group) != n for group in completions):
+        raise ValueError("every prompt needs the same number of completions")
+    ks = valid_ks(ks, n)
+    pass_values: dict[int, list[float]] = {k: [] for k in ks}
+    maj_values: dict[int, list[float]] = {k: [] for k in ks}
+    per_prompt, no_answer, length = [], 0, 0
+    for group, row in zip(completions, rows):
+        flags = verifier.check_all(group, row)
+        answers = [verifier.extract(completion) for completion in group]
+        c = sum(flags)
+        for k, value in _maj_at_ks(answers, flags, ks).items():
+            maj_values[k].append(value)
+            pass_values[k].append(pass_at_k(n, c, k))
+        votes: Counter[str] = Counter(str(a) for a in answers if a is not None)
+        no_answer += sum(a is None for a in answers)
+        length += sum(len(completion) for completion in group)
+        per_prompt.append({"prompt": row.get(prompt_column), "correct": c,
+                           "answers": dict(votes.most_common()), "no_answer": sum(a is None for a in answers)})
+    report: dict[str, Any] = {"n": n, "prompts": len(rows)}
+    for name, values in (("pass@k", pass_values), ("maj@k", maj_values)):
+        stats = {str(k): _mean_ci(values[k]) for k in ks}
+        report[name] = {k: mean for k, (mean, _) in stats.items()}
+        report[f"{name}_ci"] = {k: ci for k, (_, ci) in stats.items()}
+    report["accuracy"] = sum(p["correct"] for p in per_prompt) / (n * len(rows))
+    report["no_answer"] = no_answer / (n * len(rows))
+    report["mean_length"] = length / (n * len(rows))
+    report["per_prompt"] = per_prompt
+    return report
+
+
+# ---- the whole evaluation ---------------------------------------------------------------
+
+
+def evaluate(
+    model,
+    tokenizer,
+    rows: list[dict],
+    *,
+    n: int,
+    ks: Sequence[int],
+    verifier: Verifier,
+    prompt_column: str = "prompt",
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 256,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Sample n completions per row, check them, and report pass@k and maj@k for every k.
+
+    Returns a JSON-serialisable dict: n, prompts, temperature, top_p, max_new_tokens, seed,
+    "pass@k" and "maj@k" ({str(k): mean over prompts}), "pass@k_ci" and "maj@k_ci"
+    ({str(k): [lo, hi]}, normal 95% intervals over prompts clipped to [0, 1]), accuracy
+    (mean fraction correct = pass@1), no_answer (fraction of completions without an
+    answer), mean_length (characters), per_prompt ([{prompt, correct, answers: {answer:
+    count}, no_answer}]), time_s (all of it) and time_metrics_s (checking and metrics).
+    ks beyond n are dropped with a warning on stderr.
+    """
+    ks = valid_ks(ks, n)  # fail (or warn) before sampling, not after
+    if batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}")
+    if not rows:
+        raise UserError("no rows to evaluate")
+    start = time.perf_counter()
+    completions = sample_completions(
+        model, tokenizer, rows, n=n, prompt_column=prompt_column, temperature=temperature, top_p=top_p,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, progress=progress,
+    )
+    sampled = time.perf_counter()
+    report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column)
+    done = time.perf_counter()
+    per_prompt = report.pop("per_prompt")
+    return {
+        "n": report.pop("n"), "prompts": report.pop("prompts"), "temperature": temperature, "top_p": top_p,
+        "max_new_tokens": max_new_tokens, "seed": seed, **report,
+        "time_s": done - start, "time_metrics_s": done - sampled, "per_prompt": per_prompt,
+    }

@@ -1,0 +1,156 @@
+import argparse
+import json
+import sys
+
+import pytest
+import torch
+
+from grpo.errors import UserError
+from grpo.eval.command import ARITHMETIC_SEED, load_data, parse_ks, register
+from grpo.tasks.arithmetic import ALPHABET, make_rows
+from grpo.tasks.tiny import save_tiny_model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="grpo")
+    register(p.add_subparsers())
+    return p
+
+
+def run(capsys, *argv):
+    """As `grpo eval ...` would: (exit code, stdout, stderr); a UserError is one line, exit 2."""
+    args = parser().parse_args(["eval", *argv])
+    try:
+        code = args.handler(args)
+    except UserError as err:
+        print(f"grpo: error: {err}", file=sys.stderr)
+        code = 2
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("eval-cmd-model")
+    return str(save_tiny_model(directory, ALPHABET, hidden_size=32, layers=1, heads=2))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_eval_prints_a_table_and_a_json_last_line_and_writes_out_and_plot(model_dir, tmp_path, capsys):
+    out, plot = tmp_path / "res" / "results.json", tmp_path / "curves.png"
+    code, stdout, _ = run(capsys, "--model", model_dir, "--data", "arithmetic:4", "--n", "4", "--k", "4,1,2",
+                          "--max-new-tokens", "8", "--out", str(out), "--plot", str(plot), "--quiet")
+    assert code == 0
+    lines = stdout.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert "per_prompt" not in summary
+    assert summary["n"] == 4 and summary["prompts"] == 4 and summary["data"] == "arithmetic:4"
+    assert list(summary["pass@k"]) == ["1", "2", "4"] == list(summary["maj@k_ci"])
+    assert lines[1].split() == ["k", "pass@k", "maj@k"]
+    assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "4"]
+    full = json.loads(out.read_text())
+    assert len(full["per_prompt"]) == 4 and {k: v for k, v in full.items() if k != "per_prompt"} == summary
+    assert [p["prompt"] for p in full["per_prompt"]] == [r["prompt"] for r in make_rows(4, seed=ARITHMETIC_SEED)]
+    assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000
+
+
+def test_default_ks_are_the_powers_of_two_up_to_n(model_dir, capsys):
+    code, stdout, err = run(capsys, "--model", model_dir, "--data", "arithmetic:2", "--n", "6",
+                            "--max-new-tokens", "4")
+    assert code == 0
+    assert list(json.loads(stdout.strip().splitlines()[-1])["pass@k"]) == ["1", "2", "4"]
+    assert "completion" in err  # the progress bar, without --quiet
+
+
+def test_a_reward_function_as_verifier(model_dir, tmp_path, capsys):
+    argv = ["--model", model_dir, "--data", "arithmetic:2", "--n", "2", "--max-new-tokens", "4", "--quiet",
+            "--verifier", "tests.eval.test_command:seven_tenths"]
+    summary = json.loads(run(capsys, *argv)[1].strip().splitlines()[-1])
+    # Every completion scores 0.7 >= 0.5: all correct, but none has an <answer> to vote with.
+    assert summary["accuracy"] == 1.0 and summary["pass@k"]["2"] == 1.0
+    assert summary["maj@k"]["1"] == 0.0 and summary["no_answer"] == 1.0
+    summary = json.loads(run(capsys, *argv, "--threshold", "0.8")[1].strip().splitlines()[-1])
+    assert summary["accuracy"] == 0.0
+
+
+def seven_tenths(prompts, completions, **_):
+    return [0.7] * len(completions)
+
+
+def test_arithmetic_data_is_fixed_and_files_load(tmp_path):
+    rows = load_data("arithmetic:5", "prompt")
+    assert rows == make_rows(5, seed=ARITHMETIC_SEED) == load_data("arithmetic:5", "prompt")
+    assert load_data("arithmetic:2", "question")[0].keys() == {"question", "answer", "solution"}
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    assert load_data(str(path), "prompt") == [{"prompt": "1+2=", "answer": "3"}]
+
+
+def test_parse_ks():
+    assert parse_ks("8, 1,2,2", 8) == [1, 2, 8]
+    assert parse_ks(None, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert parse_ks(None, 5) == [1, 2, 4]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    no_answer = tmp_path / "no_answer.jsonl"
+    no_answer.write_text('{"prompt": "what is two plus two?"}\n')
+    return {"no_answer": str(no_answer), "dir": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--k", "1,x"], "--k: expected comma-separated positive integers"),
+        (["--k", "0,2"], "--k: expected comma-separated positive integers"),
+        (["--k", ""], "--k: expected comma-separated positive integers"),
+        (["--n", "4", "--k", "1,8,16"], "--k: k = 8, 16 is more than --n 4 samples per prompt"),
+        (["--model", "/no/such/model"], "--model: no such directory '/no/such/model'"),
+        (["--data", "/no/such/data.jsonl"], "--data: no such file '/no/such/data.jsonl'"),
+        (["--data", "arithmetic:0"], "--data: expected 'arithmetic:N' with N a positive integer"),
+        (["--data", "{no_answer}"], "task arithmetic: a row has no 'answer' column"),
+        (["--data", "{no_answer}", "--verifier", "exact_answer"], "needs an 'answer' column"),
+        (["--task", "algebra"], "unknown task 'algebra' (tasks: arithmetic)"),
+        (["--verifier", "tests.eval.no_such_module:fn"], "cannot import module 'tests.eval.no_such_module'"),
+        (["--out", "{dir}"], "--out: "),
+        (["--temperature", "0"], "--temperature: must be > 0"),
+        (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
+    ],
+)
+def test_mistakes_are_one_line_before_the_model_loads(model_dir, bad_files, capsys, argv, message, monkeypatch):
+    import grpo.train.models
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model must not load when the arguments are wrong")
+
+    monkeypatch.setattr(grpo.train.models, "load_causal_lm", no_loading)
+    argv = [a.format(**bad_files) for a in argv]
+    defaults = {"--model": model_dir, "--data": "arithmetic:3", "--n": "8"}
+    for option, value in defaults.items():
+        if option not in argv:
+            argv = [option, value, *argv]
+    code, stdout, err = run(capsys, *argv, "--quiet")
+    assert code == 2
+    assert stdout == ""
+    assert err.count("\n") == 1 and err.startswith("grpo: error: ") and message in err
+
+
+def test_help_explains_both_metrics(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parser().parse_args(["eval", "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    assert "pass@k" in text and "maj@k" in text and "--verifier" in text
+    with pytest.raises(SystemExit):
+        parser().parse_args(["eval", "--model", "m", "--data", "d", "--task", "arithmetic", "--verifier", "f"])
+    assert "not allowed with argument" in capsys.readouterr().err
