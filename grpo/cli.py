@@ -10,6 +10,7 @@ from pathlib import Path
 from grpo import __version__
 from grpo.errors import UserError
 from grpo.eval.command import register as register_eval
+from grpo.train.sft import register as register_sft
 
 DESCRIPTION = """\
 Reinforcement-learning fine-tuning of language models with GRPO (Group Relative Policy
@@ -242,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm_eval.set_defaults(handler=_rm_eval)
 
     register_eval(commands)
+    register_sft(commands)
 
     demo = commands.add_parser("demo", help="the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (about 10 minutes)",
                                description=DEMO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
