@@ -64,6 +64,7 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
+    generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
 
 
 @dataclass
@@ -335,6 +336,7 @@ def validate(c: Config) -> None:
     _require(ro.temperature > 0, f"rollout.temperature: must be > 0, got {ro.temperature}")
     _require(0 < ro.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {ro.top_p}")
     _require(ro.top_k >= 0, f"rollout.top_k: must be >= 0, got {ro.top_k}")
+    _require(ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}")
     _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
     _require(1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}")
     _require(tr.lr > 0, f"train.lr: must be > 0, got {tr.lr}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from grpo.errors import UserError
 from grpo.rollout.batch import Rollout
@@ -51,12 +52,14 @@ class HFSampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        batch_size: int = 0,
     ):
         from transformers import GenerationConfig
 
         self.tokenizer = tokenizer
         self.prompt_column = prompt_column
         self.group_size = group_size
+        self.batch_size = batch_size  # completions per generate call (0 = all): bounds the KV cache
         self.generation_config = GenerationConfig(
             do_sample=True,
             temperature=temperature,
@@ -78,13 +81,16 @@ class HFSampler:
         device = next(model.parameters()).device
         prompt_ids = encoded["input_ids"].repeat_interleave(self.group_size, 0).to(device)  # (N, P)
         prompt_mask = encoded["attention_mask"].repeat_interleave(self.group_size, 0).to(device)
-        output = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=self.generation_config
-        )
-        completion_ids = output[:, prompt_ids.shape[1] :]  # (N, T)
+        chunk = self.batch_size or len(prompt_ids)
+        pieces = [
+            model.generate(input_ids=ids, attention_mask=m, generation_config=self.generation_config)[:, ids.shape[1] :]
+            for ids, m in zip(prompt_ids.split(chunk), prompt_mask.split(chunk))
+        ]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        width = max(p.shape[1] for p in pieces)  # chunks that hit EOS early are shorter
+        completion_ids = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])  # (N, T)
         mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
         # Tokens after EOS become padding, so they can never be mistaken for content.
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
         repeated_rows = [row for row in rows for _ in range(self.group_size)]

@@ -121,6 +121,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         temperature=ro.temperature,
         top_p=ro.top_p,
         top_k=ro.top_k,
+        batch_size=ro.generation_batch_size,
     )
     return Engine(
         policy=policy,

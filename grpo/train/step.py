@@ -156,6 +156,14 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
     return hi > lo
 
 
+def _chunked(forward: Callable[[Rollout], Tensor | None], batch: Rollout, size: int) -> Tensor | None:
+    """forward(batch) computed `size` rows at a time (all at once when size is 0)."""
+    if not size or size >= len(batch):
+        return forward(batch)
+    parts = [forward(batch.select(rows)) for rows in torch.arange(len(batch)).split(size)]
+    return None if parts[0] is None else torch.cat(parts)
+
+
 def _step_tensors(steps: list[list[tuple[int, float]]], batch: Rollout, tokenizer) -> StepTensors:
     """Step rewards at character offsets -> (N, S) rewards and the token where each step ends."""
     n, width = len(steps), max((len(s) for s in steps), default=0) or 1
@@ -201,10 +209,14 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
     if len(batch):
         # 3. The reference's (and, if the policy moves before the last update, the old
         #    policy's) log-probs, and the critic's values.
+        #    In micro-batches, like the update, so that no pass holds the whole batch's activations.
         with torch.no_grad():
-            ref_logprobs = e.reference.logprobs(batch, e.temperature)  # (N, T) or None
-            old_logprobs = policy_logprobs(e.policy, batch, e.temperature) if e.needs_old_logprobs else None
-            old_values = e.critic(batch) if e.critic is not None else None  # (N, T) or None
+            ref_logprobs = _chunked(lambda b: e.reference.logprobs(b, e.temperature), batch, e.micro_batch_size)  # (N, T) or None
+            old_logprobs = (
+                _chunked(lambda b: policy_logprobs(e.policy, b, e.temperature), batch, e.micro_batch_size)
+                if e.needs_old_logprobs else None
+            )
+            old_values = _chunked(e.critic, batch, e.micro_batch_size) if e.critic is not None else None  # (N, T)
 
         # 4. Advantages: from the group (GRPO) or from the critic (PPO).
         targets = e.baseline(scores, steps, batch, old_logprobs, ref_logprobs, old_values, **e.baseline_kwargs)

@@ -45,6 +45,17 @@ def test_sampler_keeps_each_prompts_group_contiguous(tiny_model):
     assert batch.completions == tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
 
 
+def test_generation_in_chunks_keeps_groups_and_masks_right(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    sampler = HFSampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=6, batch_size=4)
+    torch.manual_seed(0)
+    batch = sampler.sample(model, [{"prompt": "ab"}, {"prompt": "cab"}])
+    assert len(batch) == 6 and [r["prompt"] for r in batch.rows] == ["ab"] * 3 + ["cab"] * 3
+    assert batch.completion_mask.tolist() == completion_mask(batch.completion_ids, tokenizer.eos_token_id).tolist()
+    assert batch.completions == tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+
+
 def test_one_update_epoch_needs_no_old_policy_pass(make_config, monkeypatch):
     calls = []
     monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
