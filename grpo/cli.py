@@ -154,8 +154,9 @@ def _demo(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     config = DemoConfig(seed=args.seed, neural_rm=not args.no_neural_rm)
     if args.quick:  # a smoke run of every stage, in about a minute
-        config = DemoConfig(seed=args.seed, neural_rm=not args.no_neural_rm, sft_steps=60, eval_prompts=12, n=8,
-                            ks=[1, 2, 4, 8], train_prompts=64, steps=4, rm_prompts=16)
+        config = DemoConfig(seed=args.seed, neural_rm=not args.no_neural_rm, sft_steps=300, eval_prompts=12, n=8,
+                            ks=[1, 2, 4, 8], train_prompts=64, steps=4, prompts_per_step=8, group_size=4,
+                            rm_prompts=16)
     if args.steps:
         config.steps = args.steps
     summary = demo(args.output, config, progress=not args.quiet, overwrite=args.overwrite)
