@@ -9,14 +9,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from grpo.algo import whiten
 from grpo.rewards.model import RewardModel
 
 
 def _standardise(scores: Tensor) -> Tensor:
-    """(s - mean) / std over the batch: the model's scale is arbitrary, a rule's is 0..1."""
-    if scores.numel() < 2:
-        return scores - scores.mean()
-    return (scores - scores.mean()) / (scores.std() + 1e-6)
+    """Whitened over the batch (grpo.algo.whiten): the model's scale is arbitrary, a rule's is 0..1."""
+    return whiten(scores.unsqueeze(0), torch.ones(1, scores.numel())).squeeze(0)
 
 
 class ModelReward:

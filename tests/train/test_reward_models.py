@@ -66,7 +66,7 @@ def test_normalised_model_scores_are_standardised(sevens_rm):
     completions = ["7777", "1234", "7a7b", "cccc", "77"]
     raw = torch.tensor(ModelReward(rm)(["a"] * 5, completions))
     got = torch.tensor(ModelReward(rm, normalize=True)(["a"] * 5, completions))
-    torch.testing.assert_close(got, (raw - raw.mean()) / (raw.std() + 1e-6))
+    torch.testing.assert_close(got, (raw - raw.mean()) / raw.std(), rtol=1e-4, atol=1e-4)
 
 
 def test_process_reward_model_scores_each_step_prefix(sevens_rm):
