@@ -55,19 +55,15 @@ def aligned_configs(a: dict, b: dict) -> tuple[dict, list[str]]:
     return b, changed
 
 
-def _accuracy(model_dir: Path, task: str, data: str | None, n: int, seed: int) -> float | None:
+def _accuracy(model_dir: Path, task: str | None, data: str | None, n: int, seed: int) -> float | None:
     if task is None:
         return None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from grpo.data import load_rows
-    from grpo.eval.runner import evaluate, task_verifier
+    from grpo.eval.runner import evaluate_saved, task_verifier
     from grpo.tasks import arithmetic
 
     rows = load_rows(data) if data else arithmetic.make_rows(100, seed=seed + 1000)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    result = evaluate(model, tokenizer, rows, n=n, ks=[1], verifier=task_verifier(task), seed=seed, progress=False)
+    result = evaluate_saved(model_dir, rows, n=n, ks=[1], verifier=task_verifier(task), seed=seed, progress=False)
     return result["pass@k"]["1"]
 
 

@@ -76,16 +76,11 @@ def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, algorit
 
 
 def _evaluate(model_dir: str, rows: list[dict], c: DemoConfig, progress: bool) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from grpo.eval.runner import evaluate_saved, task_verifier
 
-    from grpo.eval.runner import evaluate, task_verifier
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return evaluate(
-        model, tokenizer, rows, n=c.n, ks=c.ks, verifier=task_verifier("arithmetic"),
-        temperature=c.eval_temperature, max_new_tokens=c.max_new_tokens, seed=c.seed, progress=progress,
-    )
+    return evaluate_saved(model_dir, rows, n=c.n, ks=c.ks, verifier=task_verifier("arithmetic"),
+                          temperature=c.eval_temperature, max_new_tokens=c.max_new_tokens, seed=c.seed,
+                          progress=progress)
 
 
 def _comparisons_from_base(base: str, rows: list[dict], c: DemoConfig) -> list[dict]:

@@ -35,7 +35,8 @@ def test_compare_grpo_and_ppo_configs(capsys, make_config, tmp_path):
     ppo = make_config("ppo", train={"steps": 3})
     ppo["data"]["path"] = "elsewhere.jsonl"
     ppo_path.write_text(yaml.safe_dump(ppo))
-    code = main(["compare", str(grpo_path), str(ppo_path), "--output", str(tmp_path / "cmp"), "--quiet"])
+    code = main(["compare", str(grpo_path), str(ppo_path), "--output", str(tmp_path / "cmp"), "--quiet",
+                 "--task", "arithmetic", "--n", "2"])
     assert code == 0
     out = capsys.readouterr().out
     assert "train.steps: 3 -> 2" in out and "| models held | 3 | 4 |" in out
@@ -44,4 +45,5 @@ def test_compare_grpo_and_ppo_configs(capsys, make_config, tmp_path):
     assert grpo_run["steps"] == ppo_run["steps"] == 2
     assert ppo_run["parameters"] > grpo_run["parameters"]  # the value model
     assert grpo_run["generated_tokens"] > ppo_run["generated_tokens"]  # G samples per prompt vs 1
+    assert all(0.0 <= run["accuracy"] <= 1.0 for run in (grpo_run, ppo_run))
     assert (tmp_path / "cmp" / "compare.md").read_text().startswith("# A: grpo vs B: ppo")

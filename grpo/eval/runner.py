@@ -30,6 +30,7 @@ import math
 import numbers
 import sys
 import time
+from pathlib import Path
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -364,3 +365,11 @@ def evaluate(
         "max_new_tokens": max_new_tokens, "seed": seed, **report,
         "time_s": done - start, "time_metrics_s": done - sampled, "per_prompt": per_prompt,
     }
+
+
+def evaluate_saved(model_dir: str | Path, rows: list[dict], **kwargs) -> dict:
+    """`evaluate` on a model directory (a `final/` or a `grpo sft` output), loaded on the CPU."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return evaluate(model, AutoTokenizer.from_pretrained(model_dir), rows, **kwargs)
