@@ -10,6 +10,7 @@ from pathlib import Path
 from grpo import __version__
 from grpo.errors import UserError
 from grpo.eval.command import register as register_eval
+from grpo.infra.argtypes import fraction, positive_int
 from grpo.train.sft import register as register_sft
 
 DESCRIPTION = """\
@@ -63,18 +64,8 @@ scores above the rejected one (accuracy; ties count 1/2) and the mean score diff
 """
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _config_reference() -> str:
@@ -221,12 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
     rm_train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: %(default)s)")
-    rm_train.add_argument("--epochs", type=_positive_int, default=1, help="passes over the pairs (default: %(default)s)")
-    rm_train.add_argument("--batch-size", type=_positive_int, default=16, help="pairs per update (default: %(default)s)")
-    rm_train.add_argument("--eval-fraction", type=_fraction, default=0.1,
+    rm_train.add_argument("--epochs", type=positive_int, default=1, help="passes over the pairs (default: %(default)s)")
+    rm_train.add_argument("--batch-size", type=positive_int, default=16, help="pairs per update (default: %(default)s)")
+    rm_train.add_argument("--eval-fraction", type=fraction, default=0.1,
                           help="fraction of the pairs held out to measure accuracy (default: %(default)s)")
     rm_train.add_argument("--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)")
-    rm_train.add_argument("--max-length", type=_positive_int, default=None,
+    rm_train.add_argument("--max-length", type=positive_int, default=None,
                           help="tokens per text; longer texts lose their beginning (default: the model's limit)")
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -240,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
     rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
-    rm_eval.add_argument("--batch-size", type=_positive_int, default=32, help="texts per forward pass (default: %(default)s)")
+    rm_eval.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)")
     rm_eval.set_defaults(handler=_rm_eval)
 
     register_eval(commands)
@@ -250,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description=DEMO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="seed of every stage (default: %(default)s)")
-    demo.add_argument("--steps", type=_positive_int, default=None, help="RL steps per run (default: the demo's)")
+    demo.add_argument("--steps", type=positive_int, default=None, help="RL steps per run (default: the demo's)")
     demo.add_argument("--no-neural-rm", action="store_true", help="skip the neural reward-model run")
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
@@ -265,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in both configs")
     compare.add_argument("--task", default=None, help="measure accuracy (pass@1) with this task's verifier, e.g. arithmetic")
     compare.add_argument("--eval-data", default=None, help="problems for the accuracy (default: 100 generated ones)")
-    compare.add_argument("--n", type=_positive_int, default=8, help="samples per problem for the accuracy (default: %(default)s)")
+    compare.add_argument("--n", type=positive_int, default=8, help="samples per problem for the accuracy (default: %(default)s)")
     compare.add_argument("--quiet", action="store_true", help="no progress output")
     compare.set_defaults(handler=_compare)
     return parser

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
 
 __all__ = ["load_rows", "PromptStream"]
 
@@ -145,7 +145,7 @@ def _read_parquet(path: Path, name: str) -> list[Located]:
     try:
         table = parquet.read_table(path)
     except (pyarrow.ArrowException, OSError) as err:
-        raise UserError(f"{name}: not a readable Parquet file ({_first_line(err)})") from err
+        raise UserError(f"{name}: not a readable Parquet file ({first_line(err)})") from err
     return _numbered(table.to_pylist())
 
 
@@ -197,7 +197,7 @@ def _read_dataset_dir(path: Path, name: str, split: str) -> list[Located]:
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as err:  # any failure inside `datasets` is the same one-line story
-        raise UserError(f"data.path: cannot load dataset {name!r} ({_first_line(err)})") from err
+        raise UserError(f"data.path: cannot load dataset {name!r} ({first_line(err)})") from err
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             splits = ", ".join(loaded)
@@ -217,7 +217,7 @@ def _load_dataset(datasets: ModuleType, target: str, name: str, split: str) -> l
     try:
         loaded = datasets.load_dataset(target, split=split)
     except Exception as err:  # network, unknown name, unknown split, bad files: all one line
-        raise UserError(f"data.path: cannot load dataset {name!r} ({_first_line(err)})") from err
+        raise UserError(f"data.path: cannot load dataset {name!r} ({first_line(err)})") from err
     return _numbered(loaded.to_list())
 
 
@@ -234,11 +234,6 @@ def _import_optional(module: str, purpose: str) -> ModuleType:
             f"data.path: {purpose} needs the {module.split('.')[0]} package: "
             "pip install 'grpo[data]'"
         ) from err
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 # --- checking --------------------------------------------------------------------------------

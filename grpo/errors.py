@@ -7,3 +7,10 @@ anything else that escapes is a bug and keeps its traceback.
 
 class UserError(Exception):
     """Bad input from the user: the message says what and where, in one line."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none), for UserErrors
+    that wrap a library's multi-line error."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

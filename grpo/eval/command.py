@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from grpo.errors import UserError
+from grpo.infra.argtypes import positive_int
 
 __all__ = ["ARITHMETIC_SEED", "register", "run"]
 
@@ -37,14 +38,6 @@ The same --seed and --batch-size give the same samples.
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def register(commands) -> None:
@@ -60,7 +53,7 @@ def register(commands) -> None:
     parser.add_argument("--data", required=True, metavar="D",
                         help="a .jsonl/.json/.parquet/.csv file, a dataset directory or name, or 'arithmetic:N' "
                              f"for N generated addition problems (seed {ARITHMETIC_SEED})")
-    parser.add_argument("--n", type=_positive_int, default=64, help="samples per prompt (default: %(default)s)")
+    parser.add_argument("--n", type=positive_int, default=64, help="samples per prompt (default: %(default)s)")
     parser.add_argument("--k", default=None, metavar="K,K,...",
                         help="comma-separated k to report, each <= n (default: the powers of 2 up to n)")
     check = parser.add_mutually_exclusive_group()
@@ -74,9 +67,9 @@ def register(commands) -> None:
     parser.add_argument("--prompt-column", default="prompt", help="the data's prompt column (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=64,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64,
                         help="per completion (default: %(default)s)")
-    parser.add_argument("--batch-size", type=_positive_int, default=256,
+    parser.add_argument("--batch-size", type=positive_int, default=256,
                         help="completions per generate call (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (default: %(default)s)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",

@@ -47,18 +47,14 @@ from torch import Tensor
 
 from grpo.algo import bradley_terry_loss
 from grpo.data import load_rows
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
+from grpo.infra.hf import quiet_loading
 
 __all__ = ["RewardModel", "load_pairs", "split_pairs", "train_reward_model"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FALLBACK_MAX_LENGTH = 2048  # when neither the tokenizer nor the config states a limit
 _NO_LIMIT = 1_000_000  # tokenizers without a limit report model_max_length ~ 1e30
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -83,7 +79,7 @@ def _load_tokenizer(path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # OSError, ValueError, ... from the hub client or the files
-        raise UserError(f"reward model: cannot load a tokenizer from '{path}' ({_first_line(err)})") from None
+        raise UserError(f"reward model: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise UserError(f"reward model: the tokenizer of '{path}' has neither a pad nor an EOS token")
@@ -94,21 +90,16 @@ def _load_tokenizer(path: str):
 def _load_classifier(path: str, dtype: torch.dtype, **kwargs):
     """AutoModelForSequenceClassification and its loading info, the load report silenced."""
     from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
     # Built from a causal LM, the new `score` head is "missing" and the LM head "unexpected":
-    # transformers prints a table of both, which here is the expected outcome. Real problems
-    # are checked by the callers from the loading info.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    # the expected outcome. Real problems are checked by the callers from the loading info.
     try:
-        return AutoModelForSequenceClassification.from_pretrained(
-            path, dtype=dtype, output_loading_info=True, **kwargs
-        )
+        with quiet_loading():
+            return AutoModelForSequenceClassification.from_pretrained(
+                path, dtype=dtype, output_loading_info=True, **kwargs
+            )
     except Exception as err:
-        raise UserError(f"reward model: cannot load a model from '{path}' ({_first_line(err)})") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
+        raise UserError(f"reward model: cannot load a model from '{path}' ({first_line(err)})") from None
 
 
 def _default_max_length(model, tokenizer) -> int:

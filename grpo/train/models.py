@@ -16,15 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from grpo.algo import token_logprobs
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
+from grpo.infra.hf import quiet_loading
 from grpo.rollout import Rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
 
 
 def load_tokenizer(path: str):
@@ -33,7 +29,7 @@ def load_tokenizer(path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # OSError, ValueError, ... from the hub client or the files
-        raise UserError(f"model: cannot load a tokenizer from '{path}' ({_first_line(err)})") from None
+        raise UserError(f"model: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -45,7 +41,7 @@ def load_causal_lm(path: str, dtype: str, key: str = "model"):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except Exception as err:
-        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({_first_line(err)})") from None
+        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
     return model.eval()  # dropout off for RL
 
 
@@ -187,18 +183,13 @@ class ValueModel(nn.Module):
 
 def load_value_model(path: str, dtype: str) -> ValueModel:
     from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
 
-    # The checkpoint's language-model head is not part of the backbone: transformers would
-    # print a table of these "unexpected" keys, which here are expected.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+    # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
     try:
-        backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+        with quiet_loading():
+            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
     except Exception as err:
-        raise UserError(f"value.model: cannot load a model from '{path}' ({_first_line(err)})") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
+        raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     return ValueModel(backbone, backbone.config.hidden_size).eval()
 
 

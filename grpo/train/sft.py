@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
+from grpo.infra.argtypes import positive_float, positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -238,18 +239,8 @@ last line printed is a JSON summary: output, steps, loss/first, loss/last, param
 """
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
 
 
 # Command-line option -> SFTConfig field.
@@ -278,15 +269,15 @@ def register(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
-    parser.add_argument("--steps", type=_positive_int, metavar="N",
+    parser.add_argument("--steps", type=positive_int, metavar="N",
                         help=f"optimizer updates; fewer = a weaker model (default: {d.steps})")
-    parser.add_argument("--batch-size", type=_positive_int, metavar="B", help=f"problems per update (default: {d.batch_size})")
-    parser.add_argument("--lr", type=_positive_float, metavar="X",
+    parser.add_argument("--batch-size", type=positive_int, metavar="B", help=f"problems per update (default: {d.batch_size})")
+    parser.add_argument("--lr", type=positive_float, metavar="X",
                         help=f"peak AdamW learning rate, after {d.warmup_steps} warm-up steps, then cosine to 0 (default: {d.lr})")
-    parser.add_argument("--hidden", type=_positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
-    parser.add_argument("--layers", type=_positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
-    parser.add_argument("--heads", type=_positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
-    parser.add_argument("--digits", type=_positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
+    parser.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
+    parser.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
+    parser.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
+    parser.add_argument("--digits", type=positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
     parser.add_argument("--seed", type=int, metavar="S", help=f"seeds the weights and the problems (default: {d.seed})")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

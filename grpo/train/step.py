@@ -144,10 +144,6 @@ class StepResult:
     scores: Tensor  # (N,) their rewards
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
 def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
     """(N/G,) bool: groups whose scored rewards are not all equal (their advantages move the policy)."""
     groups = scores.view(-1, group_size)
@@ -307,7 +303,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logpr
     }
     if e.critic is not None:
         stats["value_loss"] = sums["value_loss"] / updates
-        stats["value/mean"] = _masked_mean(old_values, mask)
+        stats["value/mean"] = float(aggregate(old_values, mask, "token-mean"))
     return stats
 
 
