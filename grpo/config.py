@@ -65,6 +65,7 @@ class RolloutConfig:
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
     generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
+    sampler: Literal["auto", "fast", "hf"] = opt("auto", "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).")
 
 
 @dataclass
@@ -85,6 +86,7 @@ class TrainConfig:
     sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
     tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in.")
+    autocast: Literal["off", "bfloat16"] = opt("off", "Mixed precision: run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Several times faster on GPUs and on CPUs with AVX512-BF16/AMX; changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones.")
 
 
 @dataclass

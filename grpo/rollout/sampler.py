@@ -1,7 +1,11 @@
 """Samplers: from prompts to a Rollout of G completions each.
 
-`HFSampler` uses `transformers`' `generate` with sampling. Each prompt is tokenized once and
-repeated G times, so the G completions of a prompt are contiguous rows.
+`HFSampler` samples G completions per prompt, the G completions of a prompt in contiguous
+rows, with one of two decoding loops (`backend`):
+- "fast": `grpo.rollout.fast.decode`, a KV-cache loop for Llama-family models that computes
+  each prompt's prefix once for its G completions and draws the same tokens as `generate`;
+- "hf": `transformers`' `generate` (any causal LM, e.g. a peft-wrapped policy);
+- "auto" (default): "fast" where the model is supported, else "hf".
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo.errors import UserError
+from grpo.rollout import fast
 from grpo.rollout.batch import Rollout
 
 
@@ -53,6 +58,8 @@ class HFSampler:
         top_p: float = 1.0,
         top_k: int = 0,
         batch_size: int = 0,
+        backend: str = "auto",
+        autocast: torch.dtype | None = None,
     ):
         from transformers import GenerationConfig
 
@@ -60,6 +67,19 @@ class HFSampler:
         self.prompt_column = prompt_column
         self.group_size = group_size
         self.batch_size = batch_size  # completions per generate call (0 = all): bounds the KV cache
+        if backend not in ("auto", "fast", "hf"):
+            raise UserError(f"rollout.sampler: unknown backend {backend!r} (auto, fast or hf)")
+        self.backend = backend
+        self.autocast = autocast  # compute dtype for decoding (None = the model's)
+        self.params = fast.SamplingParams(
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_ids=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        )
         self.generation_config = GenerationConfig(
             do_sample=True,
             temperature=temperature,
@@ -72,6 +92,20 @@ class HFSampler:
             bos_token_id=tokenizer.bos_token_id,
         )
 
+    def uses_fast(self, model, prompt_length: int) -> bool:
+        """Whether `model` is decoded by the fast loop (raises if "fast" was asked for and cannot run)."""
+        if self.backend == "hf":
+            return False
+        reason = fast.supported(model, prompt_length + self.params.max_new_tokens)
+        if reason is not None and self.backend == "fast":
+            raise UserError(f"rollout.sampler: fast cannot decode this model: {reason}; use auto or hf")
+        return reason is None
+
+    def _generate_hf(self, model, ids, mask, counts):
+        ids, mask = ids.repeat_interleave(counts, 0), mask.repeat_interleave(counts, 0)
+        with torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config)[:, ids.shape[1] :]
+
     @torch.no_grad()
     def sample(self, model, rows: list[dict]) -> Rollout:
         tok = self.tokenizer
@@ -79,13 +113,19 @@ class HFSampler:
         tok.padding_side = "left"  # prompts end where generation starts
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
         device = next(model.parameters()).device
-        prompt_ids = encoded["input_ids"].repeat_interleave(self.group_size, 0).to(device)  # (N, P)
-        prompt_mask = encoded["attention_mask"].repeat_interleave(self.group_size, 0).to(device)
-        chunk = self.batch_size or len(prompt_ids)
-        pieces = [
-            model.generate(input_ids=ids, attention_mask=m, generation_config=self.generation_config)[:, ids.shape[1] :]
-            for ids, m in zip(prompt_ids.split(chunk), prompt_mask.split(chunk))
-        ]
+        unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)  # (B, P)
+        prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)
+        prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
+        if self.uses_fast(model, prompt_ids.shape[1]):
+            generate = lambda ids, m, counts: fast.decode(model, ids, m, counts, self.params, dtype=self.autocast)  # noqa: E731
+        else:
+            generate = lambda ids, m, counts: self._generate_hf(model, ids, m, counts)  # noqa: E731
+        # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
+        prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
+        pieces = []
+        for chunk in prompt_of_row.split(self.batch_size or len(prompt_of_row)):
+            which, counts = torch.unique_consecutive(chunk, return_counts=True)
+            pieces.append(generate(unique_ids[which], unique_mask[which], counts))
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         width = max(p.shape[1] for p in pieces)  # chunks that hit EOS early are shorter
         completion_ids = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])  # (N, T)

@@ -90,6 +90,9 @@ def load_reward_models(c: Config, functions: dict[int, WeightedReward]) -> tuple
     return rewards, models
 
 
+AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}  # train.autocast -> the compute dtype
+
+
 def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
     tokenizer = load_tokenizer(c.model)
@@ -122,6 +125,8 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         top_p=ro.top_p,
         top_k=ro.top_k,
         batch_size=ro.generation_batch_size,
+        backend=ro.sampler,
+        autocast=AUTOCAST[c.train.autocast],
     )
     return Engine(
         policy=policy,
@@ -156,6 +161,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         group_size=ro.group_size,
         policy_params=policy_params,
         critic_params=critic_params,
+        autocast=AUTOCAST[c.train.autocast],
     )
 
 
@@ -201,6 +207,7 @@ def build_updater(c: Config, e: Engine, verifier: WeightedReward, models: dict[i
         e.tokenizer, prompt_column=c.data.prompt_column, group_size=u.samples_per_prompt,
         max_new_tokens=c.rollout.max_new_tokens, min_new_tokens=c.rollout.min_new_tokens,
         temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k,
+        backend=c.rollout.sampler, autocast=AUTOCAST[c.train.autocast],
     )
     return RewardModelUpdater(
         model=models[index],

@@ -45,6 +45,13 @@ def load_causal_lm(path: str, dtype: str, key: str = "model"):
     return model.eval()  # dropout off for RL
 
 
+def autocast(model, dtype: torch.dtype | None):
+    """`torch.autocast` in `dtype` on the model's device; does nothing when dtype is None.
+    Matmuls run in `dtype`; weights, gradients and optimizer state stay in theirs."""
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 def apply_lora(model, r: int, alpha: float, target_modules):
     try:
         from peft import LoraConfig, get_peft_model

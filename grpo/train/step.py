@@ -34,7 +34,7 @@ from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import StepScores, WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.rollout.batch import char_to_token_ends
-from grpo.train.models import Reference, completion_logits, policy_logprobs
+from grpo.train.models import Reference, autocast, completion_logits, policy_logprobs
 
 # ---- the baselines: place 1 (and 2, for where the KL enters the reward) ------------------------
 
@@ -128,6 +128,7 @@ class Engine:
     group_size: int
     policy_params: list = field(default_factory=list)
     critic_params: list = field(default_factory=list)
+    autocast: torch.dtype | None = None  # train.autocast: forward passes in this dtype (None = off)
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -206,7 +207,7 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
         # 3. The reference's (and, if the policy moves before the last update, the old
         #    policy's) log-probs, and the critic's values.
         #    In micro-batches, like the update, so that no pass holds the whole batch's activations.
-        with torch.no_grad():
+        with torch.no_grad(), autocast(e.policy, e.autocast):
             ref_logprobs = _chunked(lambda b: e.reference.logprobs(b, e.temperature), batch, e.micro_batch_size)  # (N, T) or None
             old_logprobs = (
                 _chunked(lambda b: policy_logprobs(e.policy, b, e.temperature), batch, e.micro_batch_size)
@@ -260,24 +261,25 @@ def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logpr
             for micro in minibatch.split(size):
                 part = batch.select(micro)
                 m = part.completion_mask  # (n, T)
-                logits = completion_logits(e.policy, part)  # (n, T, V)
-                logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
-                old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
-                advantages = targets.advantages[micro]
-                per_token = policy_loss(logprobs, old, advantages, m, **e.clip, dual_clip=e.dual_clip)  # (n, T)
-                ref = ref_logprobs[micro] if ref_logprobs is not None else None
-                if ref is not None and e.kl_in_loss:
-                    # GRPO (DeepSeekMath eq. 3): the KL is a term of the loss, per token.
-                    per_token = per_token + e.beta * kl_estimate(logprobs, ref, e.kl_estimator) * m
-                loss = aggregate(per_token, m, e.aggregation, **totals)
-                if e.critic is not None:
-                    values = e.critic(part)  # (n, T)
-                    v_loss = value_loss(
-                        values, old_values[micro], targets.returns[micro], m,
-                        clip=e.value_clip, num_tokens=totals["num_tokens"],
-                    )
-                    loss = loss + v_loss
-                    sums["value_loss"] += float(v_loss.detach())
+                with autocast(e.policy, e.autocast):  # the forward in bf16 if asked; the backward follows its dtypes
+                    logits = completion_logits(e.policy, part)  # (n, T, V)
+                    logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
+                    old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
+                    advantages = targets.advantages[micro]
+                    per_token = policy_loss(logprobs, old, advantages, m, **e.clip, dual_clip=e.dual_clip)  # (n, T)
+                    ref = ref_logprobs[micro] if ref_logprobs is not None else None
+                    if ref is not None and e.kl_in_loss:
+                        # GRPO (DeepSeekMath eq. 3): the KL is a term of the loss, per token.
+                        per_token = per_token + e.beta * kl_estimate(logprobs, ref, e.kl_estimator) * m
+                    loss = aggregate(per_token, m, e.aggregation, **totals)
+                    if e.critic is not None:
+                        values = e.critic(part)  # (n, T)
+                        v_loss = value_loss(
+                            values, old_values[micro], targets.returns[micro], m,
+                            clip=e.value_clip, num_tokens=totals["num_tokens"],
+                        )
+                        loss = loss + v_loss
+                        sums["value_loss"] += float(v_loss.detach())
                 loss.backward()
                 sums["loss"] += float(loss.detach())
                 if epoch == 0:  # diagnostics of the policy as sampled

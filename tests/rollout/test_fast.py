@@ -1,0 +1,142 @@
+"""The fast decoding loop computes what `generate` computes: same logits, same tokens, same
+random stream, for every option a run can set."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import grpo
+from grpo.errors import UserError
+from grpo.rollout import HFSampler, fast
+from grpo.tasks.tiny import char_tokenizer
+
+TOKENIZER = char_tokenizer("0123456789abc ")
+EOS = TOKENIZER.eos_token_id
+# Prompts of different lengths, so the batch is left-padded.
+ROWS = [{"prompt": p} for p in ["a", "bc1", "cab 7", "9"]]
+
+
+def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
+    """A 2-layer model whose weights are large enough that its distributions are peaked:
+    tokens drawn from a slightly wrong distribution would differ."""
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    config = config_class(
+        vocab_size=len(TOKENIZER), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=128, initializer_range=init, tie_word_embeddings=False,
+        pad_token_id=TOKENIZER.pad_token_id, bos_token_id=TOKENIZER.bos_token_id, eos_token_id=EOS,
+    )
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += eos_bias * model.model.norm.weight  # favours EOS from every state
+    return model
+
+
+def sample_both(model, seed=1, **options):
+    """Sample ROWS with each backend from the same seed; also one draw from the stream after."""
+    out = {}
+    for backend in ("hf", "fast"):
+        sampler = HFSampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options)
+        assert sampler.uses_fast(model, 5) == (backend == "fast")
+        torch.manual_seed(seed)
+        rollout = sampler.sample(model, ROWS)
+        out[backend] = (rollout, torch.rand(3))
+    return out
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2)])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6}],
+    ids=["plain", "temperature-top-k", "top-p-min-new", "chunks"],
+)
+def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options):
+    out = sample_both(model_of(kind, kv_heads), **options)
+    (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
+    assert torch.equal(ours.input_ids, hf.input_ids)
+    assert torch.equal(ours.completion_mask, hf.completion_mask)
+    assert ours.completions == hf.completions
+    assert torch.equal(ours_after, hf_after)  # the random stream was consumed identically
+    # The test means something: the samples are not all alike.
+    assert len(set(ours.completions)) > len(ROWS)
+
+
+def test_fast_stops_when_every_row_has_ended_as_generate_does():
+    out = sample_both(model_of(eos_bias=4.0))
+    (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
+    assert hf.completion_mask.shape[1] < 12  # every row ended early
+    assert (hf.completion_mask.sum(1) < hf.completion_mask.shape[1]).any()  # at different lengths
+    assert torch.equal(ours.input_ids, hf.input_ids)
+    assert torch.equal(ours.completion_mask, hf.completion_mask)
+    assert torch.equal(ours_after, hf_after)
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2)])
+def test_fast_logits_equal_the_models_own(kind, kv_heads):
+    """Prefill and several decoding steps against the model's forward over the whole sequence."""
+    model = model_of(kind, kv_heads)
+    TOKENIZER.padding_side = "left"
+    enc = TOKENIZER(["a", "bc1", "cab 7"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]  # (3, 5), left-padded
+    extra = torch.randint(4, len(TOKENIZER), (3, 4))
+    full_ids = torch.cat([ids, extra], 1)
+    full_mask = torch.cat([mask, torch.ones_like(extra)], 1)
+    positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits  # (3, 9, V)
+        w = fast._weights(model, torch.float32)
+        total = full_ids.shape[1]
+        cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
+        cos, sin = cos[0], sin[0]
+        cache = fast._Cache(w, 3, total, torch.float32)
+        p = ids.shape[1]
+        valid = full_mask.bool()
+        causal = torch.ones(p, p, dtype=torch.bool).tril()
+        prefill_mask = (causal & (valid[:, None, :p] | torch.eye(p, dtype=torch.bool)))[:, None]
+        got = [fast._forward(w, ids, cos[positions[:, :p]][:, None], sin[positions[:, :p]][:, None], cache, 0, prefill_mask)]
+        for t in range(extra.shape[1]):
+            at = p + t
+            pos = positions[:, at]
+            got.append(fast._forward(w, full_ids[:, at : at + 1], cos[pos][:, None, None], sin[pos][:, None, None], cache, at, valid[:, None, None, : at + 1]))
+    torch.testing.assert_close(torch.stack(got, 1), expected[:, p - 1 :], rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_decoding_stays_close_to_float32():
+    model = model_of()
+    ids = TOKENIZER(["cab 7"], return_tensors="pt")["input_ids"]
+    w32, w16 = fast._weights(model, torch.float32), fast._weights(model, torch.bfloat16)
+    assert w16.layers[0].qkv.dtype == torch.bfloat16
+    cos, sin = model.model.rotary_emb(w32.embed[:1], torch.arange(ids.shape[1])[None])
+    logits = {}
+    for name, w in (("32", w32), ("16", w16)):
+        cache = fast._Cache(w, 1, ids.shape[1], w.embed.dtype)
+        logits[name] = fast._forward(w, ids, cos[:, None].to(w.embed.dtype), sin[:, None].to(w.embed.dtype), cache, 0, None).float()
+    assert not torch.equal(logits["32"], logits["16"])
+    torch.testing.assert_close(logits["16"].softmax(-1), logits["32"].softmax(-1), atol=0.03, rtol=0)
+
+
+def test_unsupported_models_fall_back_to_generate_or_say_why():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOKENIZER), n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert "gpt2" in fast.supported(gpt2, 20)
+    auto = HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4)
+    assert not auto.uses_fast(gpt2, 5)
+    assert auto.sample(gpt2, ROWS[:2]).completion_mask.shape == (4, 4)
+    forced = HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="fast")
+    with pytest.raises(UserError, match="fast cannot decode this model: model type 'gpt2'"):
+        forced.sample(gpt2, ROWS[:2])
+    with pytest.raises(UserError, match="unknown backend"):
+        HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="vllm")
+
+
+def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):
+    """Whole steps: the same samples, rewards, losses and KL with the fast loop as with generate."""
+    runs = {
+        backend: grpo.train(
+            make_config(output_dir=str(tmp_path / backend), rollout={"sampler": backend}, train={"steps": 3, "lr": 1e-3}),
+            progress=False,
+        ).metrics
+        for backend in ("hf", "fast")
+    }
+    for hf, ours in zip(runs["hf"], runs["fast"], strict=True):
+        for key in ("reward/mean", "loss", "kl", "entropy", "grad_norm"):
+            assert ours[key] == pytest.approx(hf[key], rel=1e-5, abs=1e-7), key
