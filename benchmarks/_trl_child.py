@@ -86,7 +86,7 @@ def main(spec_path: str, result_path: str) -> None:
         max_grad_norm=1.0,
         # Machine and precision: CPU, fp32 (TRL defaults to bf16 and gradient checkpointing).
         use_cpu=True,
-        bf16=False,
+        bf16=spec.get("precision") == "bf16",  # accelerate's bf16 autocast; the weights stay fp32
         fp16=False,
         gradient_checkpointing=spec.get("gradient_checkpointing", False),
         model_init_kwargs={"dtype": "float32"},

@@ -220,7 +220,7 @@ def child_env(w: dict) -> dict:
     return env
 
 
-def run_ours(w: dict, root: Path, steps: int) -> dict:
+def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto") -> dict:
     s = SETTINGS
     out = root / f"ours-{w['name']}"
     config = {
@@ -236,6 +236,7 @@ def run_ours(w: dict, root: Path, steps: int) -> dict:
             "max_new_tokens": s["max_new_tokens"],
             "min_new_tokens": s["min_new_tokens"],
             "temperature": s["temperature"],
+            "sampler": sampler,
         },
         "train": {
             "steps": steps,
@@ -246,6 +247,7 @@ def run_ours(w: dict, root: Path, steps: int) -> dict:
             "sample_every": 0,
             "checkpoint_every": 0,
             "dtype": "float32",
+            "autocast": "bfloat16" if precision == "bf16" else "off",
         },
         "loss": {"beta": s["beta"]},
     }
@@ -262,10 +264,11 @@ def run_ours(w: dict, root: Path, steps: int) -> dict:
     return {"tool": "grpo", "steps": metrics, "process_wall_s": wall, "load_average": [load, _load()]}
 
 
-def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool = False) -> dict:
+def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool = False, precision: str = "fp32") -> dict:
     s = SETTINGS
     return {
         "gradient_checkpointing": gradient_checkpointing,
+        "precision": precision,
         "model": w["model_dir"],
         "prompts": w["prompts"],
         "pythonpath": w["reward_dir"],
@@ -276,10 +279,10 @@ def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool = Fal
     }
 
 
-def run_trl(w: dict, root: Path, steps: int, gradient_checkpointing: bool = False) -> dict:
+def run_trl(w: dict, root: Path, steps: int, gradient_checkpointing: bool = False, precision: str = "fp32") -> dict:
     spec_path = root / f"trl-{w['name']}.json"
     result_path = root / f"trl-{w['name']}-result.json"
-    spec_path.write_text(json.dumps(trl_spec(w, root, steps, gradient_checkpointing), indent=1))
+    spec_path.write_text(json.dumps(trl_spec(w, root, steps, gradient_checkpointing, precision), indent=1))
     command = [sys.executable, str(HERE / "_trl_child.py"), str(spec_path), str(result_path)]
     load = _load()
     t0 = time.perf_counter()
@@ -368,14 +371,14 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: float, trl_version: str | None) -> str:
+def table(w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: float, trl_version: str | None, precision: str = "fp32") -> str:
     trl_name = f"TRL {trl_version}" if trl_version else "TRL"
     lines = [
         f"## {w['name']}: Llama, hidden {w['hidden_size']}, {w['layers']} layers, {w['heads']} heads, "
         f"MLP {w['intermediate_size']}, vocab {w['vocab_size']}: {w['parameters']:,} parameters "
         f"({w['body_parameters'] + w['head_parameters']:,} without the embedding)",
         f"{SETTINGS['prompts_per_step']} prompts x G={SETTINGS['group_size']} x {SETTINGS['max_new_tokens']} tokens per step, "
-        f"fp32, {ours['steps']} steps (medians over steps 2..{ours['steps']})",
+        f"{'fp32' if precision == 'fp32' else 'bf16 autocast (fp32 weights)'}, {ours['steps']} steps (medians over steps 2..{ours['steps']})",
         "",
         f"| | ours (grpo) | {trl_name} | ours/TRL |",
         "|---|---|---|---|",
@@ -429,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (models, runs)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="run TRL with gradient checkpointing (TRL's default; off by default here, as in ours)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="fp32 (default), or bf16 mixed precision for both tools: ours train.autocast=bfloat16, "
+                             "TRL bf16=True (accelerate's autocast); weights and optimizer stay fp32 in both")
+    parser.add_argument("--sampler", choices=["auto", "fast", "hf"], default="auto",
+                        help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama models)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for the peak and both runs (OMP_NUM_THREADS); default 0 = torch's default")
     args = parser.parse_args(argv)
@@ -470,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                     "platform": platform.platform()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {**SETTINGS, "steps": args.steps, "prompt_tokens": PROMPT_LENGTH, "threads": args.threads or None,
-                     "trl_gradient_checkpointing": args.trl_gradient_checkpointing},
+                     "trl_gradient_checkpointing": args.trl_gradient_checkpointing,
+                     "precision": args.precision, "sampler": args.sampler},
         "trl_note": trl_note,
         "workloads": {},
     }
@@ -483,13 +492,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n[{name}] {w['parameters']:,} parameters; {flops['total'] / 1e9:.1f} GFLOP per step "
                   f"(generation {flops['generation'] / 1e9:.1f}, reference {flops['reference'] / 1e9:.1f}, "
                   f"update {flops['update'] / 1e9:.1f}); running ours...", flush=True)
-            ours_run = run_ours(w, root, args.steps)
+            ours_run = run_ours(w, root, args.steps, args.precision, args.sampler)
             entry = {"workload": w, "flops_per_step": flops, "ours": summarize(ours_run, flops)}
             print(f"[{name}] ours: {entry['ours']['median_step_s']:.3f} s/step" + ("" if trl_note else "; running TRL..."), flush=True)
             trl_summary, trl_version, note = None, None, trl_note
             if not trl_note:
                 try:
-                    trl_run = run_trl(w, root, args.steps, args.trl_gradient_checkpointing)
+                    trl_run = run_trl(w, root, args.steps, args.trl_gradient_checkpointing, args.precision)
                     trl_summary = summarize(trl_run, flops)
                     trl_version = trl_run["trl_version"]
                     entry["trl_settings"] = trl_run["settings"]
@@ -526,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["ours"]["fraction_of_fp32_peak"] = entry["ours"]["achieved_gflops"] / peak
         if entry["trl"]:
             entry["trl"]["fraction_of_fp32_peak"] = entry["trl"]["achieved_gflops"] / peak
-        print(table(w, entry["ours"], entry["trl"], note, peak, version))
+        print(table(w, entry["ours"], entry["trl"], note, peak, version, args.precision))
         print()
 
     args.results.mkdir(parents=True, exist_ok=True)

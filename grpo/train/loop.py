@@ -37,6 +37,7 @@ from grpo.train.models import (
     FrozenCopy,
     NoReference,
     apply_lora,
+    attention_for,
     load_causal_lm,
     load_tokenizer,
     count_parameters,
@@ -96,14 +97,15 @@ AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}  # train.autocast -> the co
 def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
     tokenizer = load_tokenizer(c.model)
-    policy = load_causal_lm(c.model, c.train.dtype)
+    attention = attention_for(c.train.attention, c.rollout.max_new_tokens)
+    policy = load_causal_lm(c.model, c.train.dtype, attention=attention)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     if c.loss.beta == 0:
         reference = NoReference()
     else:
         reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy)
-    critic = load_value_model(c.value.model or c.model, c.train.dtype) if c.loss.baseline == "critic" else None
+    critic = load_value_model(c.value.model or c.model, c.train.dtype, attention) if c.loss.baseline == "critic" else None
 
     policy_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = list(critic.parameters()) if critic is not None else []

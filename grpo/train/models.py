@@ -35,11 +35,23 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_causal_lm(path: str, dtype: str, key: str = "model"):
+def attention_for(choice: str, max_new_tokens: int) -> str | None:
+    """train.attention -> transformers' attn_implementation (None = the model's default).
+    auto: eager attention for the short sequences CPU runs use. The fused SDPA kernel's CPU
+    backward is slow at these lengths (measured on the benchmark's tiny workload, 32 x 76
+    tokens: 72 ms for the backward with sdpa, 33 ms with eager, in bf16); eager holds the
+    (B, heads, T, T) scores, so beyond 512 new tokens auto keeps the default."""
+    if choice == "auto":
+        return "eager" if max_new_tokens <= 512 else None
+    return choice
+
+
+def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | None = None):
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        extra = {"attn_implementation": attention} if attention else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **extra)
     except Exception as err:
         raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
     return model.eval()  # dropout off for RL
@@ -188,13 +200,14 @@ class ValueModel(nn.Module):
         return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1)
 
 
-def load_value_model(path: str, dtype: str) -> ValueModel:
+def load_value_model(path: str, dtype: str, attention: str | None = None) -> ValueModel:
     from transformers import AutoModel
 
     # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
     try:
+        extra = {"attn_implementation": attention} if attention else {}
         with quiet_loading():
-            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype], **extra)
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     return ValueModel(backbone, backbone.config.hidden_size).eval()
