@@ -147,12 +147,12 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Cache:
-    """Preallocated keys and values: (layers, B, kv_heads, length, head_dim) each."""
+    """Preallocated keys and values, float32: (layers, B, kv_heads, length, head_dim) each."""
 
-    def __init__(self, w: _Weights, rows: int, length: int, dtype):
+    def __init__(self, w: _Weights, rows: int, length: int):
         shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
-        self.keys = torch.empty(shape, dtype=dtype)
-        self.values = torch.empty(shape, dtype=dtype)
+        self.keys = torch.empty(shape)
+        self.values = torch.empty(shape)
 
     def repeat(self, counts: Tensor, filled: int) -> None:
         """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""
@@ -188,7 +188,11 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
     for i, layer in enumerate(w.layers):
         x = _rms_norm(h, layer.norm_attn, w.eps)
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
-        qk = _rotate(qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim).transpose(1, 2), cos, sin)
+        # RoPE and attention in float32 whatever the weights' dtype: more accurate in bf16, and
+        # the cache's per-length matmuls then use float32 kernels (bf16 ones JIT one kernel per
+        # shape: ~50 MB more memory over a 64-token decode, measured).
+        qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim).transpose(1, 2)
+        qk = _rotate(qk.float(), cos, sin)
         q, k = qk[:, : w.heads], qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
         keys, values = cache.keys[i], cache.values[i]
@@ -200,7 +204,7 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
             attn = F.scaled_dot_product_attention(
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa, scale=1.0
             )  # (B, heads, S, D)
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, s, q_width), layer.out, layer.out_bias)
+        h = h + F.linear(attn.transpose(1, 2).reshape(b, s, q_width).to(h.dtype), layer.out, layer.out_bias)
         x = _rms_norm(h, layer.norm_mlp, w.eps)
         gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, -1)
         h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
@@ -252,13 +256,13 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: Sa
     # Positions as generate gives them to a left-padded batch: counting from each row's first token.
     positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
     cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total, device=device)[None])  # (1, total, D)
-    cos, sin = cos[0].to(dtype), sin[0].to(dtype)  # (total, D)
+    cos, sin = cos[0].float(), sin[0].float()  # (total, D)
 
     # Prefill once per distinct prompt. Padding keys are masked out; a padding query attends
     # to itself (its output is never used) so that no row of the mask is empty.
     padded = not bool(prompt_mask.all())
     valid = prompt_mask.bool()  # (B, P)
-    cache = _Cache(w, b, total, dtype)
+    cache = _Cache(w, b, total)
     causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()
     mask = (causal & (valid[:, None, :] | torch.eye(prompt_len, dtype=torch.bool, device=device)))[:, None]
     logits = _forward(w, prompt_ids, cos[positions][:, None], sin[positions][:, None], cache, 0, mask)

@@ -88,7 +88,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
         total = full_ids.shape[1]
         cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
         cos, sin = cos[0], sin[0]
-        cache = fast._Cache(w, 3, total, torch.float32)
+        cache = fast._Cache(w, 3, total)
         p = ids.shape[1]
         valid = full_mask.bool()
         causal = torch.ones(p, p, dtype=torch.bool).tril()
@@ -109,8 +109,8 @@ def test_bf16_decoding_stays_close_to_float32():
     cos, sin = model.model.rotary_emb(w32.embed[:1], torch.arange(ids.shape[1])[None])
     logits = {}
     for name, w in (("32", w32), ("16", w16)):
-        cache = fast._Cache(w, 1, ids.shape[1], w.embed.dtype)
-        logits[name] = fast._forward(w, ids, cos[:, None].to(w.embed.dtype), sin[:, None].to(w.embed.dtype), cache, 0, None).float()
+        cache = fast._Cache(w, 1, ids.shape[1])
+        logits[name] = fast._forward(w, ids, cos[:, None], sin[:, None], cache, 0, None).float()
     assert not torch.equal(logits["32"], logits["16"])
     torch.testing.assert_close(logits["16"].softmax(-1), logits["32"].softmax(-1), atol=0.03, rtol=0)
 
