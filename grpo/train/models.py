@@ -10,6 +10,7 @@ eval mode for the whole run (gradients flow regardless of the mode).
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Protocol
 
 import torch
@@ -73,8 +74,31 @@ def apply_lora(model, r: int, alpha: float, target_modules):
     return get_peft_model(model, config).eval()
 
 
-def completion_logits(model, batch: Rollout) -> Tensor:
-    """Logits that predict each completion token: (N, T, V)."""
+def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
+    """Runs of consecutive rows with the same prompt (a prompt's G completions): the first row
+    of each run (B,) and, for every row, its run (N,). None when no two adjacent rows share one."""
+    p_len = batch.input_ids.shape[1] - batch.completion_mask.shape[1]
+    if p_len == 0 or len(batch) < 2:
+        return None
+    prompts = batch.input_ids[:, :p_len]
+    same = (prompts[1:] == prompts[:-1]).all(1) & (batch.attention_mask[1:, :p_len] == batch.attention_mask[:-1, :p_len]).all(1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
+def completion_logits(model, batch: Rollout, share_prompts: bool = True) -> Tensor:
+    """Logits that predict each completion token: (N, T, V).
+
+    With `share_prompts`, the G completions of a prompt share one pass over it: the prompt
+    runs once per group (its KV cache then indexed out to the group's rows, which autograd
+    turns into a sum of the rows' gradients), and the completions run on top of it. The same
+    numbers as one pass over every full row (tests/train/test_models.py), with G - 1 fewer
+    passes over each prompt."""
+    groups = prompt_groups(batch) if share_prompts else None
+    if groups is not None:
+        return _shared_prompt_logits(model, batch, *groups)
     t_len = batch.completion_mask.shape[1]
     out = model(
         input_ids=batch.input_ids,
@@ -84,6 +108,38 @@ def completion_logits(model, batch: Rollout) -> Tensor:
         use_cache=False,
     )
     return out.logits[:, :-1]  # position P-1+t predicts completion token t
+
+
+def _cache_argument(model) -> str:
+    """The forward's name for a KV cache: `cache` in recent transformers, `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -> Tensor:
+    t_len = batch.completion_mask.shape[1]
+    p_len = batch.input_ids.shape[1] - t_len
+    positions = batch.position_ids
+    prompt = model(
+        input_ids=batch.input_ids[first, :p_len],
+        attention_mask=batch.attention_mask[first, :p_len],
+        position_ids=positions[first, :p_len],
+        logits_to_keep=1,
+        use_cache=True,
+    )  # the distinct prompts: (B, P)
+    first_logits = prompt.logits[:, -1][group].unsqueeze(1)  # (N, 1, V): predicts completion token 0
+    if t_len == 1:
+        return first_logits
+    cache = prompt.past_key_values
+    cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
+    rest = model(
+        input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
+        attention_mask=batch.attention_mask[:, :-1],
+        position_ids=positions[:, p_len:-1],
+        use_cache=True,
+        **{_cache_argument(model): cache},
+    )
+    return torch.cat([first_logits, rest.logits], 1)
 
 
 def policy_logprobs(model, batch: Rollout, temperature: float) -> Tensor:

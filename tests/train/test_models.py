@@ -1,0 +1,53 @@
+"""Sharing each prompt's pass among its G completions computes what one pass per row does."""
+
+import pytest
+import torch
+
+from grpo.rollout import HFSampler
+from grpo.tasks.tiny import char_tokenizer
+from grpo.train.models import completion_logits, prompt_groups
+from tests.rollout.test_fast import model_of
+
+TOKENIZER = char_tokenizer("0123456789abc ")
+
+
+def rollout(model, prompts, group_size=3, max_new_tokens=6, eos_bias=0.0):
+    sampler = HFSampler(TOKENIZER, prompt_column="prompt", group_size=group_size, max_new_tokens=max_new_tokens)
+    torch.manual_seed(0)
+    return sampler.sample(model, [{"prompt": p} for p in prompts])
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_shared_prompt_pass_equals_full_rows_in_logits_and_gradients(kind, kv_heads, attention):
+    model = model_of(kind, kv_heads, eos_bias=1.5)  # some rows end early: padding inside the completions
+    model.set_attn_implementation(attention)
+    batch = rollout(model, ["a", "bc1", "cab 7"])  # left-padded prompts of three lengths
+    assert (batch.completion_mask == 0).any()
+    first, group = prompt_groups(batch)
+    assert first.tolist() == [0, 3, 6] and group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    weights = torch.randn(*batch.completion_mask.shape, len(TOKENIZER))
+    results = {}
+    for shared in (False, True):
+        model.zero_grad()
+        logits = completion_logits(model, batch, share_prompts=shared)
+        ((logits * weights).sum(-1) * batch.completion_mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results[shared] = (logits.detach(), grads)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(results[True][0][mask], results[False][0][mask], rtol=1e-5, atol=1e-5)
+    shared_grads, full_grads = results[True][1], results[False][1]
+    # The same sums in another order: equal up to float32 rounding, relative to the gradient's size.
+    assert float((shared_grads - full_grads).norm() / full_grads.norm()) < 1e-5
+    torch.testing.assert_close(shared_grads, full_grads, rtol=0, atol=1e-5 * float(full_grads.abs().max()))
+
+
+def test_groups_split_by_a_micro_batch_and_lone_rows():
+    model = model_of()
+    batch = rollout(model, ["a", "bc1"], group_size=4)
+    part = batch.select(torch.tensor([2, 3, 4]))  # the end of one group, the start of the next
+    first, group = prompt_groups(part)
+    assert first.tolist() == [0, 2] and group.tolist() == [0, 0, 1]
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logits(model, part), completion_logits(model, part, share_prompts=False), rtol=1e-5, atol=1e-5)
+    assert prompt_groups(batch.select(torch.tensor([3, 4]))) is None  # nothing to share
