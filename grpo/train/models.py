@@ -130,7 +130,7 @@ def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -
     first_logits = prompt.logits[:, -1][group].unsqueeze(1)  # (N, 1, V): predicts completion token 0
     if t_len == 1:
         return first_logits
-    cache = prompt.past_key_values
+    cache = prompt["cache"] if "cache" in prompt else prompt.past_key_values  # the name depends on the version
     cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
     rest = model(
         input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
