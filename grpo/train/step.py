@@ -154,11 +154,16 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
 
 
 def _chunked(forward: Callable[[Rollout], Tensor | None], batch: Rollout, size: int) -> Tensor | None:
-    """forward(batch) computed `size` rows at a time (all at once when size is 0)."""
-    if not size or size >= len(batch):
-        return forward(batch)
-    parts = [forward(batch.select(rows)) for rows in torch.arange(len(batch)).split(size)]
-    return None if parts[0] is None else torch.cat(parts)
+    """forward(batch) without autograd, `size` rows at a time (all at once when size is 0).
+    In inference mode (no autograd bookkeeping per op); the result is copied out of it, since
+    the update's autograd graph uses it."""
+    with torch.inference_mode():
+        if not size or size >= len(batch):
+            out = forward(batch)
+        else:
+            parts = [forward(batch.select(rows)) for rows in torch.arange(len(batch)).split(size)]
+            out = None if parts[0] is None else torch.cat(parts)
+    return None if out is None else out.clone()
 
 
 def _step_tensors(steps: list[list[tuple[int, float]]], batch: Rollout, tokenizer) -> StepTensors:
@@ -207,7 +212,7 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
         # 3. The reference's (and, if the policy moves before the last update, the old
         #    policy's) log-probs, and the critic's values.
         #    In micro-batches, like the update, so that no pass holds the whole batch's activations.
-        with torch.no_grad(), autocast(e.policy, e.autocast):
+        with autocast(e.policy, e.autocast):
             ref_logprobs = _chunked(lambda b: e.reference.logprobs(b, e.temperature), batch, e.micro_batch_size)  # (N, T) or None
             old_logprobs = (
                 _chunked(lambda b: policy_logprobs(e.policy, b, e.temperature), batch, e.micro_batch_size)
