@@ -104,7 +104,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     if c.loss.beta == 0:
         reference = NoReference()
     else:
-        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy)
+        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy, AUTOCAST[c.train.autocast])
     critic = load_value_model(c.value.model or c.model, c.train.dtype, attention) if c.loss.baseline == "critic" else None
 
     policy_params = [p for p in policy.parameters() if p.requires_grad]

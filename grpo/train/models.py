@@ -178,12 +178,22 @@ class NoReference:
 
 
 class FrozenCopy:
-    """A frozen copy of the policy's weights."""
+    """A frozen copy of the policy's weights.
+
+    With `matmul_dtype` (train.autocast), the copy's linear layers are stored in that dtype:
+    autocast would round their weights to it before every matmul anyway, so the numbers are
+    the same, the copy holds half the memory, and no forward pass re-casts them. Norms and
+    embeddings stay in the policy's dtype, as autocast computes them."""
 
     held = True
 
-    def __init__(self, policy):
+    def __init__(self, policy, matmul_dtype: torch.dtype | None = None):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        if matmul_dtype is not None:
+            embedding = self.model.get_input_embeddings().weight
+            for module in self.model.modules():
+                if isinstance(module, nn.Linear) and module.weight is not embedding:  # a tied head stays
+                    module.to(matmul_dtype)
 
     @torch.no_grad()
     def logprobs(self, batch, temperature):

@@ -51,3 +51,22 @@ def test_groups_split_by_a_micro_batch_and_lone_rows():
     with torch.no_grad():
         torch.testing.assert_close(completion_logits(model, part), completion_logits(model, part, share_prompts=False), rtol=1e-5, atol=1e-5)
     assert prompt_groups(batch.select(torch.tensor([3, 4]))) is None  # nothing to share
+
+
+def test_bf16_reference_copy_gives_what_autocast_gives_from_float32():
+    """train.autocast: the reference's linear weights are stored in bf16, which is what autocast
+    rounds them to before each matmul: the same log-probs, half the memory."""
+    from grpo.train.models import FrozenCopy, autocast, policy_logprobs
+
+    model = model_of(eos_bias=1.5)
+    batch = rollout(model, ["a", "bc1", "cab 7"])
+    plain, stored = FrozenCopy(model), FrozenCopy(model, torch.bfloat16)
+    assert stored.model.lm_head.weight.dtype == torch.bfloat16
+    assert stored.model.model.embed_tokens.weight.dtype == torch.float32
+    assert stored.model.model.norm.weight.dtype == torch.float32
+    with autocast(model, torch.bfloat16):
+        expected, got = plain.logprobs(batch, 1.0), stored.logprobs(batch, 1.0)
+    assert torch.equal(got, expected)
+    with torch.no_grad():
+        exact = policy_logprobs(model, batch, 1.0)
+    assert not torch.equal(got, exact)  # bf16 did change the numbers
