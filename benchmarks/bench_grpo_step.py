@@ -222,7 +222,7 @@ def child_env(w: dict) -> dict:
 
 def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto") -> dict:
     s = SETTINGS
-    out = root / f"ours-{w['name']}"
+    out = root / f"ours-{w['name']}-{precision}"
     config = {
         "algorithm": "grpo",
         "model": w["model_dir"],
@@ -251,7 +251,7 @@ def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: 
         },
         "loss": {"beta": s["beta"]},
     }
-    config_path = root / f"ours-{w['name']}.yaml"
+    config_path = root / f"ours-{w['name']}-{precision}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "grpo.cli", "train", str(config_path), "--quiet"]
     load = _load()
@@ -273,15 +273,15 @@ def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool = Fal
         "prompts": w["prompts"],
         "pythonpath": w["reward_dir"],
         "reward": w["reward"],
-        "output_dir": str(root / f"trl-{w['name']}"),
+        "output_dir": str(root / f"trl-{w['name']}-{precision}"),
         "steps": steps,
         **s,
     }
 
 
 def run_trl(w: dict, root: Path, steps: int, gradient_checkpointing: bool = False, precision: str = "fp32") -> dict:
-    spec_path = root / f"trl-{w['name']}.json"
-    result_path = root / f"trl-{w['name']}-result.json"
+    spec_path = root / f"trl-{w['name']}-{precision}.json"
+    result_path = root / f"trl-{w['name']}-{precision}-result.json"
     spec_path.write_text(json.dumps(trl_spec(w, root, steps, gradient_checkpointing, precision), indent=1))
     command = [sys.executable, str(HERE / "_trl_child.py"), str(spec_path), str(result_path)]
     load = _load()
@@ -371,7 +371,10 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: float, trl_version: str | None, precision: str = "fp32") -> str:
+def table(
+    w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: float, trl_version: str | None,
+    precision: str = "fp32", bf16_peak: float | None = None,
+) -> str:
     trl_name = f"TRL {trl_version}" if trl_version else "TRL"
     lines = [
         f"## {w['name']}: Llama, hidden {w['hidden_size']}, {w['layers']} layers, {w['heads']} heads, "
@@ -398,6 +401,11 @@ def table(w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: flo
     frac_a = ours["achieved_gflops"] / peak
     frac_b = trl["achieved_gflops"] / peak if trl else None
     lines.append(f"| fraction of fp32 matmul peak ({peak:.0f} GFLOP/s) | {frac_a:.2%} | {_fmt(frac_b, '.2%')} | |")
+    if precision == "bf16" and bf16_peak:
+        lines.append(
+            f"| fraction of bf16 matmul peak ({bf16_peak:.0f} GFLOP/s) | {ours['achieved_gflops'] / bf16_peak:.2%} | "
+            f"{_fmt(trl['achieved_gflops'] / bf16_peak if trl else None, '.2%')} | |"
+        )
     lines.append("")
     lines.append(
         f"ours by phase (median s): generate {ours['median_generate_s']:.3f} "
@@ -423,6 +431,73 @@ def table(w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: flo
     return "\n".join(lines)
 
 
+def run_pair(w: dict, root: Path, args, precision: str, flops: dict, trl_note: str | None, results: dict) -> dict:
+    """Ours, then TRL, on one workload in one precision; their summaries, ratios and verdicts."""
+    name = w["name"]
+    ours_run = run_ours(w, root, args.steps, precision, args.sampler)
+    entry: dict = {"precision": precision, "ours": summarize(ours_run, flops)}
+    print(f"[{name} {precision}] ours: {entry['ours']['median_step_s']:.3f} s/step", flush=True)
+    trl_summary, note = None, trl_note
+    if not trl_note:
+        try:
+            trl_run = run_trl(w, root, args.steps, args.trl_gradient_checkpointing, precision)
+            trl_summary = summarize(trl_run, flops)
+            entry["trl_version"] = trl_run["trl_version"]
+            entry["trl_settings"] = trl_run["settings"]
+            entry["trl_rss_before_train_mb"] = trl_run["rss_before_train_mb"]
+            results["versions"]["trl"] = trl_run["trl_version"]
+            print(f"[{name} {precision}] TRL: {trl_summary['median_step_s']:.3f} s/step", flush=True)
+        except RuntimeError as error:
+            note = str(error)
+            print(f"[{name} {precision}] {note}", flush=True)
+    entry["trl"] = trl_summary
+    entry["trl_note"] = note
+    if trl_summary:
+        entry["ratios"] = {
+            "step_time": entry["ours"]["median_step_s"] / trl_summary["median_step_s"],
+            "peak_rss": entry["ours"]["peak_rss_mb"] / trl_summary["peak_rss_mb"],
+        }
+        entry["verdicts"] = {
+            "step_time_at_most_half": entry["ratios"]["step_time"] <= 0.5,
+            "rss_no_higher": entry["ratios"]["peak_rss"] <= 1.0,
+        }
+    return entry
+
+
+def cross_ratios(workloads: dict) -> dict:
+    """Per workload: ours/TRL at each precision, and ours in bf16 against TRL in fp32 (the
+    issue's workload is fp32; bf16 autocast is our optional switch)."""
+    cross = {}
+    for name, wl in workloads.items():
+        runs = wl["runs"]
+        row = {}
+        for ours_p, trl_p in (("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")):
+            ours, trl = runs.get(ours_p, {}).get("ours"), runs.get(trl_p, {}).get("trl")
+            if ours and trl:
+                row[f"ours_{ours_p}/trl_{trl_p}"] = {
+                    "step_time": ours["median_step_s"] / trl["median_step_s"],
+                    "peak_rss": ours["peak_rss_mb"] / trl["peak_rss_mb"],
+                }
+        cross[name] = row
+    return cross
+
+
+def cross_table(cross: dict) -> str:
+    lines = [
+        "## Side by side: step time and peak RSS, ours / TRL",
+        "",
+        "| workload | ours fp32 / TRL fp32 | ours bf16 / TRL bf16 | ours bf16 / TRL fp32 |",
+        "|---|---|---|---|",
+    ]
+    for name, row in cross.items():
+        cells = []
+        for key in ("ours_fp32/trl_fp32", "ours_bf16/trl_bf16", "ours_bf16/trl_fp32"):
+            r = row.get(key)
+            cells.append("-" if r is None else f"time {r['step_time']:.2f}{' (<= 0.5)' if r['step_time'] <= 0.5 else ''}, RSS {r['peak_rss']:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=["tiny", "small", "both"], default="both")
@@ -432,9 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (models, runs)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
                         help="run TRL with gradient checkpointing (TRL's default; off by default here, as in ours)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                        help="fp32 (default), or bf16 mixed precision for both tools: ours train.autocast=bfloat16, "
-                             "TRL bf16=True (accelerate's autocast); weights and optimizer stay fp32 in both")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both",
+                        help="fp32, bf16 (mixed precision for both tools: ours train.autocast=bfloat16, TRL bf16=True, "
+                             "accelerate's autocast; weights and optimizer stay fp32 in both), or both (default)")
     parser.add_argument("--sampler", choices=["auto", "fast", "hf"], default="auto",
                         help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama models)")
     parser.add_argument("--threads", type=int, default=0,
@@ -452,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = ["tiny", "small"] if args.workload == "both" else [args.workload]
+    precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     trl_note = "skipped (--skip-trl)" if args.skip_trl else trl_unavailable()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     busy = busy_cpus()
@@ -491,35 +567,12 @@ def main(argv: list[str] | None = None) -> int:
             flops = step_flops(w, PROMPT_LENGTH, SETTINGS["max_new_tokens"], n)
             print(f"\n[{name}] {w['parameters']:,} parameters; {flops['total'] / 1e9:.1f} GFLOP per step "
                   f"(generation {flops['generation'] / 1e9:.1f}, reference {flops['reference'] / 1e9:.1f}, "
-                  f"update {flops['update'] / 1e9:.1f}); running ours...", flush=True)
-            ours_run = run_ours(w, root, args.steps, args.precision, args.sampler)
-            entry = {"workload": w, "flops_per_step": flops, "ours": summarize(ours_run, flops)}
-            print(f"[{name}] ours: {entry['ours']['median_step_s']:.3f} s/step" + ("" if trl_note else "; running TRL..."), flush=True)
-            trl_summary, trl_version, note = None, None, trl_note
-            if not trl_note:
-                try:
-                    trl_run = run_trl(w, root, args.steps, args.trl_gradient_checkpointing, args.precision)
-                    trl_summary = summarize(trl_run, flops)
-                    trl_version = trl_run["trl_version"]
-                    entry["trl_settings"] = trl_run["settings"]
-                    entry["trl_rss_before_train_mb"] = trl_run["rss_before_train_mb"]
-                    results["versions"]["trl"] = trl_version
-                except RuntimeError as error:
-                    note = str(error)
-                    print(f"[{name}] {note}", flush=True)
-            entry["trl"] = trl_summary
-            entry["trl_note"] = note
-            if trl_summary:
-                entry["ratios"] = {
-                    "step_time": entry["ours"]["median_step_s"] / trl_summary["median_step_s"],
-                    "peak_rss": entry["ours"]["peak_rss_mb"] / trl_summary["peak_rss_mb"],
-                }
-                entry["verdicts"] = {
-                    "step_time_at_most_half": entry["ratios"]["step_time"] <= 0.5,
-                    "rss_no_higher": entry["ratios"]["peak_rss"] <= 1.0,
-                }
-            results["workloads"][name] = entry
-            tables.append((w, entry, note, trl_version))
+                  f"update {flops['update'] / 1e9:.1f})", flush=True)
+            results["workloads"][name] = {"workload": w, "flops_per_step": flops, "runs": {}}
+            for precision in precisions:
+                entry = run_pair(w, root, args, precision, flops, trl_note, results)
+                results["workloads"][name]["runs"][precision] = entry
+                tables.append((w, entry, precision))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -531,11 +584,15 @@ def main(argv: list[str] | None = None) -> int:
     results["peak_gflops"] = {"fp32_start": peak_start, "fp32_end": peak_end, "fp32": peak, "bf16": bf16}
     results["machine"]["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"\nfp32 matmul peak: {peak_start:.1f} GFLOP/s at the start, {peak_end:.1f} at the end; using {peak:.1f}\n")
-    for w, entry, note, version in tables:
+    for w, entry, precision in tables:
         entry["ours"]["fraction_of_fp32_peak"] = entry["ours"]["achieved_gflops"] / peak
         if entry["trl"]:
             entry["trl"]["fraction_of_fp32_peak"] = entry["trl"]["achieved_gflops"] / peak
-        print(table(w, entry["ours"], entry["trl"], note, peak, version, args.precision))
+        print(table(w, entry["ours"], entry["trl"], entry["trl_note"], peak, entry.get("trl_version"), precision, bf16))
+        print()
+    if len(precisions) == 2:
+        results["cross"] = cross_ratios(results["workloads"])
+        print(cross_table(results["cross"]))
         print()
 
     args.results.mkdir(parents=True, exist_ok=True)
