@@ -148,3 +148,22 @@ def test_lora_run_saves_a_plain_model(make_config):
 def test_tensorboard_sink_writes_events(make_config, tmp_path):
     result = grpo.train(make_config(train={"steps": 2, "tensorboard": True}), progress=False)
     assert list((result.output_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize(
+    "attention,max_new_tokens,expected",
+    [("auto", 8, "eager"), ("auto", 600, "sdpa"), ("sdpa", 8, "sdpa"), ("eager", 600, "eager")],
+)
+def test_train_attention_picks_the_kernel_of_policy_and_reference(make_config, attention, max_new_tokens, expected):
+    e, _, _ = engine_for(make_config(train={"attention": attention}, rollout={"max_new_tokens": max_new_tokens, "min_new_tokens": 0}))
+    assert e.policy.config._attn_implementation == expected
+    assert e.reference.model.config._attn_implementation == expected
+
+
+def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
+    e, _, _ = engine_for(make_config(train={"autocast": "bfloat16"}))
+    assert e.autocast is torch.bfloat16 and e.sampler.autocast is torch.bfloat16
+    assert e.reference.model.lm_head.weight.dtype == torch.bfloat16
+    assert e.policy.lm_head.weight.dtype == torch.float32  # the policy's weights stay in train.dtype
+    e, _, _ = engine_for(make_config())
+    assert e.autocast is None and e.reference.model.lm_head.weight.dtype == torch.float32
