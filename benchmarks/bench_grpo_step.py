@@ -1,7 +1,8 @@
 """GRPO step throughput and memory: `grpo train` against TRL's GRPOTrainer, same work.
 
     .venv/bin/python benchmarks/bench_grpo_step.py [--workload tiny|small|both] [--steps 6] [--skip-trl]
-        [--threads N] [--trl-gradient-checkpointing] [--keep] [--results DIR]
+        [--precision fp32|bf16|both] [--sampler auto|fast|hf] [--threads N] [--trl-gradient-checkpointing]
+        [--keep] [--results DIR]
 
 For each workload the script builds, once, into a temporary directory:
 - a character-level Llama from a config (no download) with `grpo.tasks.tiny.save_tiny_model`:
@@ -12,11 +13,13 @@ For each workload the script builds, once, into a temporary directory:
 - a reward module `bench_reward.py` with a learnable rule reward (the fraction of '7's in
   the completion), TRL's signature fn(prompts, completions, **columns), imported by both.
 
-Then it runs, one after the other, each in its own process (so each peak RSS is its own):
+Then, for each precision (fp32, and bf16 mixed precision: ours train.autocast=bfloat16, TRL
+bf16=True), it runs, one after the other, each in its own process (so each peak RSS is its own):
 - ours: `python -m grpo.cli train` with G = 8, 4 prompts per step, 64 new tokens exactly
   (min_new_tokens = max_new_tokens = 64: EOS is suppressed, every completion has 64 tokens),
   temperature 1.0, beta 0.04 (k3 KL in the loss, a frozen reference copy), lr 1e-5 constant,
-  one update per step (epochs 1, minibatches 1, the whole batch in one forward/backward);
+  one update per step (epochs 1, minibatches 1, the whole batch in one forward/backward),
+  and its defaults otherwise (the fast sampler, shared prompt passes, eager attention);
 - TRL: `benchmarks/_trl_child.py`, a GRPOTrainer with the same settings (see that file and
   `trl_spec` below for how each one is matched).
 
