@@ -101,7 +101,7 @@ def _weights(model, dtype: torch.dtype) -> _Weights:
         q, k, v = a.q_proj, a.k_proj, a.v_proj
         biases = [q.bias, k.bias, v.bias]
         if any(b is not None for b in biases):  # Qwen2: biases on q, k, v
-            biases = [b if b is not None else torch.zeros(p.out_features) for b, p in zip(biases, (q, k, v))]
+            biases = [b if b is not None else p.weight.new_zeros(p.out_features) for b, p in zip(biases, (q, k, v))]
         # The attention's 1/sqrt(D) is folded into the query projection (RoPE is linear, so
         # rotating the scaled query scales the rotated one): one op fewer per layer and step.
         scale = a.head_dim**-0.5 if hasattr(a, "head_dim") else (config.hidden_size // config.num_attention_heads) ** -0.5
@@ -151,13 +151,13 @@ class _Cache:
 
     def __init__(self, w: _Weights, rows: int, length: int):
         shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
-        self.keys = torch.empty(shape)
-        self.values = torch.empty(shape)
+        self.keys = torch.empty(shape, device=w.embed.device)
+        self.values = torch.empty(shape, device=w.embed.device)
 
     def repeat(self, counts: Tensor, filled: int) -> None:
         """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""
         rows = int(counts.sum())
-        keys = torch.empty(self.keys.shape[:1] + (rows,) + self.keys.shape[2:], dtype=self.keys.dtype)
+        keys = self.keys.new_empty(self.keys.shape[:1] + (rows,) + self.keys.shape[2:])
         values = torch.empty_like(keys)
         keys[:, :, :, :filled] = self.keys[:, :, :, :filled].repeat_interleave(counts, 1)
         values[:, :, :, :filled] = self.values[:, :, :, :filled].repeat_interleave(counts, 1)
