@@ -104,7 +104,7 @@ def _weights(model, dtype: torch.dtype) -> _Weights:
             biases = [b if b is not None else p.weight.new_zeros(p.out_features) for b, p in zip(biases, (q, k, v))]
         # The attention's 1/sqrt(D) is folded into the query projection (RoPE is linear, so
         # rotating the scaled query scales the rotated one): one op fewer per layer and step.
-        scale = a.head_dim**-0.5 if hasattr(a, "head_dim") else (config.hidden_size // config.num_attention_heads) ** -0.5
+        scale = getattr(a, "scaling", None) or (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) ** -0.5
         layers.append(
             _Layer(
                 norm_attn=layer.input_layernorm.weight.detach().to(dtype),
