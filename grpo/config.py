@@ -87,6 +87,7 @@ class TrainConfig:
     tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in.")
     attention: Literal["auto", "eager", "sdpa"] = opt("auto", "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: eager up to 512 new tokens (on a CPU its backward is ~2x faster than sdpa's at such lengths; it holds the (B, heads, T, T) scores), the model's default beyond.")
+    gradient_checkpointing: bool = opt(False, "Activation checkpointing for the policy's update: each layer keeps only its input and recomputes the rest in the backward (one more forward pass of compute for much less activation memory; TRL's default). The update then runs one pass per row, without sharing a group's prompt.")
     autocast: Literal["off", "bfloat16"] = opt("off", "Mixed precision: run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Several times faster on GPUs and on CPUs with AVX512-BF16/AMX; changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones.")
 
 

@@ -38,6 +38,7 @@ from grpo.train.models import (
     NoReference,
     apply_lora,
     attention_for,
+    enable_checkpointing,
     load_causal_lm,
     load_tokenizer,
     count_parameters,
@@ -99,6 +100,8 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     tokenizer = load_tokenizer(c.model)
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens)
     policy = load_causal_lm(c.model, c.train.dtype, attention=attention)
+    if c.train.gradient_checkpointing:
+        enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     if c.loss.beta == 0:
@@ -165,6 +168,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         policy_params=policy_params,
         critic_params=critic_params,
         autocast=AUTOCAST[c.train.autocast],
+        checkpointing=c.train.gradient_checkpointing,
     )
 
 

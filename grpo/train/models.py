@@ -9,6 +9,7 @@ eval mode for the whole run (gradients flow regardless of the mode).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from typing import Protocol
@@ -63,6 +64,39 @@ def autocast(model, dtype: torch.dtype | None):
     Matmuls run in `dtype`; weights, gradients and optimizer state stay in theirs."""
     device = next(model.parameters()).device.type
     return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def enable_checkpointing(model) -> None:
+    """Prepare `model` for activation checkpointing (train.gradient_checkpointing): each decoder
+    layer keeps only its input and recomputes the rest in the backward pass. transformers
+    checkpoints only in training mode, so dropout is switched off for good here (RL runs
+    without it) and `activation_checkpointing` puts the model in training mode for the
+    policy's forward only."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(f"train.gradient_checkpointing: {type(model).__name__} does not support it")
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name is deprecated there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model, enabled: bool):
+    """Training mode (where transformers checkpoints) for the duration, then eval mode again."""
+    if not enabled:
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
 
 
 def apply_lora(model, r: int, alpha: float, target_modules):

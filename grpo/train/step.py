@@ -34,7 +34,7 @@ from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import StepScores, WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.rollout.batch import char_to_token_ends
-from grpo.train.models import Reference, autocast, completion_logits, policy_logprobs
+from grpo.train.models import Reference, activation_checkpointing, autocast, completion_logits, policy_logprobs
 
 # ---- the baselines: place 1 (and 2, for where the KL enters the reward) ------------------------
 
@@ -129,6 +129,7 @@ class Engine:
     policy_params: list = field(default_factory=list)
     critic_params: list = field(default_factory=list)
     autocast: torch.dtype | None = None  # train.autocast: forward passes in this dtype (None = off)
+    checkpointing: bool = False  # train.gradient_checkpointing: recompute layer activations in the backward
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -267,7 +268,9 @@ def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logpr
                 part = batch.select(micro)
                 m = part.completion_mask  # (n, T)
                 with autocast(e.policy, e.autocast):  # the forward in bf16 if asked; the backward follows its dtypes
-                    logits = completion_logits(e.policy, part)  # (n, T, V)
+                    with activation_checkpointing(e.policy, e.checkpointing):
+                        # Checkpointed layers recompute their forward and take no cache: one pass per row.
+                        logits = completion_logits(e.policy, part, share_prompts=not e.checkpointing)  # (n, T, V)
                     logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
                     old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
                     advantages = targets.advantages[micro]

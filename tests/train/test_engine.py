@@ -167,3 +167,24 @@ def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
     assert e.policy.lm_head.weight.dtype == torch.float32  # the policy's weights stay in train.dtype
     e, _, _ = engine_for(make_config())
     assert e.autocast is None and e.reference.model.lm_head.weight.dtype == torch.float32
+
+
+def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_config, tmp_path):
+    metrics, calls = {}, {}
+    for on in (False, True):
+        e, c, stream = engine_for(make_config(output_dir=str(tmp_path / str(on)), train={"gradient_checkpointing": on, "lr": 1e-3}))
+        count = {"layer": 0, "attention": 0}
+        layer = e.policy.model.layers[0]
+        layer.register_forward_pre_hook(lambda *_: count.__setitem__("layer", count["layer"] + 1))
+        layer.self_attn.register_forward_pre_hook(lambda *_: count.__setitem__("attention", count["attention"] + 1))
+        results = [train_step(e, stream.take(c.rollout.prompts_per_step)) for _ in range(2)]
+        metrics[on], calls[on] = [r.metrics for r in results], count
+        assert not e.policy.training  # back in eval mode after the update
+    # Per step (the reference is its own copy, not counted). Without: the policy's shared prompt
+    # pass and completion pass. With: one pass per row, whose layer internals run again in the
+    # backward (the recomputation calls the layer's forward directly, so only its insides count).
+    assert calls[False] == {"layer": 2 * 2, "attention": 2 * 2}
+    assert calls[True] == {"layer": 2 * 1, "attention": 2 * 2}
+    for plain, checkpointed in zip(metrics[False], metrics[True]):
+        for key in ("reward/mean", "loss", "kl", "grad_norm"):
+            assert checkpointed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
