@@ -1,7 +1,7 @@
 """GRPO step throughput and memory: `grpo train` against TRL's GRPOTrainer, same work.
 
     .venv/bin/python benchmarks/bench_grpo_step.py [--workload tiny|small|both] [--steps 6] [--skip-trl]
-        [--precision fp32|bf16|both] [--sampler auto|fast|hf] [--threads N] [--trl-gradient-checkpointing]
+        [--precision fp32|bf16|both] [--sampler auto|fast|hf] [--threads N] [--gradient-checkpointing]
         [--keep] [--results DIR]
 
 For each workload the script builds, once, into a temporary directory:
@@ -64,8 +64,9 @@ with one other training run, the tiny workload's step went from ~0.3 s to ~40 s 
 tools. The script warns when other processes keep CPUs busy; `--threads 1` measures a
 single core, which such contention barely affects.
 
-`--trl-gradient-checkpointing` turns on TRL's default gradient checkpointing (ours has
-none, so it is off by default here): TRL then holds less memory and recomputes activations.
+`--gradient-checkpointing` turns on activation checkpointing in both tools (TRL's default;
+ours is train.gradient_checkpointing; off by default here): both then hold less memory and
+recompute each layer's activations in the backward pass.
 
 TRL is an optional dependency (`pip install grpo[bench]` or `pip install "trl>=1.0"`);
 with --skip-trl, or when TRL cannot be imported or fails, only our side is measured and
@@ -223,7 +224,7 @@ def child_env(w: dict) -> dict:
     return env
 
 
-def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto") -> dict:
+def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto", checkpointing: bool = False) -> dict:
     s = SETTINGS
     out = root / f"ours-{w['name']}-{precision}"
     config = {
@@ -251,6 +252,7 @@ def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: 
             "checkpoint_every": 0,
             "dtype": "float32",
             "autocast": "bfloat16" if precision == "bf16" else "off",
+            "gradient_checkpointing": checkpointing,
         },
         "loss": {"beta": s["beta"]},
     }
@@ -437,13 +439,13 @@ def table(
 def run_pair(w: dict, root: Path, args, precision: str, flops: dict, trl_note: str | None, results: dict) -> dict:
     """Ours, then TRL, on one workload in one precision; their summaries, ratios and verdicts."""
     name = w["name"]
-    ours_run = run_ours(w, root, args.steps, precision, args.sampler)
+    ours_run = run_ours(w, root, args.steps, precision, args.sampler, args.gradient_checkpointing)
     entry: dict = {"precision": precision, "ours": summarize(ours_run, flops)}
     print(f"[{name} {precision}] ours: {entry['ours']['median_step_s']:.3f} s/step", flush=True)
     trl_summary, note = None, trl_note
     if not trl_note:
         try:
-            trl_run = run_trl(w, root, args.steps, args.trl_gradient_checkpointing, precision)
+            trl_run = run_trl(w, root, args.steps, args.gradient_checkpointing, precision)
             trl_summary = summarize(trl_run, flops)
             entry["trl_version"] = trl_run["trl_version"]
             entry["trl_settings"] = trl_run["settings"]
@@ -508,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-trl", action="store_true", help="measure only ours (TRL is an optional dependency)")
     parser.add_argument("--results", type=Path, default=HERE / "results", help="folder for the JSON results")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (models, runs)")
-    parser.add_argument("--trl-gradient-checkpointing", action="store_true",
-                        help="run TRL with gradient checkpointing (TRL's default; off by default here, as in ours)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="activation checkpointing in both tools (TRL's default; ours train.gradient_checkpointing)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both",
                         help="fp32, bf16 (mixed precision for both tools: ours train.autocast=bfloat16, TRL bf16=True, "
                              "accelerate's autocast; weights and optimizer stay fp32 in both), or both (default)")
@@ -557,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                     "platform": platform.platform()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {**SETTINGS, "steps": args.steps, "prompt_tokens": PROMPT_LENGTH, "threads": args.threads or None,
-                     "trl_gradient_checkpointing": args.trl_gradient_checkpointing,
+                     "gradient_checkpointing": args.gradient_checkpointing,
                      "precision": args.precision, "sampler": args.sampler},
         "trl_note": trl_note,
         "workloads": {},
