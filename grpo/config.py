@@ -375,6 +375,7 @@ def validate(c: Config) -> None:
     _require(u.samples_per_prompt >= 2, "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt")
     _require(u.lr > 0, "reward_model_update.lr: must be > 0")
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
+    _require(c.lora.r == 0 or c.rollout.sampler != "fast", "rollout.sampler: fast cannot decode a LoRA-wrapped policy; use auto (falls back to hf) or hf")
 
 
 # ---- writing and documenting ----------------------------------------------------------------

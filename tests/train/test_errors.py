@@ -39,6 +39,8 @@ CASES = [
     ("rewards.0.function", "tests.train.no_such_module:fn", "cannot import module 'tests.train.no_such_module'"),
     ("rewards.0.function", "tests.train.rewards_for_tests:explodes", "raised ZeroDivisionError: the reward divided by zero on row 0"),
     ("model", "/no/such/model", "model: cannot load a tokenizer from '/no/such/model'"),
+    ("rollout.sampler", "vllm", "rollout.sampler: expected one of"),
+    ("train.autocast", "float16", "train.autocast: expected one of"),
 ]
 
 
@@ -88,3 +90,9 @@ def test_the_process_prints_no_traceback(make_config, tmp_path):
     done = subprocess.run([grpo, "train", config], capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"grpo: error: data.path: no such file '{tmp_path / 'missing.jsonl'}'"]
+
+
+def test_fast_sampler_with_lora_is_refused_before_loading(capsys, make_config, tmp_path):
+    config = make_config(rollout={"sampler": "fast"}, lora={"r": 2}, model="/no/such/model")
+    code, err = run_cli(capsys, write(tmp_path, config))
+    assert code == 2 and "rollout.sampler: fast cannot decode a LoRA-wrapped policy" in err  # not the missing model
