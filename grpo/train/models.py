@@ -132,7 +132,9 @@ def completion_logits(model, batch: Rollout, share_prompts: bool = True) -> Tens
     passes over each prompt."""
     groups = prompt_groups(batch) if share_prompts else None
     if groups is not None:
-        return _shared_prompt_logits(model, batch, *groups)
+        logits = _shared_prompt_logits(model, batch, *groups)
+        if logits is not None:
+            return logits
     t_len = batch.completion_mask.shape[1]
     out = model(
         input_ids=batch.input_ids,
@@ -150,7 +152,9 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -> Tensor:
+def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -> Tensor | None:
+    """None when the model returns no KV cache that rows can be selected from (then the caller
+    runs every row in full)."""
     t_len = batch.completion_mask.shape[1]
     p_len = batch.input_ids.shape[1] - t_len
     positions = batch.position_ids
@@ -164,7 +168,11 @@ def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -
     first_logits = prompt.logits[:, -1][group].unsqueeze(1)  # (N, 1, V): predicts completion token 0
     if t_len == 1:
         return first_logits
-    cache = prompt["cache"] if "cache" in prompt else prompt.past_key_values  # the name depends on the version
+    cache = getattr(prompt, "cache", None)  # the name depends on the transformers version
+    if cache is None:
+        cache = getattr(prompt, "past_key_values", None)
+    if not hasattr(cache, "batch_select_indices"):  # no cache, or one of another kind
+        return None
     cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
     rest = model(
         input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1

@@ -93,3 +93,22 @@ def test_a_run_is_the_same_with_plain_passes_and_either_attention(make_config, t
     for ours, reference in zip(fast, plain, strict=True):
         for key in ("reward/mean", "loss", "kl", "entropy", "grad_norm"):
             assert ours[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_model_without_a_selectable_cache_runs_every_row_in_full():
+    """Models whose forward returns no (selectable) KV cache fall back to one pass per row."""
+    from types import SimpleNamespace
+
+    model = model_of()
+    batch = rollout(model, ["a", "bc1"])
+    calls = []
+
+    def no_cache(**kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return SimpleNamespace(logits=model(**kwargs).logits)  # the cache is dropped
+
+    with torch.no_grad():
+        got = completion_logits(no_cache, batch)
+        expected = completion_logits(model, batch, share_prompts=False)
+    torch.testing.assert_close(got, expected)
+    assert calls[-1] == batch.input_ids.shape  # the last pass ran every full row
