@@ -82,52 +82,54 @@ class _Weights:
     head_dim: int
 
 
-def _cat(tensors, dtype) -> Tensor | None:
-    if all(t is None for t in tensors):
-        return None
-    return torch.cat([t for t in tensors]).to(dtype)
+def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
+    """The weights of `linears` stacked along the output dimension (linear j's scaled by
+    scales[j]), in `dtype`, and their biases likewise (zeros for one without; None if none has)."""
+    scales = scales or [1.0] * len(linears)
 
+    def scaled(t: Tensor, scale: float) -> Tensor:
+        return t.detach() * scale if scale != 1.0 else t.detach()
 
-def _bias(linear, dtype) -> Tensor | None:
-    return None if linear.bias is None else linear.bias.detach().to(dtype)
+    def joined(tensors: list[Tensor]) -> Tensor:  # no copy for a single tensor already in dtype
+        return (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).to(dtype)
+
+    weight = joined([scaled(lin.weight, sc) for lin, sc in zip(linears, scales)])
+    if all(lin.bias is None for lin in linears):
+        return weight, None
+    return weight, joined([scaled(lin.bias, sc) if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin, sc in zip(linears, scales)])
 
 
 def _weights(model, dtype: torch.dtype) -> _Weights:
     """The model's current weights, in `dtype`, with the fused projections built."""
     config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     layers = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        q, k, v = a.q_proj, a.k_proj, a.v_proj
-        biases = [q.bias, k.bias, v.bias]
-        if any(b is not None for b in biases):  # Qwen2: biases on q, k, v
-            biases = [b if b is not None else p.weight.new_zeros(p.out_features) for b, p in zip(biases, (q, k, v))]
         # The attention's 1/sqrt(D) is folded into the query projection (RoPE is linear, so
         # rotating the scaled query scales the rotated one): one op fewer per layer and step.
-        scale = getattr(a, "scaling", None) or (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) ** -0.5
+        scale = getattr(a, "scaling", None) or head_dim**-0.5
+        qkv, qkv_bias = _stack([a.q_proj, a.k_proj, a.v_proj], dtype, [scale, 1.0, 1.0])  # Qwen2 has q/k/v biases
+        out, out_bias = _stack([a.o_proj], dtype)
+        gate_up, gate_up_bias = _stack([m.gate_proj, m.up_proj], dtype)
+        down, down_bias = _stack([m.down_proj], dtype)
         layers.append(
             _Layer(
                 norm_attn=layer.input_layernorm.weight.detach().to(dtype),
-                qkv=_cat([q.weight.detach() * scale, k.weight.detach(), v.weight.detach()], dtype),
-                qkv_bias=_cat([None if b is None else b.detach() * (scale if b is biases[0] else 1.0) for b in biases], dtype),
-                out=a.o_proj.weight.detach().to(dtype),
-                out_bias=_bias(a.o_proj, dtype),
+                qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
                 norm_mlp=layer.post_attention_layernorm.weight.detach().to(dtype),
-                gate_up=_cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()], dtype),
-                gate_up_bias=None if m.gate_proj.bias is None else _cat([m.gate_proj.bias.detach(), m.up_proj.bias.detach()], dtype),
-                down=m.down_proj.weight.detach().to(dtype),
-                down_bias=_bias(m.down_proj, dtype),
+                gate_up=gate_up, gate_up_bias=gate_up_bias, down=down, down_bias=down_bias,
             )
         )
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head, head_bias = _stack([model.lm_head], dtype)
     return _Weights(
         embed=model.model.embed_tokens.weight.detach().to(dtype),
         layers=layers,
         norm=model.model.norm.weight.detach().to(dtype),
-        head=model.lm_head.weight.detach().to(dtype),
-        head_bias=_bias(model.lm_head, dtype),
-        eps=model.model.norm.variance_epsilon if hasattr(model.model.norm, "variance_epsilon") else config.rms_norm_eps,
+        head=head,
+        head_bias=head_bias,
+        eps=getattr(model.model.norm, "variance_epsilon", None) or config.rms_norm_eps,
         heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
