@@ -140,3 +140,13 @@ def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):
     for hf, ours in zip(runs["hf"], runs["fast"], strict=True):
         for key in ("reward/mean", "loss", "kl", "entropy", "grad_norm"):
             assert ours[key] == pytest.approx(hf[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_models_own_sampling_defaults_do_not_leak_into_generate():
+    """A hub chat model's generation_config.json may set a repetition penalty; both loops sample
+    from the policy itself (the log-probs in the loss have no penalty)."""
+    model = model_of()
+    model.generation_config.repetition_penalty = 3.0
+    model.generation_config.no_repeat_ngram_size = 2
+    out = sample_both(model)
+    assert torch.equal(out["fast"][0].input_ids, out["hf"][0].input_ids)
