@@ -99,6 +99,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
     tokenizer = load_tokenizer(c.model)
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens)
+    compute_dtype = AUTOCAST[c.train.autocast]
     policy = load_causal_lm(c.model, c.train.dtype, attention=attention)
     if c.train.gradient_checkpointing:
         enable_checkpointing(policy)
@@ -107,7 +108,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     if c.loss.beta == 0:
         reference = NoReference()
     else:
-        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy, AUTOCAST[c.train.autocast])
+        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy, compute_dtype)
     critic = load_value_model(c.value.model or c.model, c.train.dtype, attention) if c.loss.baseline == "critic" else None
 
     policy_params = [p for p in policy.parameters() if p.requires_grad]
@@ -132,7 +133,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         top_k=ro.top_k,
         batch_size=ro.generation_batch_size,
         backend=ro.sampler,
-        autocast=AUTOCAST[c.train.autocast],
+        autocast=compute_dtype,
     )
     return Engine(
         policy=policy,
@@ -167,7 +168,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         group_size=ro.group_size,
         policy_params=policy_params,
         critic_params=critic_params,
-        autocast=AUTOCAST[c.train.autocast],
+        autocast=compute_dtype,
         checkpointing=c.train.gradient_checkpointing,
     )
 
