@@ -19,8 +19,9 @@ padding after EOS, and stopping when every row has finished. With the same seed 
 the same tokens as `generate` (tests/rollout/test_fast.py checks this, with padding, groups,
 top-k/top-p and early EOS); the logits agree to float rounding.
 
-Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM` (SiLU MLP, RMSNorm,
-RoPE, grouped-query attention, optional q/k/v biases) without a sliding window shorter than
+Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`
+(SiLU MLP, RMSNorm, RoPE, grouped-query attention, optional q/k/v biases, Qwen3's per-head
+q/k norms) without a sliding window shorter than
 the sequence. Anything else (other architectures, a peft-wrapped policy) makes `supported`
 return the reason, and the sampler falls back to `generate`.
 """
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ARCHITECTURES = {"llama", "qwen2", "mistral"}
+ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 def supported(model, total_length: int) -> str | None:
@@ -67,6 +68,8 @@ class _Layer:
     gate_up_bias: Tensor | None
     down: Tensor
     down_bias: Tensor | None
+    q_norm: Tensor | None = None  # Qwen3: RMSNorm over each query head (carrying the 1/sqrt(D))
+    k_norm: Tensor | None = None  # Qwen3: RMSNorm over each key head
 
 
 @dataclass
@@ -109,8 +112,11 @@ def _weights(model, dtype: torch.dtype) -> _Weights:
         a, m = layer.self_attn, layer.mlp
         # The attention's 1/sqrt(D) is folded into the query projection (RoPE is linear, so
         # rotating the scaled query scales the rotated one): one op fewer per layer and step.
+        # With Qwen3's per-head query norm, which would undo that scale, it goes into the norm's weight.
         scale = getattr(a, "scaling", None) or head_dim**-0.5
-        qkv, qkv_bias = _stack([a.q_proj, a.k_proj, a.v_proj], dtype, [scale, 1.0, 1.0])  # Qwen2 has q/k/v biases
+        q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        q_scale = 1.0 if q_norm is not None else scale
+        qkv, qkv_bias = _stack([a.q_proj, a.k_proj, a.v_proj], dtype, [q_scale, 1.0, 1.0])  # Qwen2 has q/k/v biases
         out, out_bias = _stack([a.o_proj], dtype)
         gate_up, gate_up_bias = _stack([m.gate_proj, m.up_proj], dtype)
         down, down_bias = _stack([m.down_proj], dtype)
@@ -120,6 +126,8 @@ def _weights(model, dtype: torch.dtype) -> _Weights:
                 qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
                 norm_mlp=layer.post_attention_layernorm.weight.detach().to(dtype),
                 gate_up=gate_up, gate_up_bias=gate_up_bias, down=down, down_bias=down_bias,
+                q_norm=None if q_norm is None else (q_norm.weight.detach() * scale).to(dtype),
+                k_norm=None if k_norm is None else k_norm.weight.detach().to(dtype),
             )
         )
     head, head_bias = _stack([model.lm_head], dtype)
@@ -193,8 +201,10 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
         # RoPE and attention in float32 whatever the weights' dtype: more accurate in bf16, and
         # the cache's per-length matmuls then use float32 kernels (bf16 ones JIT one kernel per
         # shape: ~50 MB more memory over a 64-token decode, measured).
-        qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim).transpose(1, 2)
-        qk = _rotate(qk.float(), cos, sin)
+        qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
+        if layer.q_norm is not None:
+            qk = torch.cat([_rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps), _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps)], 2)
+        qk = _rotate(qk.transpose(1, 2).float(), cos, sin)
         q, k = qk[:, : w.heads], qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
         keys, values = cache.keys[i], cache.values[i]

@@ -3,7 +3,16 @@ random stream, for every option a run can set."""
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 import grpo
 from grpo.errors import UserError
@@ -19,7 +28,11 @@ ROWS = [{"prompt": p} for p in ["a", "bc1", "cab 7", "9"]]
 def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
     """A 2-layer model whose weights are large enough that its distributions are peaked:
     tokens drawn from a slightly wrong distribution would differ."""
-    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[kind]
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[kind]
     config = config_class(
         vocab_size=len(TOKENIZER), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=kv_heads, max_position_embeddings=128, initializer_range=init, tie_word_embeddings=False,
@@ -28,6 +41,9 @@ def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" in name:  # norms start at 1: make each one matter (and differ from the others)
+                weight.copy_(1 + 0.3 * torch.randn_like(weight))
         model.lm_head.weight[EOS] += eos_bias * model.model.norm.weight  # favours EOS from every state
     return model
 
@@ -44,7 +60,7 @@ def sample_both(model, seed=1, **options):
     return out
 
 
-@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 @pytest.mark.parametrize(
     "options",
     [{}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6}],
@@ -71,7 +87,7 @@ def test_fast_stops_when_every_row_has_ended_as_generate_does():
     assert torch.equal(ours_after, hf_after)
 
 
-@pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 def test_fast_logits_equal_the_models_own(kind, kv_heads):
     """Prefill and several decoding steps against the model's forward over the whole sequence."""
     model = model_of(kind, kv_heads)
