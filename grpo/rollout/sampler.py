@@ -87,7 +87,7 @@ class HFSampler:
             top_k=top_k,  # explicit: GenerationConfig's own default is 50, not off
             # Explicit too: generate fills values left unset from the model's own
             # generation_config.json, and chat models often set a repetition penalty there
-            # (Qwen2.5-Instruct: 1.1). RL must sample from the policy it scores.
+            # (the Qwen2.5-Instruct family does). RL must sample from the policy it scores.
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             max_new_tokens=max_new_tokens,
