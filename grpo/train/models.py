@@ -52,8 +52,7 @@ def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | N
     from transformers import AutoModelForCausalLM
 
     try:
-        extra = {"attn_implementation": attention} if attention else {}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
     except Exception as err:
         raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
     return model.eval()  # dropout off for RL
@@ -313,9 +312,8 @@ def load_value_model(path: str, dtype: str, attention: str | None = None) -> Val
 
     # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
     try:
-        extra = {"attn_implementation": attention} if attention else {}
         with quiet_loading():
-            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype], **extra)
+            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     return ValueModel(backbone, backbone.config.hidden_size).eval()

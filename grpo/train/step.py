@@ -267,27 +267,25 @@ def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logpr
             for micro in minibatch.split(size):
                 part = batch.select(micro)
                 m = part.completion_mask  # (n, T)
-                with autocast(e.policy, e.autocast):  # the forward in bf16 if asked; the backward follows its dtypes
-                    with activation_checkpointing(e.policy, e.checkpointing):
-                        # Checkpointed layers recompute their forward and take no cache: one pass per row.
-                        logits = completion_logits(e.policy, part, share_prompts=not e.checkpointing)  # (n, T, V)
-                    logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
-                    old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
-                    advantages = targets.advantages[micro]
-                    per_token = policy_loss(logprobs, old, advantages, m, **e.clip, dual_clip=e.dual_clip)  # (n, T)
-                    ref = ref_logprobs[micro] if ref_logprobs is not None else None
-                    if ref is not None and e.kl_in_loss:
-                        # GRPO (DeepSeekMath eq. 3): the KL is a term of the loss, per token.
-                        per_token = per_token + e.beta * kl_estimate(logprobs, ref, e.kl_estimator) * m
-                    loss = aggregate(per_token, m, e.aggregation, **totals)
-                    if e.critic is not None:
+                logits = _policy_logits(e, part)  # (n, T, V)
+                logprobs = token_logprobs(logits, part.completion_ids, temperature=e.temperature)  # (n, T)
+                old = old_logprobs[micro] if old_logprobs is not None else logprobs.detach()
+                advantages = targets.advantages[micro]
+                per_token = policy_loss(logprobs, old, advantages, m, **e.clip, dual_clip=e.dual_clip)  # (n, T)
+                ref = ref_logprobs[micro] if ref_logprobs is not None else None
+                if ref is not None and e.kl_in_loss:
+                    # GRPO (DeepSeekMath eq. 3): the KL is a term of the loss, per token.
+                    per_token = per_token + e.beta * kl_estimate(logprobs, ref, e.kl_estimator) * m
+                loss = aggregate(per_token, m, e.aggregation, **totals)
+                if e.critic is not None:
+                    with autocast(e.policy, e.autocast):
                         values = e.critic(part)  # (n, T)
-                        v_loss = value_loss(
-                            values, old_values[micro], targets.returns[micro], m,
-                            clip=e.value_clip, num_tokens=totals["num_tokens"],
-                        )
-                        loss = loss + v_loss
-                        sums["value_loss"] += float(v_loss.detach())
+                    v_loss = value_loss(
+                        values, old_values[micro], targets.returns[micro], m,
+                        clip=e.value_clip, num_tokens=totals["num_tokens"],
+                    )
+                    loss = loss + v_loss
+                    sums["value_loss"] += float(v_loss.detach())
                 loss.backward()
                 sums["loss"] += float(loss.detach())
                 if epoch == 0:  # diagnostics of the policy as sampled
@@ -315,6 +313,14 @@ def _update(e: Engine, batch: Rollout, targets: Targets, old_logprobs, ref_logpr
         stats["value_loss"] = sums["value_loss"] / updates
         stats["value/mean"] = float(aggregate(old_values, mask, "token-mean"))
     return stats
+
+
+def _policy_logits(e: Engine, part: Rollout) -> Tensor:
+    """The policy's forward for the update: in bf16 under train.autocast (the backward follows
+    its dtypes); with checkpointing, in training mode and one pass per row (a checkpointed
+    layer recomputes its forward and takes no cache, so the prompts cannot be shared)."""
+    with autocast(e.policy, e.autocast), activation_checkpointing(e.policy, e.checkpointing):
+        return completion_logits(e.policy, part, share_prompts=not e.checkpointing)
 
 
 def _clip(params: list, max_norm: float) -> float:
