@@ -8,7 +8,7 @@ paper's), then for every k the mean over prompts of the exact estimators in
 over k of the n samples), each with a 95% confidence interval over prompts.
 
 It is two parts, so that the metrics can be tested without a model:
-- `sample_completions`: the loop over `model.generate` (through `HFSampler`).
+- `sample_completions`: the loop over `model.generate` (through `grpo.rollout.Sampler`).
 - `measure`: completions -> verdicts -> the report. Pure Python, no model.
 
 Choices beyond the plain description:
@@ -193,9 +193,10 @@ def sample_completions(
     import torch
     from tqdm.auto import tqdm
 
-    from grpo.rollout.sampler import HFSampler
+    from grpo.config import RolloutConfig
+    from grpo.rollout import Sampler
 
-    samplers: dict[int, HFSampler] = {}  # one per group size (at most two: n and a remainder)
+    samplers: dict[int, Sampler] = {}  # one per group size (at most two: n and a remainder)
     completions: list[list[str]] = [[] for _ in rows]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     bar = tqdm(total=len(rows) * n, desc="eval", unit="completion", disable=not progress,
@@ -204,10 +205,9 @@ def sample_completions(
         torch.manual_seed(seed)
         for indices, group_size in _calls(len(rows), n, batch_size):
             if group_size not in samplers:
-                samplers[group_size] = HFSampler(
-                    tokenizer, prompt_column=prompt_column, group_size=group_size,
-                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                )
+                rollout = RolloutConfig(group_size=group_size, max_new_tokens=max_new_tokens,
+                                        temperature=temperature, top_p=top_p)
+                samplers[group_size] = Sampler.from_config(tokenizer, rollout, prompt_column=prompt_column)
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
                 completions[i].extend(rollout.completions[j * group_size : (j + 1) * group_size])

@@ -7,8 +7,9 @@ Python (cache objects, masks, logits processors, output dataclasses), not in ari
 - one preallocated KV cache per call (no per-token `torch.cat` of the cache);
 - each prompt's prefix computed once and shared by its G completions (the prefill runs on
   the distinct prompts; their cache rows are then repeated G times);
-- the q/k/v and gate/up projections fused into one matmul each (weights concatenated once
-  per call);
+- the q/k/v and gate/up projections fused into one matmul each (`fuse_weights` concatenates them;
+  the sampler does so once per `sample` call, i.e. once per policy update, and passes them
+  to every decoding call of that sample);
 - the rotary tables computed once per call by the model's own rotary module (so any RoPE
   scaling the model's config asks for is honoured).
 
@@ -102,7 +103,7 @@ def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
     return weight, joined([scaled(lin.bias, sc) if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin, sc in zip(linears, scales)])
 
 
-def _weights(model, dtype: torch.dtype) -> _Weights:
+def fuse_weights(model, dtype: torch.dtype) -> _Weights:
     """The model's current weights, in `dtype`, with the fused projections built."""
     config = model.config
     heads = config.num_attention_heads
@@ -253,20 +254,22 @@ def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | Non
     return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
 
-def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype=None) -> Tensor:
+def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype=None,
+           weights: _Weights | None = None) -> Tensor:
     """Sample completions: prompt i (a row of the left-padded `prompt_ids` (B, P)) gets
     counts[i] consecutive rows. Returns (sum(counts), T) token ids, T <= max_new_tokens,
     padded with `pad_token_id` after each row's EOS. `dtype` is the compute dtype (default:
-    the model's)."""
-    # inference_mode skips autograd's per-op bookkeeping (~10% of a small model's decoding
-    # step); its tensors cannot enter autograd later, so the result is copied out of it.
+    the model's); `weights` are the model's current fused weights from `fuse_weights(model, dtype)`
+    (default: built for this call)."""
+    # inference_mode skips autograd's per-op bookkeeping; its tensors cannot enter autograd
+    # later, so the result is copied out of it.
     with torch.inference_mode():
-        out = _decode(model, prompt_ids, prompt_mask, counts, p, dtype or next(model.parameters()).dtype)
+        w = weights if weights is not None else fuse_weights(model, dtype or next(model.parameters()).dtype)
+        out = _decode(model, w, prompt_ids, prompt_mask, counts, p)
     return out.clone()
 
 
-def _decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype) -> Tensor:
-    w = _weights(model, dtype)
+def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams) -> Tensor:
     b, prompt_len = prompt_ids.shape
     total = prompt_len + p.max_new_tokens
     device = prompt_ids.device

@@ -1,16 +1,20 @@
-"""Samplers: from prompts to a Rollout of G completions each.
+"""The Sampler: from prompts to a Rollout of G completions each.
 
-`HFSampler` samples G completions per prompt, the G completions of a prompt in contiguous
-rows, with one of two decoding loops (`backend`):
+One class, two decoding loops behind it (`backend`):
 - "fast": `grpo.rollout.fast.decode`, a KV-cache loop for Llama-family models that computes
   each prompt's prefix once for its G completions and draws the same tokens as `generate`;
 - "hf": `transformers`' `generate` (any causal LM, e.g. a peft-wrapped policy);
 - "auto" (default): "fast" where the model is supported, else "hf".
+
+`Sampler.from_config` builds it from the rollout config; training, iterative RL and
+evaluation all get theirs from there. The sampler works on its own copy of the tokenizer
+(set to pad on the left, where prompts must end), so the caller's tokenizer, and the one
+saved with a trained model, is never changed.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +23,7 @@ from grpo.errors import UserError
 from grpo.rollout import fast
 from grpo.rollout.batch import Rollout
 
-
-class Sampler(Protocol):
-    def sample(self, model, rows: list[dict]) -> Rollout: ...
+BACKENDS = ("auto", "fast", "hf")
 
 
 def prompt_text(prompt, tokenizer) -> str:
@@ -43,8 +45,9 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> t
     return (torch.arange(t_len).unsqueeze(0) <= first_eos.unsqueeze(1)).float()
 
 
-class HFSampler:
-    """Sampling with `model.generate`: temperature, top-p, top-k, min/max new tokens, EOS."""
+class Sampler:
+    """G completions per prompt, a prompt's G in contiguous rows: temperature, top-p, top-k,
+    min/max new tokens, EOS; decoded by the fast loop or by `generate` (see the module doc)."""
 
     def __init__(
         self,
@@ -63,12 +66,13 @@ class HFSampler:
     ):
         from transformers import GenerationConfig
 
-        self.tokenizer = tokenizer
+        if backend not in BACKENDS:
+            raise UserError(f"rollout.sampler: unknown backend {backend!r} (auto, fast or hf)")
+        self.tokenizer = copy.deepcopy(tokenizer)  # ours to set up; the caller's stays as it was
+        self.tokenizer.padding_side = "left"  # prompts end where generation starts
         self.prompt_column = prompt_column
         self.group_size = group_size
-        self.batch_size = batch_size  # completions per generate call (0 = all): bounds the KV cache
-        if backend not in ("auto", "fast", "hf"):
-            raise UserError(f"rollout.sampler: unknown backend {backend!r} (auto, fast or hf)")
+        self.batch_size = batch_size  # completions per decoding call (0 = all): bounds the KV cache
         self.backend = backend
         self.autocast = autocast  # compute dtype for decoding (None = the model's)
         self.params = fast.SamplingParams(
@@ -97,6 +101,25 @@ class HFSampler:
             bos_token_id=tokenizer.bos_token_id,
         )
 
+    @classmethod
+    def from_config(cls, tokenizer, rollout, *, prompt_column: str, autocast: torch.dtype | None = None,
+                    group_size: int | None = None) -> Sampler:
+        """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
+        overrides the config's (iterative RL samples its own number per prompt)."""
+        return cls(
+            tokenizer,
+            prompt_column=prompt_column,
+            group_size=rollout.group_size if group_size is None else group_size,
+            max_new_tokens=rollout.max_new_tokens,
+            min_new_tokens=rollout.min_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            batch_size=rollout.generation_batch_size,
+            backend=rollout.sampler,
+            autocast=autocast,
+        )
+
     def uses_fast(self, model, prompt_length: int) -> bool:
         """Whether `model` is decoded by the fast loop (raises if "fast" was asked for and cannot run)."""
         if self.backend == "hf":
@@ -106,25 +129,32 @@ class HFSampler:
             raise UserError(f"rollout.sampler: fast cannot decode this model: {reason}; use auto or hf")
         return reason is None
 
-    def _generate_hf(self, model, ids, mask, counts):
-        ids, mask = ids.repeat_interleave(counts, 0), mask.repeat_interleave(counts, 0)
-        with torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            return model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config)[:, ids.shape[1] :]
+    def _fast_loop(self, model):
+        """fast.decode with the model's fused weights, built once for every chunk of this sample."""
+        weights = fast.fuse_weights(model, self.autocast or next(model.parameters()).dtype)
+        return lambda ids, mask, counts: fast.decode(model, ids, mask, counts, self.params, weights=weights)
+
+    def _generate_loop(self, model):
+        """transformers' generate, one row per completion."""
+
+        def generate(ids, mask, counts):
+            ids, mask = ids.repeat_interleave(counts, 0), mask.repeat_interleave(counts, 0)
+            with torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config)
+            return out[:, ids.shape[1] :]
+
+        return generate
 
     @torch.no_grad()
     def sample(self, model, rows: list[dict]) -> Rollout:
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
-        tok.padding_side = "left"  # prompts end where generation starts
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
         device = next(model.parameters()).device
         unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)  # (B, P)
         prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)
         prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
-        if self.uses_fast(model, prompt_ids.shape[1]):
-            generate = lambda ids, m, counts: fast.decode(model, ids, m, counts, self.params, dtype=self.autocast)  # noqa: E731
-        else:
-            generate = lambda ids, m, counts: self._generate_hf(model, ids, m, counts)  # noqa: E731
+        generate = self._fast_loop(model) if self.uses_fast(model, prompt_ids.shape[1]) else self._generate_loop(model)
         # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
         prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
         pieces = []

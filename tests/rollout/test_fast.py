@@ -16,7 +16,7 @@ from transformers import (
 
 import grpo
 from grpo.errors import UserError
-from grpo.rollout import HFSampler, fast
+from grpo.rollout import Sampler, fast
 from grpo.tasks.tiny import char_tokenizer
 
 TOKENIZER = char_tokenizer("0123456789abc ")
@@ -52,7 +52,7 @@ def sample_both(model, seed=1, **options):
     """Sample ROWS with each backend from the same seed; also one draw from the stream after."""
     out = {}
     for backend in ("hf", "fast"):
-        sampler = HFSampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options)
+        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options)
         assert sampler.uses_fast(model, 5) == (backend == "fast")
         torch.manual_seed(seed)
         rollout = sampler.sample(model, ROWS)
@@ -100,7 +100,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
     positions = (full_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         expected = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits  # (3, 9, V)
-        w = fast._weights(model, torch.float32)
+        w = fast.fuse_weights(model, torch.float32)
         total = full_ids.shape[1]
         cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
         cos, sin = cos[0], sin[0]
@@ -120,7 +120,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
 def test_bf16_decoding_stays_close_to_float32():
     model = model_of()
     ids = TOKENIZER(["cab 7"], return_tensors="pt")["input_ids"]
-    w32, w16 = fast._weights(model, torch.float32), fast._weights(model, torch.bfloat16)
+    w32, w16 = fast.fuse_weights(model, torch.float32), fast.fuse_weights(model, torch.bfloat16)
     assert w16.layers[0].qkv.dtype == torch.bfloat16
     cos, sin = model.model.rotary_emb(w32.embed[:1], torch.arange(ids.shape[1])[None])
     logits = {}
@@ -134,14 +134,14 @@ def test_bf16_decoding_stays_close_to_float32():
 def test_unsupported_models_fall_back_to_generate_or_say_why():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOKENIZER), n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     assert "gpt2" in fast.supported(gpt2, 20)
-    auto = HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4)
+    auto = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4)
     assert not auto.uses_fast(gpt2, 5)
     assert auto.sample(gpt2, ROWS[:2]).completion_mask.shape == (4, 4)
-    forced = HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="fast")
+    forced = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="fast")
     with pytest.raises(UserError, match="fast cannot decode this model: model type 'gpt2'"):
         forced.sample(gpt2, ROWS[:2])
     with pytest.raises(UserError, match="unknown backend"):
-        HFSampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="vllm")
+        Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="vllm")
 
 
 def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.rollout import HFSampler
+from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
 from grpo.train.models import completion_logits, prompt_groups
 from tests.rollout.test_fast import model_of
@@ -12,7 +12,7 @@ TOKENIZER = char_tokenizer("0123456789abc ")
 
 
 def rollout(model, prompts, group_size=3, max_new_tokens=6, eos_bias=0.0):
-    sampler = HFSampler(TOKENIZER, prompt_column="prompt", group_size=group_size, max_new_tokens=max_new_tokens)
+    sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=group_size, max_new_tokens=max_new_tokens)
     torch.manual_seed(0)
     return sampler.sample(model, [{"prompt": p} for p in prompts])
 
