@@ -1,8 +1,12 @@
-"""Quieting transformers where its output is expected noise."""
+"""Loading from Hugging Face directories: dtypes by name, tokenizers, and quieting transformers
+where its output is expected noise."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
+
+from grpo.errors import UserError, first_line
 
 
 @contextmanager
@@ -18,3 +22,41 @@ def quiet_loading():
         yield
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+# The dtypes a model may be loaded in, by the names configs and options use.
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def torch_dtype(name, key: str):
+    """The torch dtype a config names ('float32', 'bfloat16', 'float16'; a torch.dtype passes)."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise UserError(f"{key}: dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return getattr(torch, DTYPES[name])
+
+
+def load_tokenizer(path: str, key: str = "model"):
+    """AutoTokenizer.from_pretrained(path), with a pad token (the EOS when it has none); every
+    failure is a one-line UserError that starts with `key` (the config key or option)."""
+    from transformers import AutoTokenizer
+
+    # Hub ids never start with '/', '.' or '~': such a path can only be a missing directory,
+    # which the hub client would otherwise report as a malformed repository id.
+    local = Path(path).expanduser()
+    if path.startswith(("/", ".", "~")) and not local.exists():
+        raise UserError(f"{key}: no such directory '{path}'")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise UserError(f"{key}: '{path}' holds no Hugging Face model (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # OSError, ValueError, ... from the hub client or the files
+        raise UserError(f"{key}: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise UserError(f"{key}: the tokenizer of '{path}' has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -48,43 +48,12 @@ from torch import Tensor
 from grpo.algo import bradley_terry_loss
 from grpo.data import load_rows
 from grpo.errors import UserError, first_line
-from grpo.infra.hf import quiet_loading
+from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
 
 __all__ = ["RewardModel", "load_pairs", "split_pairs", "train_reward_model"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FALLBACK_MAX_LENGTH = 2048  # when neither the tokenizer nor the config states a limit
 _NO_LIMIT = 1_000_000  # tokenizers without a limit report model_max_length ~ 1e30
-
-
-def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise UserError(f"reward model: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}") from None
-
-
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    # Hub ids never start with '/', '.' or '~': such a path can only be a missing directory,
-    # which the hub client would otherwise report as a malformed repository id.
-    local = Path(path).expanduser()
-    if path.startswith(("/", ".", "~")) and not local.exists():
-        raise UserError(f"reward model: no such directory '{path}'")
-    if local.is_dir() and not (local / "config.json").is_file():
-        raise UserError(f"reward model: '{path}' holds no Hugging Face model (no config.json)")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as err:  # OSError, ValueError, ... from the hub client or the files
-        raise UserError(f"reward model: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token_id is None:
-            raise UserError(f"reward model: the tokenizer of '{path}' has neither a pad nor an EOS token")
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def _load_classifier(path: str, dtype: torch.dtype, **kwargs):
@@ -133,17 +102,17 @@ class RewardModel:
         The head is freshly initialised from `seed` (the global RNG is left as it was), so
         the same base and seed give the same model.
         """
-        tokenizer = _load_tokenizer(base)
+        tokenizer = load_tokenizer(base, "reward model")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model, _ = _load_classifier(base, _torch_dtype(dtype), num_labels=1)
+            model, _ = _load_classifier(base, torch_dtype(dtype, "reward model"), num_labels=1)
         return cls(model, tokenizer, **kw)
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "float32", **kw) -> RewardModel:
         """A reward model saved by `save` (or any sequence-classification model with one output)."""
-        tokenizer = _load_tokenizer(path)
-        model, info = _load_classifier(path, _torch_dtype(dtype))
+        tokenizer = load_tokenizer(path, "reward model")
+        model, info = _load_classifier(path, torch_dtype(dtype, "reward model"))
         if info["missing_keys"]:
             missing = ", ".join(sorted(info["missing_keys"])[:3])
             raise UserError(

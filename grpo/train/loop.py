@@ -3,7 +3,7 @@
 for iteration in 1..I:              reference <- policy
     for step in 1..M:               sample a batch of prompts; sample G outputs each;
                                     score; advantages; mu epochs of updates
-(Iterative reward-model training between iterations arrives with reward models.)
+    (iterative RL, with a verifier: the reward model trains on the policy's new samples)
 
 Everything is validated before any model is loaded: the config, the reward functions, the
 data. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
@@ -31,8 +31,10 @@ from grpo.infra.seed import rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
-from grpo.rollout import HFSampler
+from grpo.infra.hf import load_tokenizer
+from grpo.rollout import Sampler
 from grpo.train.models import (
+    AUTOCAST,
     AdapterOff,
     FrozenCopy,
     NoReference,
@@ -40,13 +42,13 @@ from grpo.train.models import (
     attention_for,
     enable_checkpointing,
     load_causal_lm,
-    load_tokenizer,
     count_parameters,
     load_value_model,
 )
 from grpo.train.schedule import lr_lambda
 from grpo.train.iterative import RewardModelUpdater
-from grpo.train.step import BASELINES, Engine, StepResult, train_step
+from grpo.train.seams import Critic, NoCritic, build_baseline, build_kl
+from grpo.train.step import Engine, StepResult, train_step
 
 
 @dataclass
@@ -92,9 +94,6 @@ def load_reward_models(c: Config, functions: dict[int, WeightedReward]) -> tuple
     return rewards, models
 
 
-AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}  # train.autocast -> the compute dtype
-
-
 def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
     tokenizer = load_tokenizer(c.model)
@@ -109,67 +108,35 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         reference = NoReference()
     else:
         reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy, compute_dtype)
-    critic = load_value_model(c.value.model or c.model, c.train.dtype, attention) if c.loss.baseline == "critic" else None
+    if c.loss.baseline == "critic":
+        value_model = load_value_model(c.value.model or c.model, c.train.dtype, attention)
+        critic = Critic(value_model, value_clip=c.loss.value_clip, dtype=compute_dtype)
+    else:
+        critic = NoCritic()
+    kl = build_kl(c)
 
-    policy_params = [p for p in policy.parameters() if p.requires_grad]
-    critic_params = list(critic.parameters()) if critic is not None else []
-    groups = [{"params": policy_params, "lr": c.train.lr}]
-    if critic_params:
-        groups.append({"params": critic_params, "lr": c.value.lr or c.train.lr})
-    # The fused kernel: one pass over each tensor instead of a dozen ops (half the time of the default on a CPU).
+    groups = [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": c.train.lr}]
+    groups += critic.param_groups(c.value.lr or c.train.lr)
+    # The fused kernel: one pass over each tensor instead of a dozen ops.
     optimizer = torch.optim.AdamW(groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True)
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
-
-    ro, lo = c.rollout, c.loss
-    sampler = HFSampler(
-        tokenizer,
-        prompt_column=c.data.prompt_column,
-        group_size=ro.group_size,
-        max_new_tokens=ro.max_new_tokens,
-        min_new_tokens=ro.min_new_tokens,
-        temperature=ro.temperature,
-        top_p=ro.top_p,
-        top_k=ro.top_k,
-        batch_size=ro.generation_batch_size,
-        backend=ro.sampler,
-        autocast=compute_dtype,
-    )
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
-        sampler=sampler,
+        sampler=Sampler.from_config(tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype),
         rewards=rewards,
+        score=score_steps if c.loss.supervision == "process" else score,
         reference=reference,
+        baseline=build_baseline(c, tokenizer, kl),
+        kl=kl,
         critic=critic,
         optimizer=optimizer,
         scheduler=scheduler,
-        score=score_steps if lo.supervision == "process" else score,
-        baseline=BASELINES[lo.baseline, lo.supervision],
-        baseline_kwargs=dict(
-            group_size=ro.group_size, scale=lo.scale, eps=lo.eps, beta=lo.beta, kl_estimator=lo.kl_estimator,
-            kl_in=lo.kl_in, gamma=lo.gamma, lam=lo.lam, whiten_advantages=lo.whiten_advantages,
-        ),
+        rollout=c.rollout,
+        train=c.train,
+        loss=c.loss,
         prompt_column=c.data.prompt_column,
-        temperature=ro.temperature,
-        beta=lo.beta,
-        kl_estimator=lo.kl_estimator,
-        kl_in_loss=lo.kl_in == "loss",
-        clip=dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level),
-        dual_clip=lo.dual_clip,
-        aggregation=lo.aggregation,
-        max_new_tokens=ro.max_new_tokens,
-        epochs=c.train.epochs,
-        minibatches=c.train.minibatches,
-        micro_batch_size=c.train.micro_batch_size,
-        max_grad_norm=c.train.max_grad_norm,
-        value_clip=lo.value_clip,
-        drop_zero_std_groups=lo.drop_zero_std_groups,
-        group_size=ro.group_size,
-        policy_params=policy_params,
-        critic_params=critic_params,
-        autocast=compute_dtype,
-        checkpointing=c.train.gradient_checkpointing,
     )
 
 
@@ -179,13 +146,12 @@ def models_held(e: Engine, c: Config) -> int:
     functions, and once per reward model: GRPO holds 3, PPO 4."""
     reward_models = sum(1 for r in c.rewards if r.model is not None)
     rule_rewards = any(r.function is not None for r in c.rewards)
-    return 1 + int(e.reference.held) + int(e.critic is not None) + max(reward_models, int(rule_rewards))
+    return 1 + int(e.reference.held) + e.critic.held + max(reward_models, int(rule_rewards))
 
 
 def parameters_held(e: Engine, reward_models: dict[int, RewardModel]) -> int:
     """Parameters of every network held: policy, a reference copy, critic, reward models."""
-    copies = [e.reference.model] if isinstance(e.reference, FrozenCopy) else []
-    networks = [e.policy, *copies, e.critic, *(rm.model for rm in reward_models.values())]
+    networks = [e.policy, *e.reference.networks, *e.critic.networks, *(rm.model for rm in reward_models.values())]
     return sum(count_parameters(n) for n in networks)
 
 
@@ -211,12 +177,8 @@ def build_updater(c: Config, e: Engine, verifier: WeightedReward, models: dict[i
     """Iterative RL: what keeps training the reward model between iterations."""
     u = c.reward_model_update
     index = u.reward if u.reward >= 0 else min(models)
-    sampler = HFSampler(
-        e.tokenizer, prompt_column=c.data.prompt_column, group_size=u.samples_per_prompt,
-        max_new_tokens=c.rollout.max_new_tokens, min_new_tokens=c.rollout.min_new_tokens,
-        temperature=c.rollout.temperature, top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-        backend=c.rollout.sampler, autocast=AUTOCAST[c.train.autocast],
-    )
+    sampler = Sampler.from_config(e.tokenizer, c.rollout, prompt_column=c.data.prompt_column,
+                                  autocast=e.compute_dtype, group_size=u.samples_per_prompt)
     return RewardModelUpdater(
         model=models[index],
         verifier=verifier,
@@ -254,7 +216,7 @@ def _trainer_state(e: Engine, stream: PromptStream, updater, step: int, iteratio
         # The reference equals the initial model during the first iteration; after a reset
         # it is a snapshot of the policy, which only the checkpoint can give back.
         "reference": e.reference.state_dict() if iteration > 0 else None,
-        "critic": e.critic.state_dict() if e.critic is not None else None,
+        "critic": e.critic.state_dict(),  # None without one
         "optimizer": e.optimizer.state_dict(),
         "scheduler": e.scheduler.state_dict(),
         "data": stream.state_dict(),
@@ -267,8 +229,7 @@ def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
     updater.load_state_dict(state["reward_model_update"])
     if state["reference"] is not None:
         e.reference.load_state_dict(state["reference"])
-    if e.critic is not None:
-        e.critic.load_state_dict(state["critic"])
+    e.critic.load_state_dict(state["critic"])
     e.optimizer.load_state_dict(state["optimizer"])
     e.scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["data"])

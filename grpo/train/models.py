@@ -19,22 +19,11 @@ from torch import Tensor, nn
 
 from grpo.algo import token_logprobs
 from grpo.errors import UserError, first_line
-from grpo.infra.hf import quiet_loading
+from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype  # noqa: F401 (load_tokenizer: until grpo.eval moves to grpo.infra.hf)
 from grpo.rollout import Rollout
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as err:  # OSError, ValueError, ... from the hub client or the files
-        raise UserError(f"model: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+# train.autocast -> the compute dtype of the forward passes (None = off).
+AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}
 
 
 def attention_for(choice: str, max_new_tokens: int) -> str | None:
@@ -52,7 +41,7 @@ def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | N
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, key), attn_implementation=attention)
     except Exception as err:
         raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
     return model.eval()  # dropout off for RL
@@ -183,6 +172,19 @@ def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -
     return torch.cat([first_logits, rest.logits], 1)
 
 
+def no_grad_pass(forward, batch: Rollout, size: int) -> Tensor | None:
+    """forward(batch) without autograd, `size` rows at a time (all at once when size is 0), so
+    that no pass holds a whole large batch's activations. In inference mode (no autograd
+    bookkeeping per op); the result is copied out of it, since the update's graph uses it."""
+    with torch.inference_mode():
+        if not size or size >= len(batch):
+            out = forward(batch)
+        else:
+            parts = [forward(batch.select(rows)) for rows in torch.arange(len(batch)).split(size)]
+            out = None if parts[0] is None else torch.cat(parts)
+    return None if out is None else out.clone()
+
+
 def policy_logprobs(model, batch: Rollout, temperature: float) -> Tensor:
     """(N, T) float32 log-probabilities of the completion tokens under `model`."""
     return token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=temperature)
@@ -193,6 +195,7 @@ def policy_logprobs(model, batch: Rollout, temperature: float) -> Tensor:
 
 class Reference(Protocol):
     held: bool  # whether a network is held for it (for the "models held" count)
+    networks: list  # the networks it holds beside the policy (for the parameter count)
 
     def logprobs(self, batch: Rollout, temperature: float) -> Tensor | None: ...
     def reset_to(self, policy) -> None: ...
@@ -204,6 +207,7 @@ class NoReference:
     """beta = 0: no KL term, so no reference model is loaded."""
 
     held = False
+    networks: list = []
 
     def logprobs(self, batch, temperature):
         return None
@@ -230,6 +234,7 @@ class FrozenCopy:
 
     def __init__(self, policy, matmul_dtype: torch.dtype | None = None):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.networks = [self.model]
         if matmul_dtype is not None:
             embedding = self.model.get_input_embeddings().weight
             for module in self.model.modules():
@@ -257,6 +262,7 @@ class AdapterOff:
     fresh (zero) adapter, so the policy is unchanged and the reference catches up."""
 
     held = True
+    networks: list = []  # the policy's own weights
 
     def __init__(self, policy):
         self.policy = policy
@@ -313,7 +319,7 @@ def load_value_model(path: str, dtype: str, attention: str | None = None) -> Val
     # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
     try:
         with quiet_loading():
-            backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+            backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention)
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     return ValueModel(backbone, backbone.config.hidden_size).eval()

@@ -11,7 +11,7 @@ import grpo.train.step as step_module
 from grpo.config import config_from_dict
 from grpo.data import PromptStream, load_rows
 from grpo.rewards import load_rewards
-from grpo.rollout.sampler import HFSampler, completion_mask
+from grpo.rollout.sampler import Sampler, completion_mask
 from grpo.train.loop import build_engine
 from grpo.train.models import policy_logprobs
 from grpo.train.step import train_step
@@ -34,7 +34,7 @@ def test_completion_mask_stops_after_the_first_eos():
 def test_sampler_keeps_each_prompts_group_contiguous(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    sampler = HFSampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=5)
+    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=5)
     torch.manual_seed(0)
     rows = [{"prompt": "ab"}, {"prompt": "cab"}]
     batch = sampler.sample(model, rows)
@@ -49,7 +49,7 @@ def test_sampler_keeps_each_prompts_group_contiguous(tiny_model):
 def test_generation_in_chunks_keeps_groups_and_masks_right(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    sampler = HFSampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=6, batch_size=4)
+    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=6, batch_size=4)
     torch.manual_seed(0)
     batch = sampler.sample(model, [{"prompt": "ab"}, {"prompt": "cab"}])
     assert len(batch) == 6 and [r["prompt"] for r in batch.rows] == ["ab"] * 3 + ["cab"] * 3
@@ -162,11 +162,11 @@ def test_train_attention_picks_the_kernel_of_policy_and_reference(make_config, a
 
 def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
     e, _, _ = engine_for(make_config(train={"autocast": "bfloat16"}))
-    assert e.autocast is torch.bfloat16 and e.sampler.autocast is torch.bfloat16
+    assert e.compute_dtype is torch.bfloat16 and e.sampler.autocast is torch.bfloat16
     assert e.reference.model.lm_head.weight.dtype == torch.bfloat16
     assert e.policy.lm_head.weight.dtype == torch.float32  # the policy's weights stay in train.dtype
     e, _, _ = engine_for(make_config())
-    assert e.autocast is None and e.reference.model.lm_head.weight.dtype == torch.float32
+    assert e.compute_dtype is None and e.reference.model.lm_head.weight.dtype == torch.float32
 
 
 def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_config, tmp_path):
@@ -188,3 +188,40 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
     for plain, checkpointed in zip(metrics[False], metrics[True]):
         for key in ("reward/mean", "loss", "kl", "grad_norm"):
             assert checkpointed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_sampler_leaves_the_callers_tokenizer_as_it_was(tiny_model, make_config):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=2, max_new_tokens=3)
+    batch = sampler.sample(model, [{"prompt": "a"}, {"prompt": "cab"}])
+    assert batch.attention_mask[0, 0] == 0  # the short prompt was padded on the left
+    assert tokenizer.padding_side == "right" and tokenizer.backend_tokenizer.padding is None
+    # A trained model's tokenizer pads as the base model's did.
+    result = grpo.train(make_config(train={"steps": 1}), progress=False)
+    saved = json.loads((result.final_dir / "tokenizer.json").read_text())
+    assert saved["padding"] is None and AutoTokenizer.from_pretrained(result.final_dir).padding_side == "right"
+
+
+def test_the_fast_loop_fuses_the_weights_once_per_sample(tiny_model, monkeypatch):
+    import grpo.rollout.fast as fast
+
+    calls = []
+    real = fast.fuse_weights
+    monkeypatch.setattr(fast, "fuse_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=4, batch_size=2, backend="fast")
+    sampler.sample(model, [{"prompt": "ab"}, {"prompt": "cab"}])  # 6 completions in 3 decoding calls
+    assert calls == [1]
+    with torch.no_grad():
+        for layer in model.model.layers:  # an update in place, as the optimizer's, of weights the fast loop stacks
+            layer.mlp.gate_proj.weight.mul_(50.0)
+            layer.mlp.up_proj.weight.mul_(50.0)
+    hf = Sampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=4, batch_size=2, backend="hf")
+    rows = [{"prompt": "ab"}, {"prompt": "cab"}]
+    torch.manual_seed(1)
+    fast_batch = sampler.sample(model, rows)  # the next sample decodes with the changed weights
+    torch.manual_seed(1)
+    assert fast_batch.completions == hf.sample(model, rows).completions
+    assert calls == [1, 1]

@@ -3,11 +3,11 @@
 import torch
 
 import grpo
-import grpo.train.step as step_module
+import grpo.train.seams as seams_module
 from grpo.rewards import WeightedReward, score_steps
 from grpo.tasks.tiny import char_tokenizer
 from grpo.rollout import Rollout
-from grpo.train.step import _step_tensors
+from grpo.train.seams import ProcessBaseline
 
 
 def test_step_rewards_land_on_the_tokens_that_end_the_steps():
@@ -19,21 +19,21 @@ def test_step_rewards_land_on_the_tokens_that_end_the_steps():
     mask = (torch.arange(width) < torch.tensor([[len(r)] for r in ids])).float()
     batch = Rollout(completion_ids, mask.long(), mask, ["", ""], completions, [{}, {}], group_size=2)
 
-    def steps(prompts, completions, **_):
+    def steps(prompts, completions, **columns):
         return [[(3, 1.0), (4, 0.5)], 0.25]  # a process reward and an outcome number
 
     scored = score_steps([WeightedReward("s", steps, 2.0)], ["", ""], completions, {})
     assert scored.steps == [[(3, 2.0), (4, 1.0)], [(1, 0.5)]]
     torch.testing.assert_close(scored.total, torch.tensor([1.5, 0.5]))
-    tensors = _step_tensors(scored.steps, batch, tok)
-    assert tensors.ends.tolist() == [[2, 3], [0, -1]]  # '12;' ends at token 2, '7' at token 3
-    assert torch.isnan(tensors.rewards[1, 1]) and tensors.rewards[0].tolist() == [2.0, 1.0]
+    rewards, ends = ProcessBaseline(2, 1e-4, tok).step_tensors(scored.steps, batch)
+    assert ends.tolist() == [[2, 3], [0, -1]]  # '12;' ends at token 2, '7' at token 3
+    assert torch.isnan(rewards[1, 1]) and rewards[0].tolist() == [2.0, 1.0]
 
 
 def test_grpo_learns_from_step_rewards_through_process_advantages(make_config, monkeypatch):
     calls = []
-    real = step_module.process_advantages
-    monkeypatch.setattr(step_module, "process_advantages", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = seams_module.process_advantages
+    monkeypatch.setattr(seams_module, "process_advantages", lambda *a, **k: calls.append(1) or real(*a, **k))
     config = make_config(
         rewards=[{"function": "tests.train.rewards_for_tests:sevens_steps"}],
         loss={"supervision": "process"},

@@ -1,0 +1,292 @@
+"""The three seams where GRPO and PPO differ (DeepSeekMath §4.1), each a small class.
+
+1. The baseline: where advantages come from.
+   - `GroupBaseline` (GRPO): A_i = (r_i - mean(group)) / (std(group) + eps), for every token;
+   - `ProcessBaseline` (GRPO, §4.1.3): step rewards normalised over the group, a token's
+     advantage the sum of the normalised rewards of the steps ending at or after it;
+   - `GAEBaseline` (PPO): per-token rewards, then GAE against the critic's values, whitened.
+2. The KL placement: where the penalty beta * KL(pi_theta || pi_ref) goes.
+   - `KLInLoss` (GRPO, eq. 3): a term of the per-token loss (k3 by default);
+   - `KLInReward` (PPO, eq. 2): subtracted from the per-token reward (k1 by default);
+   - `NoKL` (beta = 0): nowhere, and no reference model is held.
+3. The critic: `Critic` (PPO's value model, trained beside the policy) or `NoCritic`.
+
+`build_seams` picks one of each from the config, once; the step then calls them without
+asking which it has. The preset table in `grpo/config.py` says which names each algorithm
+takes; `BASELINES` and `KL_PLACEMENTS` below say which class each name is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from grpo.algo import aggregate, gae, group_advantages, kl_estimate, kl_penalized_rewards, process_advantages, value_loss, whiten
+from grpo.rollout import Rollout
+from grpo.rollout.batch import char_to_token_ends
+from grpo.train.models import ValueModel, autocast, no_grad_pass
+
+# ---- what flows between the seams -------------------------------------------------------------
+
+
+@dataclass
+class Scored:
+    """The rewards of a batch's completions."""
+
+    scores: Tensor  # (N,) float, NaN where no reward could score the completion
+    steps: list[list[tuple[int, float]]] | None = None  # process supervision: (end character, reward) per step
+
+    def select(self, rows: Tensor) -> Scored:
+        steps = None if self.steps is None else [self.steps[i] for i in rows.tolist()]
+        return Scored(self.scores[rows], steps)
+
+
+@dataclass
+class Passes:
+    """The no-grad passes over a batch before its update."""
+
+    ref_logprobs: Tensor | None  # (N, T) the reference's; None without one (beta = 0)
+    old_logprobs: Tensor | None  # (N, T) the policy's as sampled; None when the update can use its own, detached
+    old_values: Tensor | None  # (N, T) the critic's; None without one
+
+
+@dataclass
+class Targets:
+    advantages: Tensor  # (N,) per sequence, or (N, T) per token
+    returns: Tensor | None = None  # (N, T) what the critic learns to predict; None without one
+
+
+# ---- 2. the KL placement ----------------------------------------------------------------------
+
+
+class KLPlacement(Protocol):
+    needs_old_logprobs: bool  # whether it reads the sampled policy's log-probs before any update
+
+    def loss_term(self, logprobs: Tensor, ref_logprobs: Tensor | None, mask: Tensor) -> Tensor | float: ...
+    def token_rewards(self, scores: Tensor, passes: Passes, mask: Tensor) -> Tensor: ...
+    def estimate(self, logprobs: Tensor, ref_logprobs: Tensor | None) -> Tensor | None: ...
+
+
+def _outcome_rewards(scores: Tensor, mask: Tensor) -> Tensor:
+    """(N, T): the score at each completion's last token, 0 elsewhere."""
+    zeros = torch.zeros_like(mask)
+    return kl_penalized_rewards(scores, zeros, zeros, mask, beta=0.0)
+
+
+class KLInLoss:
+    """GRPO (DeepSeekMath eq. 3): + beta * KL per token in the loss; the reward stays the score."""
+
+    needs_old_logprobs = False
+
+    def __init__(self, beta: float, estimator: str):
+        self.beta, self.estimator = beta, estimator
+
+    def loss_term(self, logprobs, ref_logprobs, mask):
+        return self.beta * kl_estimate(logprobs, ref_logprobs, self.estimator) * mask  # (n, T)
+
+    def token_rewards(self, scores, passes, mask):
+        return _outcome_rewards(scores, mask)
+
+    def estimate(self, logprobs, ref_logprobs):
+        return kl_estimate(logprobs, ref_logprobs, self.estimator)
+
+
+class KLInReward:
+    """PPO (DeepSeekMath eq. 2, InstructGPT): r_t = score * [t last] - beta * KL_t, with the KL
+    of the policy as sampled; nothing in the loss."""
+
+    needs_old_logprobs = True
+
+    def __init__(self, beta: float, estimator: str):
+        self.beta, self.estimator = beta, estimator
+
+    def loss_term(self, logprobs, ref_logprobs, mask):
+        return 0.0
+
+    def token_rewards(self, scores, passes, mask):
+        return kl_penalized_rewards(scores, passes.old_logprobs, passes.ref_logprobs, mask, beta=self.beta, kind=self.estimator)
+
+    def estimate(self, logprobs, ref_logprobs):
+        return kl_estimate(logprobs, ref_logprobs, self.estimator)
+
+
+class NoKL:
+    """beta = 0: no penalty and no reference, so no KL to measure either."""
+
+    needs_old_logprobs = False
+
+    def loss_term(self, logprobs, ref_logprobs, mask):
+        return 0.0
+
+    def token_rewards(self, scores, passes, mask):
+        return _outcome_rewards(scores, mask)
+
+    def estimate(self, logprobs, ref_logprobs):
+        return None
+
+
+# loss.kl_in -> the placement (beta > 0).
+KL_PLACEMENTS: dict[str, Callable[[float, str], KLPlacement]] = {"loss": KLInLoss, "reward": KLInReward}
+
+
+# ---- 1. the baseline --------------------------------------------------------------------------
+
+
+class Baseline(Protocol):
+    def __call__(self, batch: Rollout, scored: Scored, passes: Passes) -> Targets: ...
+
+
+class GroupBaseline:
+    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps) for every token of output i."""
+
+    def __init__(self, group_size: int, scale: str, eps: float):
+        self.group_size, self.scale, self.eps = group_size, scale, eps
+
+    def __call__(self, batch, scored, passes):
+        return Targets(group_advantages(scored.scores, self.group_size, scale=self.scale, eps=self.eps))
+
+
+class ProcessBaseline:
+    """GRPO with process supervision (DeepSeekMath §4.1.3): step rewards normalised over the
+    group; token t's advantage sums the normalised rewards of the steps ending at or after t.
+    Steps arrive at character offsets; the tokenizer maps them to tokens."""
+
+    def __init__(self, group_size: int, eps: float, tokenizer):
+        self.group_size, self.eps, self.tokenizer = group_size, eps, tokenizer
+
+    def __call__(self, batch, scored, passes):
+        rewards, ends = self.step_tensors(scored.steps, batch)
+        return Targets(process_advantages(rewards, ends, batch.completion_mask, self.group_size, eps=self.eps))
+
+    def step_tensors(self, steps: list[list[tuple[int, float]]], batch: Rollout) -> tuple[Tensor, Tensor]:
+        """(N, S) step rewards (NaN where a completion has fewer than S steps) and (N, S) the
+        token where each step ends (-1 where absent)."""
+        n, width = len(steps), max((len(s) for s in steps), default=0) or 1
+        rewards = torch.full((n, width), float("nan"))
+        ends = torch.full((n, width), -1, dtype=torch.long)
+        lengths = batch.completion_lengths.long().tolist()
+        for i, row in enumerate(steps):
+            if not row:
+                continue
+            ids = batch.completion_ids[i, : lengths[i]].tolist()
+            token_ends = char_to_token_ends(self.tokenizer, ids, [end for end, _ in row])
+            rewards[i, : len(row)] = torch.tensor([r for _, r in row])
+            ends[i, : len(row)] = torch.tensor(token_ends)
+        device = batch.completion_mask.device
+        return rewards.to(device), ends.to(device)
+
+
+class GAEBaseline:
+    """PPO: per-token rewards (the score at the last token; minus beta * KL per token when the
+    KL goes into the reward), then GAE against the critic's values, whitened over the batch."""
+
+    def __init__(self, kl: KLPlacement, gamma: float, lam: float, whiten_advantages: bool):
+        self.kl, self.gamma, self.lam, self.whiten_advantages = kl, gamma, lam, whiten_advantages
+
+    def __call__(self, batch, scored, passes):
+        mask = batch.completion_mask
+        scores = torch.nan_to_num(scored.scores, nan=0.0)  # an unscorable output teaches nothing
+        rewards = self.kl.token_rewards(scores, passes, mask)  # (N, T)
+        advantages, returns = gae(rewards, passes.old_values, mask, gamma=self.gamma, lam=self.lam)
+        if self.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        return Targets(advantages, returns)
+
+
+# ---- 3. the critic ----------------------------------------------------------------------------
+
+
+def clip_grad_norm(params: list, max_norm: float) -> float:
+    """The gradient norm of `params` before clipping (clipped to max_norm when it is > 0)."""
+    if not params:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+
+class Critic:
+    """PPO's value model, trained beside the policy with a clipped value loss."""
+
+    held = 1  # networks it adds to the "models held" count
+
+    def __init__(self, model: ValueModel, *, value_clip: float | None, dtype: torch.dtype | None):
+        self.model, self.value_clip, self.dtype = model, value_clip, dtype
+        self.networks = [model]
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return [{"params": list(self.model.parameters()), "lr": lr}]
+
+    def values(self, batch: Rollout, micro_batch_size: int) -> Tensor:
+        """(N, T) V(state before each completion token), without autograd."""
+        with autocast(self.model, self.dtype):
+            return no_grad_pass(self.model, batch, micro_batch_size)
+
+    def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:
+        """The value loss of the micro-batch `part` (the batch's `rows`), scaled for accumulation."""
+        with autocast(self.model, self.dtype):
+            values = self.model(part)  # (n, T)
+        return value_loss(values, passes.old_values[rows], targets.returns[rows], part.completion_mask,
+                          clip=self.value_clip, num_tokens=num_tokens)
+
+    def clip_grad(self, max_norm: float) -> None:
+        clip_grad_norm(list(self.model.parameters()), max_norm)
+
+    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor) -> dict:
+        return {"value_loss": mean_loss, "value/mean": float(aggregate(passes.old_values, mask, "token-mean"))}
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
+
+class NoCritic:
+    """GRPO: no value model. Its loss is 0 and it has nothing to save."""
+
+    held = 0
+    networks: list = []
+
+    def param_groups(self, lr: float) -> list[dict]:
+        return []
+
+    def values(self, batch: Rollout, micro_batch_size: int) -> None:
+        return None
+
+    def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:
+        return torch.zeros(())  # a 0-dim tensor: adds to a loss on any device
+
+    def clip_grad(self, max_norm: float) -> None:
+        pass
+
+    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor) -> dict:
+        return {}
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: None) -> None:
+        pass
+
+
+# ---- choosing, once ---------------------------------------------------------------------------
+
+# (loss.baseline, loss.supervision) -> the baseline, built from the config, the tokenizer and the KL placement.
+BASELINES: dict[tuple[str, str], Callable[..., Baseline]] = {
+    ("group", "outcome"): lambda c, tokenizer, kl: GroupBaseline(c.rollout.group_size, c.loss.scale, c.loss.eps),
+    ("group", "process"): lambda c, tokenizer, kl: ProcessBaseline(c.rollout.group_size, c.loss.eps, tokenizer),
+    ("critic", "outcome"): lambda c, tokenizer, kl: GAEBaseline(kl, c.loss.gamma, c.loss.lam, c.loss.whiten_advantages),
+}
+
+
+def build_kl(c) -> KLPlacement:
+    return NoKL() if c.loss.beta == 0 else KL_PLACEMENTS[c.loss.kl_in](c.loss.beta, c.loss.kl_estimator)
+
+
+def build_baseline(c, tokenizer, kl: KLPlacement) -> Baseline:
+    return BASELINES[c.loss.baseline, c.loss.supervision](c, tokenizer, kl)
