@@ -201,7 +201,7 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
         # RoPE and attention in float32 whatever the weights' dtype: more accurate in bf16, and
         # the cache's per-length matmuls then use float32 kernels (bf16 ones JIT one kernel per
-        # shape: ~60 MB more memory over a 64-token decode, measured).
+        # shape, which costs memory: benchmarks/README.md).
         qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
         if layer.q_norm is not None:
             qk = torch.cat([_rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps), _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps)], 2)

@@ -28,10 +28,9 @@ AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}
 
 def attention_for(choice: str, max_new_tokens: int) -> str | None:
     """train.attention -> transformers' attn_implementation (None = the model's default).
-    auto: eager attention for the short sequences CPU runs use. The fused SDPA kernel's CPU
-    backward is slow at these lengths (measured on the benchmark's tiny workload, 32 x 76
-    tokens: 72 ms for the backward with sdpa, 33 ms with eager, in bf16); eager holds the
-    (B, heads, T, T) scores, so beyond 512 new tokens auto keeps the default."""
+    auto: eager attention for the short sequences CPU runs use, where the fused SDPA kernel's
+    CPU backward is the slower one (benchmarks/README.md); eager holds the (B, heads, T, T)
+    scores, so beyond 512 new tokens auto keeps the default."""
     if choice == "auto":
         return "eager" if max_new_tokens <= 512 else None
     return choice
