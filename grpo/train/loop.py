@@ -35,19 +35,16 @@ from grpo.infra.hf import load_tokenizer
 from grpo.rollout import Sampler
 from grpo.train.models import (
     AUTOCAST,
-    AdapterOff,
-    FrozenCopy,
-    NoReference,
+    build_reference,
     apply_lora,
     attention_for,
     enable_checkpointing,
     load_causal_lm,
     count_parameters,
-    load_value_model,
 )
 from grpo.train.schedule import lr_lambda
 from grpo.train.iterative import RewardModelUpdater
-from grpo.train.seams import Critic, NoCritic, build_baseline, build_kl
+from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.step import Engine, StepResult, train_step
 
 
@@ -104,15 +101,8 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
-    if c.loss.beta == 0:
-        reference = NoReference()
-    else:
-        reference = AdapterOff(policy) if c.lora.r else FrozenCopy(policy, compute_dtype)
-    if c.loss.baseline == "critic":
-        value_model = load_value_model(c.value.model or c.model, c.train.dtype, attention)
-        critic = Critic(value_model, value_clip=c.loss.value_clip, dtype=compute_dtype)
-    else:
-        critic = NoCritic()
+    reference = build_reference(policy, beta=c.loss.beta, lora=bool(c.lora.r), dtype=compute_dtype)
+    critic = build_critic(c, attention, compute_dtype)
     kl = build_kl(c)
 
     groups = [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": c.train.lr}]

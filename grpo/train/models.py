@@ -287,6 +287,14 @@ class AdapterOff:
         pass
 
 
+def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None) -> Reference:
+    """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
+    off; else a frozen copy (its linear weights in `dtype` under train.autocast)."""
+    if beta == 0:
+        return NoReference()
+    return AdapterOff(policy) if lora else FrozenCopy(policy, dtype)
+
+
 # ---- the critic -------------------------------------------------------------------------------
 
 

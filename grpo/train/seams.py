@@ -28,7 +28,7 @@ from torch import Tensor
 from grpo.algo import aggregate, gae, group_advantages, kl_estimate, kl_penalized_rewards, process_advantages, value_loss, whiten
 from grpo.rollout import Rollout
 from grpo.rollout.batch import char_to_token_ends
-from grpo.train.models import ValueModel, autocast, no_grad_pass
+from grpo.train.models import ValueModel, autocast, load_value_model, no_grad_pass
 
 # ---- what flows between the seams -------------------------------------------------------------
 
@@ -290,3 +290,12 @@ def build_kl(c) -> KLPlacement:
 
 def build_baseline(c, tokenizer, kl: KLPlacement) -> Baseline:
     return BASELINES[c.loss.baseline, c.loss.supervision](c, tokenizer, kl)
+
+
+def build_critic(c, attention: str | None, dtype: torch.dtype | None) -> Critic | NoCritic:
+    """The critic the baseline needs: a value model for the critic baseline (PPO), else none.
+    The value model is the policy's `model` with a scalar head unless value.model names another."""
+    if c.loss.baseline != "critic":
+        return NoCritic()
+    model = load_value_model(c.value.model or c.model, c.train.dtype, attention)
+    return Critic(model, value_clip=c.loss.value_clip, dtype=dtype)
