@@ -3,7 +3,9 @@
 A reward function has the signature TRL users already know,
 `fn(prompts, completions, **columns) -> list[float | None]`, where `columns` are the
 dataset's other columns, one value per completion, and None means "cannot score". A spec
-names either a built-in (`BUILTIN_REWARDS`) or a user function as 'pkg.module:attr'.
+names either a built-in (`BUILTIN_REWARDS`: a short name for a spec) or a user function as
+'pkg.module:attr', resolved by the importer every plugin shares (`grpo.infra.imports`).
+`as_scores` is the one check of what a reward returns, in training and in evaluation.
 
 Why so many checks: a reward function is user code that runs at every step of a long run.
 A bad value it returns (a NaN, a string, one score short) would otherwise surface steps
@@ -17,16 +19,11 @@ scored it, and NaN when none did (the advantage code leaves NaN rows out of the 
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import math
 import numbers
-import os
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -34,14 +31,14 @@ import torch
 from torch import Tensor
 
 from grpo.errors import UserError
-from grpo.rewards.rules import exact_answer, math_answer, r1_format
-from grpo.tasks import arithmetic
+from grpo.infra.imports import builtin_spec, describe, import_callable, one_line
 
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardFn",
     "RewardScores",
     "WeightedReward",
+    "as_scores",
     "load_rewards",
     "resolve_reward",
     "score",
@@ -50,7 +47,6 @@ __all__ = [
 ]
 
 _PREVIEW_CHARS = 40  # of a completion, in an error message
-_DETAIL_CHARS = 200  # of an exception's text or a bad value, in an error message
 # Names `score` passes positionally: a data column of either name could not reach the function.
 _ARGUMENTS = ("prompts", "completions")
 
@@ -85,62 +81,24 @@ class RewardScores:
     per_function: dict[str, Tensor]  # name -> (N,) float32 unweighted scores, NaN where None
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {
-    "exact_answer": exact_answer,
-    "math_answer": math_answer,
-    "r1_format": r1_format,
-    # The built-in arithmetic task (grpo.tasks.arithmetic): answer, shape, and each step.
-    "arithmetic_correct": arithmetic.correctness_reward,
-    "arithmetic_format": arithmetic.format_reward,
-    "arithmetic_steps": arithmetic.step_reward,
+# Built-in name -> the spec it stands for, imported on use. The arithmetic task's rewards are
+# named here by their spec only: rewards/ knows no task (a task is a plugin above it).
+BUILTIN_REWARDS: dict[str, str] = {
+    "exact_answer": "grpo.rewards.rules:exact_answer",
+    "math_answer": "grpo.rewards.rules:math_answer",
+    "r1_format": "grpo.rewards.rules:r1_format",
+    # The built-in arithmetic task: its answer, its shape, and each of its steps.
+    "arithmetic_correct": "grpo.tasks.arithmetic:correctness_reward",
+    "arithmetic_format": "grpo.tasks.arithmetic:format_reward",
+    "arithmetic_steps": "grpo.tasks.arithmetic:step_reward",
 }
-
-
-def _one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
-    """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` chars."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _describe(exc: BaseException) -> str:
-    """'ValueError: boom', on one line."""
-    detail = _one_line(str(exc))
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-def _builtin(spec: str) -> RewardFn:
-    if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
-    close = difflib.get_close_matches(spec, BUILTIN_REWARDS, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UserError(
-        f"unknown reward {spec!r}{hint} (built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
-        "or give 'pkg.module:function')"
-    )
-
-
-def _import(spec: str, module_name: str) -> ModuleType:
-    # The `grpo` console script puts its own bin directory on sys.path, not the working
-    # directory, so a rewards.py next to the user's config would not be found. Appended, not
-    # prepended, so it never shadows an installed package.
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-    try:
-        return importlib.import_module(module_name)
-    except Exception as exc:
-        # ImportError's text already says what is missing; anything else (a SyntaxError, a
-        # crash while the module runs) needs its type to make sense.
-        detail = _one_line(str(exc)) if isinstance(exc, ImportError) else _describe(exc)
-        raise UserError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({detail})"
-        ) from exc
 
 
 def resolve_reward(spec: str) -> RewardFn:
     """The function a spec names: a built-in name, or 'pkg.module:attr' (attr may be dotted).
 
-    The module is imported from sys.path, with the working directory tried last. Raises
+    A built-in name stands for the spec `BUILTIN_REWARDS` gives it, imported on use. The
+    module is imported from sys.path, with the working directory tried last. Raises
     UserError (one line, naming the spec) when the name is unknown, the module cannot be
     imported, the attribute is missing, or what it names is not a function.
     """
@@ -149,37 +107,15 @@ def resolve_reward(spec: str) -> RewardFn:
             f"reward {spec!r}: expected a built-in name or 'pkg.module:function', "
             f"got a {type(spec).__name__}"
         )
-    if ":" not in spec:
-        return _builtin(spec)
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise UserError(f"reward {spec!r}: expected 'pkg.module:function'")
-    obj: Any = _import(spec, module_name)
-    owner = f"module {module_name!r}"
-    walked: list[str] = []
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise UserError(f"reward {spec!r}: {owner} has no attribute {part!r}")
-        obj = getattr(obj, part)
-        walked.append(part)
-        owner = repr(f"{module_name}:{'.'.join(walked)}")
-    # A class is callable, but calling it builds an instance instead of returning scores.
-    if isinstance(obj, type):
-        raise UserError(
-            f"reward {spec!r}: {attr_path!r} is a class; name a function, a method or an "
-            "instance with __call__"
-        )
-    if not callable(obj):
-        raise UserError(
-            f"reward {spec!r}: {attr_path!r} is not callable (it is a {type(obj).__name__})"
-        )
-    return obj
+    form = "pkg.module:function"
+    target = spec if ":" in spec else builtin_spec(spec, BUILTIN_REWARDS, kind="reward", form=form)
+    return import_callable(target, kind="reward", form=form)
 
 
 def _check_weight(spec: str, weight: Any) -> float:
     if not isinstance(weight, numbers.Real):
         raise UserError(
-            f"reward {spec!r}: weight must be a number, got {_one_line(repr(weight))} "
+            f"reward {spec!r}: weight must be a number, got {one_line(repr(weight))} "
             f"({type(weight).__name__})"
         )
     # An infinite weight is as broken as NaN: inf * 0 makes the total NaN.
@@ -229,27 +165,33 @@ def _raise_for_failing_row(
             reward.fn(prompts[i : i + 1], completions[i : i + 1], **row_columns)
         except Exception as row_error:
             raise UserError(
-                f"reward {reward.name!r} raised {_describe(row_error)} on row {i} "
+                f"reward {reward.name!r} raised {describe(row_error)} on row {i} "
                 f"(completion {_preview(completions[i])})"
             ) from row_error
     raise UserError(
-        f"reward {reward.name!r} raised {_describe(batch_error)} on the batch of "
+        f"reward {reward.name!r} raised {describe(batch_error)} on the batch of "
         f"{len(completions)} completions (no single row fails alone)"
     ) from batch_error
 
 
-def _as_scores(name: str, values: Any, n: int) -> Tensor:
-    """Check one function's return value and turn it into (N,) float32, NaN for None."""
+def as_scores(name: str, values: Any, n: int, *, kind: str = "reward") -> Tensor:
+    """Check what a reward function returned for n completions; (N,) float32, NaN for None.
+
+    The one check of a reward's return value, for training (`score`) and evaluation (a
+    reward function as a verifier) alike: a sequence (list, tuple, array, tensor) of n
+    values, each a finite number or None. Anything else is a one-line UserError that
+    starts with `kind` and `name` ("reward 'mypkg:fn' returned ...").
+    """
     # Arrays and tensors are not Sequences, but their lists are exactly what was meant.
     if isinstance(values, (np.ndarray, Tensor)):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise UserError(
-            f"reward {name!r} returned a {type(values).__name__}, not a list of scores "
+            f"{kind} {name!r} returned a {type(values).__name__}, not a list of scores "
             "(one float or None per completion)"
         )
     if len(values) != n:
-        raise UserError(f"reward {name!r} returned {len(values)} scores for {n} completions")
+        raise UserError(f"{kind} {name!r} returned {len(values)} scores for {n} completions")
     scores = []
     for i, value in enumerate(values):
         if value is None:
@@ -258,12 +200,12 @@ def _as_scores(name: str, values: Any, n: int) -> Tensor:
         # numbers.Real includes bool (True -> 1.0) and numpy's scalar types.
         if not isinstance(value, numbers.Real):
             raise UserError(
-                f"reward {name!r} returned {_one_line(repr(value))} ({type(value).__name__}) "
+                f"{kind} {name!r} returned {one_line(repr(value))} ({type(value).__name__}) "
                 f"for row {i}; expected a number, or None for 'cannot score'"
             )
         if not math.isfinite(value):
             raise UserError(
-                f"reward {name!r} returned {value} for row {i}; return None for 'cannot score'"
+                f"{kind} {name!r} returned {value} for row {i}; return None for 'cannot score'"
             )
         scores.append(float(value))
     return torch.tensor(scores, dtype=torch.float32)
@@ -289,7 +231,7 @@ def _call(
     completions: list[str],
     columns: dict[str, Sequence[Any]],
 ) -> Tensor:
-    return _as_scores(reward.name, _run(reward, prompts, completions, columns), len(completions))
+    return as_scores(reward.name, _run(reward, prompts, completions, columns), len(completions))
 
 
 def _check_batch(prompts: list, completions: list[str], columns: dict[str, Sequence[Any]]) -> None:
@@ -362,17 +304,17 @@ def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple
     out: list[list[tuple[int, float]] | None] = []
     for i, value in enumerate(values):
         if value is None or isinstance(value, numbers.Real):
-            out.append(None if value is None else [(len(completions[i]), float(_as_scores(name, [value], 1)[0]))])
+            out.append(None if value is None else [(len(completions[i]), float(as_scores(name, [value], 1)[0]))])
             continue
         steps = []
         for item in value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else [value]:
             ok = isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], numbers.Integral)
             if not ok or not 0 < item[0] <= max(len(completions[i]), 1):
                 raise UserError(
-                    f"reward {name!r} returned step {_one_line(repr(item))} for row {i}; expected "
+                    f"reward {name!r} returned step {one_line(repr(item))} for row {i}; expected "
                     f"(end, reward) with end a character offset in 1..{len(completions[i])}"
                 )
-            reward = float(_as_scores(name, [item[1]], 1)[0])
+            reward = float(as_scores(name, [item[1]], 1)[0])
             if not math.isnan(reward):
                 steps.append((int(item[0]), reward))
         out.append(steps or None)

@@ -4,7 +4,9 @@ Rule rewards are what DeepSeek-R1 (arXiv 2501.12948, §2.2.2) trains with instea
 reward model, which it found prone to reward hacking: an accuracy reward that checks the
 final answer against the data's reference, and a format reward for
 `<think>...</think><answer>...</answer>`. Each is a plain function with the RewardFn signature
-(TRL's): 1.0 right, 0.0 wrong, None when the row cannot be scored (no reference answer).
+(TRL's): 1.0 right, 0.0 wrong, None when the row cannot be scored (no reference answer). By
+that protocol every column of the data arrives as a keyword (`**columns`); each reads only
+the ones it needs.
 
 Choices beyond the plain description:
 - `extract_answer` unwraps a `\\boxed{...}` inside the last `<answer>` tag (models often write
@@ -108,7 +110,7 @@ def _exact_match(completion: str, gold: Any) -> float | None:
 
 
 def exact_answer(
-    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **_: Any
+    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 when the completion's final answer equals the `answer` column, else 0.0.
 
@@ -132,7 +134,7 @@ def _math_verify_timeout() -> int | None:
 
 
 def math_answer(
-    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **_: Any
+    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 when math_verify finds the completion's answer equivalent to `answer`, else 0.0.
 
@@ -171,7 +173,7 @@ def math_answer(
     return scores
 
 
-def r1_format(prompts: list[str], completions: list[str], **_: Any) -> list[float | None]:
+def r1_format(prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
     """DeepSeek-R1's format reward: 1.0 for `<think>...</think>` then `<answer>...</answer>`.
 
     Whitespace is allowed around and between the blocks, nothing else is, and each of the four

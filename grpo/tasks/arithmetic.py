@@ -49,6 +49,11 @@ Rewards (TRL signature; 1.0 right, 0.0 wrong):
   malformed: a truncated run of correct steps must not score like a finished solution. A
   completion with no steps gets `[(len(completion), 0.0)]`, and an unparsable prompt gives
   0.0 everywhere.
+
+The task itself is `task` below, a `grpo.tasks.Task` registered as the spec
+"grpo.tasks.arithmetic:task" (the built-in name "arithmetic" stands for it), exactly as a
+user's task would be: rows `make_rows`, verifier `correctness_reward`, answers
+`extract_answer`, steps `step_reward`.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo.errors import UserError
+from grpo.tasks.base import Task
 
 __all__ = [
     "ALPHABET",
@@ -75,6 +81,7 @@ __all__ = [
     "problem_for",
     "step_reward",
     "steps_of",
+    "task",
 ]
 
 ALPHABET = "0123456789+=;>"
@@ -190,7 +197,7 @@ def _reference(prompt: str) -> str | None:
 
 
 def correctness_reward(
-    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **_: Any
+    prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 when the completion's final answer is the reference, else 0.0; None: no reference.
 
@@ -204,7 +211,7 @@ def correctness_reward(
     ]
 
 
-def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """1.0 when the completion is 'STEP;...;STEP>ANSWER' and nothing else, else 0.0."""
     return [float(_SHAPE.fullmatch(completion) is not None) for completion in completions]
 
@@ -224,7 +231,7 @@ def _step_rewards(prompt: str, completion: str) -> list[tuple[int, float]]:
 
 
 def step_reward(
-    prompts: list[str], completions: list[str], **_: Any
+    prompts: list[str], completions: list[str], **columns: Any
 ) -> list[list[tuple[int, float]]]:
     """Process supervision: per completion, (end, reward) for each step and then the answer.
 
@@ -236,3 +243,12 @@ def step_reward(
         _step_rewards(prompt, completion)
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
+
+
+task = Task(
+    name="arithmetic",
+    verifier=correctness_reward,
+    extract_answer=extract_answer,
+    rows=make_rows,
+    step_verifier=step_reward,
+)

@@ -78,7 +78,7 @@ def _score(fn, completions, columns=None, name="t:fn"):
 
 
 def test_builtins_resolve_to_their_functions():
-    assert BUILTIN_REWARDS == {
+    expected = {
         "exact_answer": exact_answer,
         "math_answer": math_answer,
         "r1_format": r1_format,
@@ -86,8 +86,10 @@ def test_builtins_resolve_to_their_functions():
         "arithmetic_format": arithmetic.format_reward,
         "arithmetic_steps": arithmetic.step_reward,
     }
-    for name, fn in BUILTIN_REWARDS.items():
+    assert set(BUILTIN_REWARDS) == set(expected)
+    for name, fn in expected.items():
         assert resolve_reward(name) is fn
+        assert resolve_reward(BUILTIN_REWARDS[name]) is fn  # a name only stands for its spec
 
 
 def test_user_function_from_a_module(write_module):
