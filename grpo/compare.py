@@ -14,6 +14,7 @@ from pathlib import Path
 from grpo.config import config_from_dict, config_to_dict, load_config
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
+from grpo.tasks import Task, load_task
 
 # What the second run takes from the first: the same data and budget.
 ALIGNED = ["data.path", "data.prompt_column", "data.split", "seed", "train.steps",
@@ -55,14 +56,31 @@ def aligned_configs(a: dict, b: dict) -> tuple[dict, list[str]]:
     return b, changed
 
 
-def _accuracy(model_dir: Path, task: str | None, data: str | None, n: int, seed: int) -> float | None:
+def _load_task(spec: str) -> Task:
+    try:
+        return load_task(spec)
+    except UserError as err:
+        raise UserError(f"compare --task: {err}") from err
+
+
+def _eval_rows(task: Task | None, eval_data: str | None, seed: int) -> list[dict]:
+    """The problems the accuracy is measured on: --eval-data, else 100 the task generates."""
+    if task is None:
+        return []
+    if eval_data:
+        from grpo.data import load_rows
+
+        return load_rows(eval_data)
+    if task.rows is None:
+        raise UserError(f"compare: task {task.name!r} generates no rows; give --eval-data")
+    return task.make_rows(100, seed=seed + 1000)
+
+
+def _accuracy(model_dir: Path, task: Task | None, rows: list[dict], n: int, seed: int) -> float | None:
     if task is None:
         return None
-    from grpo.data import load_rows
     from grpo.eval.runner import evaluate_saved, task_verifier
-    from grpo.tasks import arithmetic
 
-    rows = load_rows(data) if data else arithmetic.make_rows(100, seed=seed + 1000)
     result = evaluate_saved(model_dir, rows, n=n, ks=[1], verifier=task_verifier(task), seed=seed, progress=False)
     return result["pass@k"]["1"]
 
@@ -86,12 +104,20 @@ def compare(
     n: int = 8,
     progress: bool = True,
 ) -> dict:
-    """Run both configs (with `overrides` applied to both) and return the side-by-side summary."""
+    """Run both configs (with `overrides` applied to both) and return the side-by-side summary.
+
+    With `task` (a built-in task name or 'pkg.module:name', see `grpo.tasks.load_task`), each
+    final model's accuracy (pass@1 over n samples) is measured with the task's verifier on
+    `eval_data`, or on 100 rows the task generates.
+    """
     out = Path(output)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"compare: '{out}' is not empty; remove it or pass another --output")
     a = config_to_dict(load_config(config_a, overrides))
     b, changed = aligned_configs(a, config_to_dict(load_config(config_b, overrides)))
+    # The task and its problems are checked before either run trains, not after both.
+    accuracy_task = None if task is None else _load_task(task)
+    eval_rows = _eval_rows(accuracy_task, eval_data, a["seed"])
     names = [f"A: {Path(config_a).stem}", f"B: {Path(config_b).stem}"]
     out.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -99,7 +125,7 @@ def compare(
         config["output_dir"] = str(out / label)
         config_from_dict(config)  # validated as it will run
         run = train_in_child(config, out / f"{label}.yaml", progress=progress)
-        run["accuracy"] = _accuracy(out / label / "final", task, eval_data, n, config["seed"])
+        run["accuracy"] = _accuracy(out / label / "final", accuracy_task, eval_rows, n, config["seed"])
         runs.append(run)
     table = format_table(names, runs)
     summary = {

@@ -23,9 +23,19 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
+from grpo.tasks import Task, load_task
+
+if TYPE_CHECKING:
+    from grpo.eval.runner import Verifier
+
+# The demo's task, named as any task is: its rows are the problems, its verifier the judge of
+# every evaluation and of the reward model's comparisons. The RL runs reward it with the
+# built-in reward `arithmetic_correct`, the same function as the task's verifier.
+TASK = "arithmetic"
 
 
 @dataclass
@@ -75,21 +85,20 @@ def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, algorit
     }
 
 
-def _evaluate(model_dir: str, rows: list[dict], c: DemoConfig, progress: bool) -> dict:
-    from grpo.eval.runner import evaluate_saved, task_verifier
+def _evaluate(model_dir: str, rows: list[dict], verifier: Verifier, c: DemoConfig, progress: bool) -> dict:
+    from grpo.eval.runner import evaluate_saved
 
-    return evaluate_saved(model_dir, rows, n=c.n, ks=c.ks, verifier=task_verifier("arithmetic"),
+    return evaluate_saved(model_dir, rows, n=c.n, ks=c.ks, verifier=verifier,
                           temperature=c.eval_temperature, max_new_tokens=c.max_new_tokens, seed=c.seed,
                           progress=progress)
 
 
-def _comparisons_from_base(base: str, rows: list[dict], c: DemoConfig) -> list[dict]:
-    """The base model's own samples, correct preferred over incorrect, per problem."""
+def _comparisons_from_base(base: str, rows: list[dict], verifier: Verifier, c: DemoConfig) -> list[dict]:
+    """The base model's own samples, correct (by the task's verifier) preferred over incorrect, per problem."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo.rollout import HFSampler
-    from grpo.tasks import arithmetic
 
     model = AutoModelForCausalLM.from_pretrained(base).eval()
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -102,23 +111,23 @@ def _comparisons_from_base(base: str, rows: list[dict], c: DemoConfig) -> list[d
         for start in range(0, len(rows), 32):
             batch = sampler.sample(model, rows[start : start + 32])
             for g in range(0, len(batch), c.rm_samples):
-                group = range(g, g + c.rm_samples)
-                answer = batch.rows[g]["answer"]
-                right = [batch.completions[i] for i in group if arithmetic.is_correct(batch.completions[i], answer)]
-                wrong = [batch.completions[i] for i in group if not arithmetic.is_correct(batch.completions[i], answer)]
+                group = batch.completions[g : g + c.rm_samples]
+                verdicts = verifier.check_all(group, batch.rows[g])
+                right = [completion for completion, ok in zip(group, verdicts) if ok]
+                wrong = [completion for completion, ok in zip(group, verdicts) if not ok]
                 for chosen, rejected in list(zip(right, wrong))[:2]:
                     pairs.append({"prompt": batch.rows[g]["prompt"], "chosen": chosen, "rejected": rejected})
     rng.shuffle(pairs)
     return pairs
 
 
-def _neural_rm_stage(c: DemoConfig, out: Path, base: str, data: str, eval_rows: list[dict], progress: bool):
+def _neural_rm_stage(c: DemoConfig, out: Path, base: str, data: str, eval_rows: list[dict], task: Task,
+                     verifier: Verifier, progress: bool):
     """Train a reward model on the base's own right and wrong answers, then GRPO on its score
     alone. Returns (run, evaluation), or the reason it could not run."""
     from grpo.rewards.model import RewardModel, split_pairs
-    from grpo.tasks import arithmetic
 
-    pairs = _comparisons_from_base(base, arithmetic.make_rows(c.rm_prompts, seed=c.seed + 3000), c)
+    pairs = _comparisons_from_base(base, task.make_rows(c.rm_prompts, seed=c.seed + 3000), verifier, c)
     if len(pairs) < 10:
         return f"the base model's samples gave only {len(pairs)} right/wrong pairs to learn from"
     train_pairs, held_out = split_pairs(pairs, 0.2, seed=c.seed)
@@ -131,7 +140,7 @@ def _neural_rm_stage(c: DemoConfig, out: Path, base: str, data: str, eval_rows: 
     run = train_in_child(_train_config(c, out / "grpo-rm", base, data, "grpo", rewards), out / "grpo-rm.yaml",
                          progress=progress)
     run["reward_model"] = {"pairs": len(train_pairs), **{f"held_out_{k}": v for k, v in rm_eval.items()}}
-    return run, _evaluate(str(out / "grpo-rm" / "final"), eval_rows, c, progress)
+    return run, _evaluate(str(out / "grpo-rm" / "final"), eval_rows, verifier, c, progress)
 
 
 def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, progress: bool = True,
@@ -139,7 +148,7 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     """Run the whole demo; return what summary.json holds. `overwrite` replaces an earlier
     demo's output (a directory holding its data/ and base/), never anything else."""
     from grpo.eval.plots import plot_curves, plot_rewards
-    from grpo.tasks import arithmetic
+    from grpo.eval.runner import task_verifier
     from grpo.train.sft import SFTConfig, sft
 
     c = config or DemoConfig()
@@ -154,8 +163,10 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     started = time.perf_counter()
     say = print if progress else (lambda *a, **k: None)
 
-    eval_rows = arithmetic.make_rows(c.eval_prompts, seed=c.seed + 1000)
-    train_rows = arithmetic.make_rows(c.train_prompts, seed=c.seed + 2000)
+    task = load_task(TASK)
+    verifier = task_verifier(task)
+    eval_rows = task.make_rows(c.eval_prompts, seed=c.seed + 1000)
+    train_rows = task.make_rows(c.train_prompts, seed=c.seed + 2000)
     data = out / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
@@ -167,7 +178,7 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     base = str(out / "base")
 
     say(f"[2/6] Evaluating the base model: {c.n} samples x {c.eval_prompts} problems")
-    results = {"base": _evaluate(base, eval_rows, c, progress)}
+    results = {"base": _evaluate(base, eval_rows, verifier, c, progress)}
 
     rule = [{"function": "arithmetic_correct", "weight": 1.0}]
     runs = {}
@@ -175,12 +186,12 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
         say(f"[{index}/6] Training the base with {algorithm.upper()} ({c.steps} steps x {c.prompts_per_step} prompts)")
         cfg = _train_config(c, out / algorithm, base, str(data / "train.jsonl"), algorithm, rule)
         runs[algorithm] = train_in_child(cfg, out / f"{algorithm}.yaml", progress=progress)
-        results[algorithm] = _evaluate(str(out / algorithm / "final"), eval_rows, c, progress)
+        results[algorithm] = _evaluate(str(out / algorithm / "final"), eval_rows, verifier, c, progress)
 
     skipped_rm = None if c.neural_rm else "--no-neural-rm"
     if c.neural_rm:
         say("[5/6] A neural reward model from the base's own samples, then GRPO driven by it alone")
-        stage = _neural_rm_stage(c, out, base, str(data / "train.jsonl"), eval_rows, progress)
+        stage = _neural_rm_stage(c, out, base, str(data / "train.jsonl"), eval_rows, task, verifier, progress)
         if isinstance(stage, str):
             skipped_rm = stage
             say(f"      skipped: {stage}")

@@ -24,3 +24,19 @@ def test_console_command_is_installed():
     assert bad.returncode == 2
     assert "unrecognized arguments" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_eval_and_compare_help_name_any_task(capsys):
+    for command in ("eval", "compare"):
+        try:
+            main([command, "--help"])
+        except SystemExit as stop:
+            assert stop.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--task SPEC" in text and "'pkg.module:name'" in text and "arithmetic" in text
+    try:
+        main(["eval", "--help"])
+    except SystemExit:
+        pass
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--answer FN" in text and "'TASK:N'" in text

@@ -11,6 +11,11 @@ It is two parts, so that the metrics can be tested without a model:
 - `sample_completions`: the loop over `model.generate` (through `grpo.rollout.Sampler`).
 - `measure`: completions -> verdicts -> the report. Pure Python, no model.
 
+A verdict comes from a `Verifier`: a reward function (TRL's signature, as in training) and
+a threshold, plus an answer extractor for the votes (`reward_verifier`); a task brings all
+three (`task_verifier`). The runner knows no task of its own: tasks are plugins
+(`grpo.tasks.load_task`), handed to it by the caller.
+
 Choices beyond the plain description:
 - Confidence intervals are the normal ones over prompts: mean +- 1.96 * s / sqrt(P), with s
   the sample std (ddof 1) of the per-prompt values, clipped to [0, 1]. They cover the
@@ -37,11 +42,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from torch import Tensor
+
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, pass_at_k
+from grpo.infra.imports import describe, one_line
+from grpo.rewards.functions import RewardFn, as_scores, resolve_reward
+from grpo.rewards.rules import extract_answer
 
 __all__ = [
-    "TASKS",
     "Verifier",
     "evaluate",
     "measure",
@@ -60,12 +69,15 @@ class Verifier:
     `extract` gives the completion's final answer (None = no answer): the votes of maj@k.
     `check` says whether the completion is correct for the row: the c of pass@k.
     `check_group`, when given, checks all completions of a row in one call (a batched reward
-    function); it must agree with `check`.
+    function); it must agree with `check`. `score_group`, when given (a reward function as
+    verifier), gives the raw scores of a row's completions, (G,) float32 with NaN where the
+    function cannot score (None).
     """
 
     extract: Callable[[str], Hashable | None]
     check: Callable[[str, dict], bool]
     check_group: Callable[[list[str], dict], list[bool]] | None = None
+    score_group: Callable[[list[str], dict], Tensor] | None = None
 
     def check_all(self, completions: list[str], row: dict) -> list[bool]:
         if self.check_group is not None:
@@ -73,86 +85,102 @@ class Verifier:
         return [bool(self.check(completion, row)) for completion in completions]
 
 
-# ---- verifiers --------------------------------------------------------------------------
+# ---- verifiers: a reward function (TRL's signature) and a threshold -------------------------
 
 
-def _arithmetic_verifier() -> Verifier:
-    from grpo.tasks import arithmetic
+def _name_of(fn: Callable) -> str:
+    """'module:qualname' of a function, for messages; its repr when it has none."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else one_line(repr(fn), 80)
 
-    def reference(row: dict) -> str:
-        # As arithmetic.correctness_reward: without an `answer` column the prompt says it.
-        if row.get("answer") is not None:
-            return str(row["answer"])
-        parsed = arithmetic.parse_prompt(row.get("prompt"))
-        if parsed is None:
+
+def _votes(extract: Callable[[str], Hashable | None]) -> Callable[[str], Hashable | None]:
+    """`extract`, checked: an exception or an answer that cannot be a vote is a UserError."""
+    name = _name_of(extract)
+
+    def checked(completion: str) -> Hashable | None:
+        try:
+            answer = extract(completion)
+        except UserError:
+            raise
+        except Exception as exc:
             raise UserError(
-                f"task arithmetic: a row has no 'answer' column and its prompt "
-                f"{str(row.get('prompt'))[:40]!r} is not 'A+B='"
-            )
-        return str(parsed[0] + parsed[1])
+                f"answer extractor {name!r} raised {describe(exc)} on completion {one_line(repr(completion), 40)}"
+            ) from exc
+        try:
+            hash(answer)
+        except TypeError:
+            raise UserError(
+                f"answer extractor {name!r} returned a {type(answer).__name__}, which cannot be a vote: "
+                "return a hashable answer (str, number, tuple) or None"
+            ) from None
+        return answer
 
-    return Verifier(
-        extract=arithmetic.extract_answer,
-        check=lambda completion, row: arithmetic.is_correct(completion, reference(row)),
-    )
-
-
-# Built-in tasks: name -> a function that builds its verifier (imported on use).
-TASKS: dict[str, Callable[[], Verifier]] = {"arithmetic": _arithmetic_verifier}
-
-
-def task_verifier(name: str) -> Verifier:
-    """The verifier of a built-in task: "arithmetic" reads the answer after '>' and compares it
-    with the row's `answer` (or, without one, the sum in its prompt)."""
-    if name not in TASKS:
-        raise UserError(f"unknown task {name!r} (tasks: {', '.join(sorted(TASKS))})")
-    return TASKS[name]()
+    return checked
 
 
 def reward_verifier(
-    spec: str,
+    fn: str | RewardFn,
     threshold: float = 0.5,
     *,
     prompt_column: str = "prompt",
     extract: Callable[[str], Hashable | None] | None = None,
+    name: str | None = None,
+    kind: str = "verifier",
 ) -> Verifier:
     """A reward function as a verifier: a completion is correct when its score >= threshold.
 
-    `spec` is anything `grpo.rewards.functions.resolve_reward` takes (a built-in name or
-    'pkg.module:function', TRL's signature); it gets the row's prompt and its other columns.
-    A None score is not correct. `extract` defaults to `grpo.rewards.rules.extract_answer`
-    (an <answer> tag, a \\boxed{}, or GSM8K's '####').
+    `fn` is a function with TRL's signature, or anything `grpo.rewards.resolve_reward` takes
+    (a built-in name or 'pkg.module:function'); it gets the row's prompt and its other
+    columns, once per row for all its completions. What it returns is checked by
+    `grpo.rewards.functions.as_scores`, as in training; a None score is not correct.
+    `extract` defaults to `grpo.rewards.rules.extract_answer` (an <answer> tag, a \\boxed{},
+    or GSM8K's '####'). Errors start with `kind` and `name` (default: the spec, or the
+    function's module:qualname): "verifier 'mypkg:fn' returned ...".
     """
-    from grpo.rewards.functions import resolve_reward
-    from grpo.rewards.rules import extract_answer
+    if isinstance(fn, str):
+        name, fn = name or fn, resolve_reward(fn)
+    name = name or _name_of(fn)
 
-    fn = resolve_reward(spec)
-
-    def check_group(completions: list[str], row: dict) -> list[bool]:
+    def score_group(completions: list[str], row: dict) -> Tensor:
         prompt = row.get(prompt_column)
         columns = {key: [value] * len(completions) for key, value in row.items() if key != prompt_column}
         try:
-            scores = fn([prompt] * len(completions), list(completions), **columns)
+            values = fn([prompt] * len(completions), list(completions), **columns)
         except UserError:
-            raise
-        except Exception as err:
-            detail = " ".join(str(err).split())[:200]
-            raise UserError(f"verifier {spec!r} raised {type(err).__name__}: {detail}") from err
-        if hasattr(scores, "tolist"):
-            scores = scores.tolist()
-        if isinstance(scores, (str, bytes)) or not isinstance(scores, Sequence) or len(scores) != len(completions):
-            raise UserError(f"verifier {spec!r} must return one score per completion, got {scores!r:.80}")
-        verdicts = []
-        for value in scores:
-            if value is not None and not isinstance(value, numbers.Real):
-                raise UserError(f"verifier {spec!r} returned {value!r:.80}, not a number or None")
-            verdicts.append(value is not None and not math.isnan(value) and value >= threshold)
-        return verdicts
+            raise  # already one line that names its culprit, e.g. a built-in's missing column
+        except Exception as exc:
+            raise UserError(f"{kind} {name!r} raised {describe(exc)}") from exc
+        return as_scores(name, values, len(completions), kind=kind)
+
+    def check_group(completions: list[str], row: dict) -> list[bool]:
+        return (score_group(completions, row) >= threshold).tolist()  # NaN (None) >= t is False
 
     return Verifier(
-        extract=extract or extract_answer,
+        extract=_votes(extract or extract_answer),
         check=lambda completion, row: check_group([completion], row)[0],
         check_group=check_group,
+        score_group=score_group,
+    )
+
+
+def task_verifier(
+    task,
+    *,
+    prompt_column: str = "prompt",
+    threshold: float | None = None,
+    extract: Callable[[str], Hashable | None] | None = None,
+) -> Verifier:
+    """The verifier of a task (a `grpo.tasks.Task`, from `grpo.tasks.load_task`): its reward
+    function, its threshold and its answer extractor; `threshold` and `extract` replace the
+    task's own when given. Errors name the task: "task 'arithmetic' returned ..."."""
+    return reward_verifier(
+        task.verifier,
+        task.threshold if threshold is None else threshold,
+        prompt_column=prompt_column,
+        extract=extract or task.extract_answer,
+        name=task.name,
+        kind="task",
     )
 
 

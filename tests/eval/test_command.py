@@ -6,16 +6,18 @@ import pytest
 import torch
 
 from grpo.errors import UserError
-from grpo.eval.command import ARITHMETIC_SEED, load_data, parse_ks, register
+from grpo.eval.command import TASK_SEED, load_data, parse_ks, register
+from grpo.tasks import load_task
 from grpo.tasks.arithmetic import ALPHABET, make_rows
 from grpo.tasks.tiny import save_tiny_model
+from tests.tasks import user_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def parser():
     p = argparse.ArgumentParser(prog="grpo")
-    register(p.add_subparsers())
+    register(p.add_subparsers(), load_task=load_task)
     return p
 
 
@@ -59,7 +61,7 @@ def test_eval_prints_a_table_and_a_json_last_line_and_writes_out_and_plot(model_
     assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "4"]
     full = json.loads(out.read_text())
     assert len(full["per_prompt"]) == 4 and {k: v for k, v in full.items() if k != "per_prompt"} == summary
-    assert [p["prompt"] for p in full["per_prompt"]] == [r["prompt"] for r in make_rows(4, seed=ARITHMETIC_SEED)]
+    assert [p["prompt"] for p in full["per_prompt"]] == [r["prompt"] for r in make_rows(4, seed=TASK_SEED)]
     assert plot.read_bytes()[:8] == PNG_MAGIC and plot.stat().st_size > 10_000
 
 
@@ -86,13 +88,75 @@ def seven_tenths(prompts, completions, **_):
     return [0.7] * len(completions)
 
 
+def _user_task_results(capsys, model, tmp_path, *argv):
+    """`grpo eval` of `model` on 3 rows of the user's task (tests/tasks/user_task.py), with the
+    full results; each prompt's count of correct completions is checked against its answers."""
+    out = tmp_path / "results.json"
+    code, _, err = run(capsys, "--model", model, "--data", "tests.tasks.user_task:task:3", "--n", "6",
+                       "--max-new-tokens", "4", "--out", str(out), "--quiet", *argv)
+    assert code == 0, err
+    results = json.loads(out.read_text())
+    rows = user_task.rows(3, seed=TASK_SEED)
+    assert [p["prompt"] for p in results["per_prompt"]] == [r["prompt"] for r in rows]
+    return results, rows
+
+
+def _judged_by_the_user_task(results, rows) -> bool:
+    """Whether every verdict and every vote is the user task's: answers are first characters,
+    and a completion is correct exactly when its answer is not the row's `avoid` letter."""
+    return all(
+        all(len(answer) == 1 for answer in p["answers"])
+        and p["correct"] == sum(count for answer, count in p["answers"].items() if answer != row["avoid"])
+        for p, row in zip(results["per_prompt"], rows)
+    )
+
+
+@pytest.mark.parametrize("check", [["--task", "tests.tasks.user_task:task"], [], ["--task", "tests.tasks.user_task:make_task"]])
+def test_a_users_task_checks_the_answers(tiny_model, tmp_path, capsys, check):
+    """--task SPEC, or no --task with --data 'TASK:N': the task's verifier and its extractor."""
+    results, rows = _user_task_results(capsys, tiny_model, tmp_path, *check)
+    assert results["accuracy"] > 0  # no other verifier gives any of these completions credit
+    assert _judged_by_the_user_task(results, rows)
+
+
+def test_a_tasks_threshold_can_be_overridden(tiny_model, tmp_path, capsys):
+    results, _ = _user_task_results(capsys, tiny_model, tmp_path, "--task", "tests.tasks.user_task:task",
+                                    "--threshold", "1.5")
+    assert results["accuracy"] == 0.0 and any(p["answers"] for p in results["per_prompt"])
+
+
+def test_a_users_verifier_with_its_answer_extractor(tiny_model, tmp_path, capsys):
+    results, rows = _user_task_results(capsys, tiny_model, tmp_path, "--verifier", "tests.tasks.user_task:verify",
+                                       "--answer", "tests.tasks.user_task:extract")
+    assert results["accuracy"] > 0
+    assert _judged_by_the_user_task(results, rows)
+    # Without --answer the answers are read by grpo.rewards.rules.extract_answer: none here.
+    results, rows = _user_task_results(capsys, tiny_model, tmp_path, "--verifier", "tests.tasks.user_task:verify")
+    assert results["no_answer"] == 1.0 and results["accuracy"] > 0
+
+
 def test_arithmetic_data_is_fixed_and_files_load(tmp_path):
-    rows = load_data("arithmetic:5", "prompt")
-    assert rows == make_rows(5, seed=ARITHMETIC_SEED) == load_data("arithmetic:5", "prompt")
-    assert load_data("arithmetic:2", "question")[0].keys() == {"question", "answer", "solution"}
+    rows = load_data("arithmetic:5", "prompt", load_task)
+    assert rows == make_rows(5, seed=TASK_SEED) == load_data("grpo.tasks.arithmetic:task:5", "prompt", load_task)
+    assert load_data("arithmetic:2", "question", load_task)[0].keys() == {"question", "answer", "solution"}
+    assert load_data("tests.tasks.user_task:task:3", "prompt", load_task) == user_task.rows(3, seed=TASK_SEED)
     path = tmp_path / "rows.jsonl"
     path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
-    assert load_data(str(path), "prompt") == [{"prompt": "1+2=", "answer": "3"}]
+    assert load_data(str(path), "prompt", load_task) == [{"prompt": "1+2=", "answer": "3"}]
+
+
+def test_rows_the_verifier_cannot_score_are_a_warning_when_some_can_be_scored(tmp_path, capsys):
+    from grpo.eval.command import _verifier
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": "what?"}\n')
+    args = parser().parse_args(["eval", "--model", "m", "--data", str(path)])
+    verifier = _verifier(args, load_data(str(path), "prompt", load_task), load_task)
+    assert verifier.check_all(["0+1+0=03>3"], {"prompt": "1+2=", "answer": "3"}) == [True]
+    assert capsys.readouterr().err == (
+        "grpo eval: warning: task 'arithmetic' cannot score 1 of 2 rows (None, e.g. row 1, prompt 'what?'); "
+        "they count as wrong\n"
+    )
 
 
 def test_parse_ks():
@@ -117,11 +181,23 @@ def bad_files(tmp_path):
         (["--n", "4", "--k", "1,8,16"], "--k: k = 8, 16 is more than --n 4 samples per prompt"),
         (["--model", "/no/such/model"], "--model: no such directory '/no/such/model'"),
         (["--data", "/no/such/data.jsonl"], "--data: no such file '/no/such/data.jsonl'"),
-        (["--data", "arithmetic:0"], "--data: expected 'arithmetic:N' with N a positive integer"),
-        (["--data", "{no_answer}"], "task arithmetic: a row has no 'answer' column"),
+        (["--data", "arithmetic:0"], "--data: expected 'TASK:N' with N a positive integer"),
+        (["--data", "tests.tasks.user_task:task:x"], "--data: expected 'TASK:N' with N a positive integer"),
+        (["--data", "algebra:3"], "--data: unknown task 'algebra' (built-ins: arithmetic; or give 'pkg.module:name')"),
+        (["--data", "tests.tasks.user_task:verify_only:3"], "--data: task 'avoid (verify only)' generates no rows"),
+        (["--data", "{no_answer}"], "task 'arithmetic' cannot score any row of --data (None for every one, e.g. row 0, "
+                                    "prompt 'what is two plus two?'); does the data have the columns it reads? "
+                                    "(columns: prompt)"),
         (["--data", "{no_answer}", "--verifier", "exact_answer"], "needs an 'answer' column"),
-        (["--task", "algebra"], "unknown task 'algebra' (tasks: arithmetic)"),
+        (["--task", "tests.tasks.user_task:task"], "task 'avoid' cannot score any row of --data"),
+        (["--task", "algebra"], "--task: unknown task 'algebra' (built-ins: arithmetic; or give 'pkg.module:name')"),
+        (["--task", "tests.tasks.user_task:not_a_task"], "--task: task 'tests.tasks.user_task:not_a_task': "
+                                                         "'not_a_task' is not a grpo.tasks.Task"),
         (["--verifier", "tests.eval.no_such_module:fn"], "cannot import module 'tests.eval.no_such_module'"),
+        (["--answer", "tests.tasks.user_task:nope"], "--answer 'tests.tasks.user_task:nope': module "
+                                                     "'tests.tasks.user_task' has no attribute 'nope'"),
+        (["--answer", "tests.tasks.user_task:unhashable_answer"], "answer extractor "
+                                                                  "'tests.tasks.user_task:unhashable_answer' returned a list"),
         (["--out", "{dir}"], "--out: "),
         (["--temperature", "0"], "--temperature: must be > 0"),
         (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),

@@ -14,7 +14,9 @@ from grpo.errors import UserError
 from grpo.eval import maj_at_k, pass_at_k
 from grpo.eval import runner
 from grpo.eval.runner import Verifier, evaluate, measure, reward_verifier, sample_completions, task_verifier
+from grpo.tasks import load_task
 from grpo.tasks.arithmetic import ALPHABET, make_rows, problem_for
+from tests.tasks import user_task
 from grpo.tasks.tiny import save_tiny_model
 
 # A synthetic task: a completion is its own answer ("" = no answer); a row's answer is right.
@@ -145,18 +147,29 @@ def test_metrics_of_100_prompts_x_64_samples_take_well_under_10_s():
 
 
 def test_arithmetic_task_verifier():
-    verifier = task_verifier("arithmetic")
+    verifier = task_verifier(load_task("arithmetic"))
     problem = problem_for(47, 85)
     row = {"prompt": problem.prompt, "answer": problem.answer}
     assert verifier.check(problem.solution, row)
     assert not verifier.check("7+5+0=12;4+8+1=13>131", row)
     assert verifier.extract("x>131") == "131" and verifier.extract("132") is None
-    # Without an answer column the prompt is the reference; with neither, a clear error.
+    # Without an answer column the prompt is the reference; with neither, it cannot score.
     assert verifier.check(problem.solution, {"prompt": problem.prompt})
-    with pytest.raises(UserError, match="no 'answer' column"):
-        verifier.check("", {"prompt": "what?"})
-    with pytest.raises(UserError, match=r"unknown task 'algebra' \(tasks: arithmetic\)"):
-        task_verifier("algebra")
+    assert not verifier.check("", {"prompt": "what?"})
+    assert torch.isnan(verifier.score_group(["", "1"], {"prompt": "what?"})).all()
+
+
+def test_a_users_task_verifier_uses_its_verifier_threshold_and_extractor():
+    verifier = task_verifier(user_task.task)
+    row = {"prompt": "abc", "avoid": "c"}
+    assert verifier.check_all(["a", "c", "", "bc"], row) == [True, False, False, True]
+    assert [verifier.extract(c) for c in ["a", "", "bc"]] == ["a", None, "b"]
+    strict = task_verifier(user_task.task, threshold=1.5, extract=str.upper)  # the caller's override
+    assert strict.check_all(["a"], row) == [False] and strict.extract("ab") == "AB"
+    renamed = task_verifier(user_task.task, prompt_column="question")
+    assert renamed.check_all(["a"], {"question": "abc", "avoid": "c"}) == [True]
+    with pytest.raises(UserError, match=r"^task 'avoid' raised TypeError: "):
+        verifier.check_all(["a"], {"prompt": "abc", "avoid": "c", "prompts": "x"})
 
 
 def test_reward_verifier_thresholds_scores_and_names_its_failures():
@@ -168,12 +181,31 @@ def test_reward_verifier_thresholds_scores_and_names_its_failures():
     assert graded.check_all(["", "ab", "abc", "abcdefghij"], rows[0]) == [False, False, True, True]
     assert graded.check("abc", rows[0]) is True
     assert reward_verifier("tests.eval.test_runner:length_score", threshold=0.0).check("", {"answer": None}) is False
-    with pytest.raises(UserError, match="raised ZeroDivisionError"):
+    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:explodes' raised ZeroDivisionError"):
         reward_verifier("tests.eval.test_runner:explodes").check("x", rows[0])
-    with pytest.raises(UserError, match="one score per completion"):
+    # What a verifier returns is checked by the same function as in training (as_scores).
+    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:one_short' returned 1 scores for 2"):
         reward_verifier("tests.eval.test_runner:one_short").check_all(["a", "b"], rows[0])
+    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:not_a_number' returned 'yes' \(str\) "
+                                        "for row 0; expected a number"):
+        reward_verifier(not_a_number, name="tests.eval.test_runner:not_a_number").check("x", rows[0])
+    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:nan' returned nan for row 0; "
+                                        "return None for 'cannot score'"):
+        reward_verifier(nan).check("x", rows[0])  # named by module:qualname
     with pytest.raises(UserError, match="did you mean 'exact_answer'"):
         reward_verifier("exact_anwser")
+
+
+def test_a_reward_function_and_an_answer_extractor():
+    verifier = reward_verifier(user_task.verify, extract=user_task.extract)
+    row = {"prompt": "abc", "avoid": "c"}
+    assert verifier.check_all(["a", "c"], row) == [True, False] and verifier.extract("ba") == "b"
+    assert reward_verifier(user_task.verify).extract("ba") is None  # default: grpo.rewards.rules.extract_answer
+    with pytest.raises(UserError, match=r"^answer extractor 'tests.tasks.user_task:unhashable_answer' returned a "
+                                        "list, which cannot be a vote"):
+        reward_verifier(user_task.verify, extract=user_task.unhashable_answer).extract("ab")
+    with pytest.raises(UserError, match=r"^answer extractor 'tests.eval.test_runner:explodes' raised TypeError"):
+        reward_verifier(user_task.verify, extract=explodes).extract("ab")
 
 
 def length_score(prompts, completions, answer=None, **_):
@@ -187,6 +219,14 @@ def explodes(prompts, completions, **_):
 
 def one_short(prompts, completions, **_):
     return [1.0] * (len(completions) - 1)
+
+
+def not_a_number(prompts, completions, **_):
+    return ["yes"] * len(completions)
+
+
+def nan(prompts, completions, **_):
+    return [float("nan")] * len(completions)
 
 
 # ---- evaluate, with sampling replaced by known completions ----------------------------------
@@ -203,7 +243,7 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
         return known
 
     monkeypatch.setattr(runner, "sample_completions", fake_sample)
-    report = evaluate(None, None, rows, n=4, ks=[1, 2, 4], verifier=task_verifier("arithmetic"), seed=7,
+    report = evaluate(None, None, rows, n=4, ks=[1, 2, 4], verifier=task_verifier(load_task("arithmetic")), seed=7,
                       temperature=0.3, batch_size=8, progress=False)
     assert calls == [{"n": 4, "prompt_column": "prompt", "temperature": 0.3, "top_p": 1.0, "max_new_tokens": 64,
                       "batch_size": 8, "seed": 7, "progress": False}]
@@ -244,7 +284,7 @@ def test_evaluate_runs_end_to_end_and_is_reproducible(tiny, capsys):
     rows = make_rows(3, seed=0)
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    kwargs = dict(n=4, ks=[1, 2, 4, 8], verifier=task_verifier("arithmetic"), max_new_tokens=10, batch_size=8)
+    kwargs = dict(n=4, ks=[1, 2, 4, 8], verifier=task_verifier(load_task("arithmetic")), max_new_tokens=10, batch_size=8)
     first = evaluate(model, tokenizer, rows, seed=1, **kwargs)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is left alone
     assert "eval" in capsys.readouterr().err  # the progress bar, on stderr

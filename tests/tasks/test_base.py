@@ -29,7 +29,7 @@ def test_the_builtin_task_is_a_spec_like_a_users():
     assert task.make_rows(3, seed=5) == arithmetic.make_rows(3, seed=5)
 
 
-@pytest.mark.parametrize("package", ["rewards"])
+@pytest.mark.parametrize("package", ["rewards", "eval"])
 def test_rewards_and_eval_import_nothing_from_tasks(package):
     """Tasks are plugins above them: a reward a task defines is named by its spec, imported on
     use; the eval command is handed the task loader by the CLI."""
