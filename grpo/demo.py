@@ -96,14 +96,15 @@ def _evaluate(model_dir: str, rows: list[dict], verifier: Verifier, c: DemoConfi
 def _comparisons_from_base(base: str, rows: list[dict], verifier: Verifier, c: DemoConfig) -> list[dict]:
     """The base model's own samples, correct (by the task's verifier) preferred over incorrect, per problem."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from grpo.rollout import HFSampler
+    from grpo.config import RolloutConfig
+    from grpo.infra.hf import load_tokenizer
+    from grpo.rollout import Sampler
 
     model = AutoModelForCausalLM.from_pretrained(base).eval()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    sampler = HFSampler(tokenizer, prompt_column="prompt", group_size=c.rm_samples,
-                        max_new_tokens=c.max_new_tokens, temperature=1.0)
+    rollout = RolloutConfig(group_size=c.rm_samples, max_new_tokens=c.max_new_tokens, temperature=1.0)
+    sampler = Sampler.from_config(load_tokenizer(base), rollout, prompt_column="prompt")
     rng = random.Random(c.seed)
     pairs = []
     with torch.random.fork_rng():

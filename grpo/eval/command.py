@@ -273,10 +273,11 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
     from transformers.utils import logging as hf_logging
 
     from grpo.eval.runner import evaluate
-    from grpo.train.models import load_causal_lm, load_tokenizer
+    from grpo.infra.hf import load_tokenizer
+    from grpo.train.models import load_causal_lm
 
     hf_logging.disable_progress_bar()  # our own bar shows the sampling
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model, "--model")
     model = load_causal_lm(args.model, args.dtype).to(device)
     results = evaluate(
         model, tokenizer, rows, n=args.n, ks=ks, verifier=verifier, prompt_column=args.prompt_column,

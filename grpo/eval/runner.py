@@ -397,7 +397,9 @@ def evaluate(
 
 def evaluate_saved(model_dir: str | Path, rows: list[dict], **kwargs) -> dict:
     """`evaluate` on a model directory (a `final/` or a `grpo sft` output), loaded on the CPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from grpo.infra.hf import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    return evaluate(model, AutoTokenizer.from_pretrained(model_dir), rows, **kwargs)
+    return evaluate(model, load_tokenizer(str(model_dir), "model"), rows, **kwargs)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from grpo.algo import token_logprobs
 from grpo.errors import UserError, first_line
-from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype  # noqa: F401 (load_tokenizer: until grpo.eval moves to grpo.infra.hf)
+from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
 
 # train.autocast -> the compute dtype of the forward passes (None = off).
