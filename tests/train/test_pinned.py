@@ -20,6 +20,11 @@ RUNS = {
     # Process supervision: per-step rewards, normalised over the group.
     "grpo-process": ("grpo", {"rewards": [{"function": "tests.train.rewards_for_tests:sevens_steps"}],
                               "loss": {"beta": 0.04, "supervision": "process"}}),
+    # Completions that stop at EOS (lengths differ: the mask and the aggregation matter),
+    # sampled in chunks, the token-mean aggregation.
+    "grpo-eos": ("grpo", {"rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 12, "min_new_tokens": 0,
+                                      "generation_batch_size": 12},
+                          "loss": {"beta": 0.04, "aggregation": "token-mean"}}),
     # PPO: critic + GAE, k1 KL in the per-token reward, clipped value loss.
     "ppo": ("ppo", {"train": {"steps": 3, "lr": 1e-3, "epochs": 2}}),
 }
@@ -29,6 +34,11 @@ PINS = {
         {'reward/mean': 0.0625, 'loss': 0.0, 'kl': 0.0, 'grad_norm': 1.0061513185501099, 'entropy': 2.8796498775482178},
         {'reward/mean': 0.1171875, 'loss': 0.0005063917487859726, 'kl': 0.012659814208745956, 'grad_norm': 1.134406328201294, 'entropy': 2.8670198917388916},
         {'reward/mean': 0.125, 'loss': 0.0012963861227035522, 'kl': 0.03240950033068657, 'grad_norm': 1.1252307891845703, 'entropy': 2.845686912536621},
+    ],
+    'grpo-eos': [
+        {'reward/mean': 0.04296875, 'loss': -0.1209113597869873, 'kl': 0.0, 'grad_norm': 0.9937147498130798, 'entropy': 2.879413087726076},
+        {'reward/mean': 0.08203125, 'loss': -0.15743905305862427, 'kl': 0.011575727642707105, 'grad_norm': 0.9193786978721619, 'entropy': 2.8699324697818396},
+        {'reward/mean': 0.0859375, 'loss': -0.3445515036582947, 'kl': 0.022002085120277067, 'grad_norm': 1.1842701435089111, 'entropy': 2.8577759329196626},
     ],
     'grpo-epochs': [
         {'reward/mean': 0.0625, 'loss': 0.010428591165691614, 'kl': 0.04061072552576661, 'grad_norm': 0.9018126875162125, 'entropy': 2.8523402884602547},
