@@ -233,9 +233,9 @@ def sample_completions(
         torch.manual_seed(seed)
         for indices, group_size in _calls(len(rows), n, batch_size):
             if group_size not in samplers:
-                rollout = RolloutConfig(group_size=group_size, max_new_tokens=max_new_tokens,
-                                        temperature=temperature, top_p=top_p)
-                samplers[group_size] = Sampler.from_config(tokenizer, rollout, prompt_column=prompt_column)
+                settings = RolloutConfig(group_size=group_size, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p)
+                samplers[group_size] = Sampler.from_config(tokenizer, settings, prompt_column=prompt_column)
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
                 completions[i].extend(rollout.completions[j * group_size : (j + 1) * group_size])

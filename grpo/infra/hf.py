@@ -24,8 +24,8 @@ def quiet_loading():
         hf_logging.set_verbosity(verbosity)
 
 
-# The dtypes a model may be loaded in, by the names configs and options use.
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# The dtypes a model may be loaded in, by the names configs and options use (torch's own names).
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def torch_dtype(name, key: str):
@@ -36,7 +36,7 @@ def torch_dtype(name, key: str):
         return name
     if name not in DTYPES:
         raise UserError(f"{key}: dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return getattr(torch, DTYPES[name])
+    return getattr(torch, name)
 
 
 def load_tokenizer(path: str, key: str = "model"):

@@ -41,6 +41,7 @@ from grpo.train.models import (
     enable_checkpointing,
     load_causal_lm,
     count_parameters,
+    trainable_parameters,
 )
 from grpo.train.schedule import lr_lambda
 from grpo.train.iterative import RewardModelUpdater
@@ -105,7 +106,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
     critic = build_critic(c, attention, compute_dtype)
     kl = build_kl(c)
 
-    groups = [{"params": [p for p in policy.parameters() if p.requires_grad], "lr": c.train.lr}]
+    groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
     groups += critic.param_groups(c.value.lr or c.train.lr)
     # The fused kernel: one pass over each tensor instead of a dozen ops.
     optimizer = torch.optim.AdamW(groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True)

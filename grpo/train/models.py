@@ -332,5 +332,10 @@ def load_value_model(path: str, dtype: str, attention: str | None = None) -> Val
     return ValueModel(backbone, backbone.config.hidden_size).eval()
 
 
+def trainable_parameters(model: nn.Module) -> list:
+    """The parameters the optimizer moves (with LoRA, the adapter's only)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def count_parameters(model: nn.Module | None) -> int:
     return 0 if model is None else sum(p.numel() for p in model.parameters())

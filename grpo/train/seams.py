@@ -68,7 +68,6 @@ class KLPlacement(Protocol):
 
     def loss_term(self, logprobs: Tensor, ref_logprobs: Tensor | None, mask: Tensor) -> Tensor | float: ...
     def token_rewards(self, scores: Tensor, passes: Passes, mask: Tensor) -> Tensor: ...
-    def estimate(self, logprobs: Tensor, ref_logprobs: Tensor | None) -> Tensor | None: ...
 
 
 def _outcome_rewards(scores: Tensor, mask: Tensor) -> Tensor:
@@ -91,9 +90,6 @@ class KLInLoss:
     def token_rewards(self, scores, passes, mask):
         return _outcome_rewards(scores, mask)
 
-    def estimate(self, logprobs, ref_logprobs):
-        return kl_estimate(logprobs, ref_logprobs, self.estimator)
-
 
 class KLInReward:
     """PPO (DeepSeekMath eq. 2, InstructGPT): r_t = score * [t last] - beta * KL_t, with the KL
@@ -110,12 +106,9 @@ class KLInReward:
     def token_rewards(self, scores, passes, mask):
         return kl_penalized_rewards(scores, passes.old_logprobs, passes.ref_logprobs, mask, beta=self.beta, kind=self.estimator)
 
-    def estimate(self, logprobs, ref_logprobs):
-        return kl_estimate(logprobs, ref_logprobs, self.estimator)
-
 
 class NoKL:
-    """beta = 0: no penalty and no reference, so no KL to measure either."""
+    """beta = 0: no penalty, and no reference to measure a KL against."""
 
     needs_old_logprobs = False
 
@@ -124,9 +117,6 @@ class NoKL:
 
     def token_rewards(self, scores, passes, mask):
         return _outcome_rewards(scores, mask)
-
-    def estimate(self, logprobs, ref_logprobs):
-        return None
 
 
 # loss.kl_in -> the placement (beta > 0).

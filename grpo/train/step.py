@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from grpo.algo import aggregate, clipped_fraction, entropy, policy_loss, token_logprobs
+from grpo.algo import aggregate, clipped_fraction, entropy, kl_estimate, policy_loss, token_logprobs
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import StepScores, WeightedReward
@@ -29,6 +29,7 @@ from grpo.train.models import (
     completion_logits,
     no_grad_pass,
     policy_logprobs,
+    trainable_parameters,
 )
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
 
@@ -61,7 +62,7 @@ class Engine:
 
     @property
     def policy_params(self) -> list:
-        return [p for p in self.policy.parameters() if p.requires_grad]
+        return trainable_parameters(self.policy)
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -162,7 +163,6 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes) -> dict
     clip = dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level)
     sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "value_loss": 0.0, "grad_norm": 0.0}
     first_pass_tokens = 0.0
-    measured_kl = False
     updates = 0
     for epoch in range(tr.epochs):
         order = torch.randperm(n) if tr.minibatches > 1 else torch.arange(n)
@@ -187,10 +187,8 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes) -> dict
                     with torch.no_grad():
                         first_pass_tokens += float(m.sum())
                         sums["entropy"] += float((entropy(logits.detach(), temperature=e.rollout.temperature) * m).sum())
-                        kl = e.kl.estimate(logprobs.detach(), ref)  # (n, T), or None without a reference
-                        if kl is not None:
-                            sums["kl"] += float((kl * m).sum())
-                            measured_kl = True
+                        if ref is not None:  # the KL the run moved, wherever its penalty goes
+                            sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
                 sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * len(micro)
             sums["grad_norm"] += clip_grad_norm(e.policy_params, tr.max_grad_norm)
             e.critic.clip_grad(tr.max_grad_norm)
@@ -200,7 +198,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes) -> dict
             updates += 1
     return {
         "loss": sums["loss"] / updates,
-        "kl": sums["kl"] / max(first_pass_tokens, 1.0) if measured_kl else None,
+        "kl": sums["kl"] / max(first_pass_tokens, 1.0) if passes.ref_logprobs is not None else None,
         "entropy": sums["entropy"] / max(first_pass_tokens, 1.0),
         "clip_fraction": sums["clip_fraction"] / (n * tr.epochs),
         "grad_norm": sums["grad_norm"] / updates,
