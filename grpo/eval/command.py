@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grpo.errors import UserError
-from grpo.infra.argtypes import positive_int
+from grpo.infra.argtypes import DEVICE_HELP, positive_int
+from grpo.infra.devices import resolve_device
 
 __all__ = ["DEFAULT_TASK", "TASK_SEED", "register", "run"]
 
@@ -96,7 +97,7 @@ def register(commands, *, load_task: LoadTask) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (default: %(default)s)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="dtype the model is loaded in (default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
     parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -217,20 +218,6 @@ def _try_on_rows(verifier, rows: list[dict], label: str, prompt_column: str) -> 
           "they count as wrong", file=sys.stderr)
 
 
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device: unknown device {name!r} (cpu, cuda, cuda:N, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device: {name} asked for, but torch sees no CUDA device")
-    return device
-
-
 # ---- the command ------------------------------------------------------------------------
 
 
@@ -268,7 +255,7 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
     _check_model(args.model)
     _check_output("--out", args.out)
     _check_output("--plot", args.plot)
-    device = _device(args.device)
+    device = resolve_device(args.device, "--device")
 
     from transformers.utils import logging as hf_logging
 
@@ -278,7 +265,7 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
 
     hf_logging.disable_progress_bar()  # our own bar shows the sampling
     tokenizer = load_tokenizer(args.model, "--model")
-    model = load_causal_lm(args.model, args.dtype).to(device)
+    model = load_causal_lm(args.model, args.dtype, device=device)
     results = evaluate(
         model, tokenizer, rows, n=args.n, ks=ks, verifier=verifier, prompt_column=args.prompt_column,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,

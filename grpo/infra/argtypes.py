@@ -28,3 +28,6 @@ def fraction(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     return value
+
+
+DEVICE_HELP = "auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N (default: %(default)s)"

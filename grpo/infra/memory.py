@@ -8,13 +8,14 @@ import sys
 import torch
 
 
-def peak_memory_mb() -> float:
-    """Peak resident memory of the process (CPU) plus peak CUDA allocation, in MiB.
-
-    On CPU every model, activation and optimizer state lives in the process's memory, so the
-    peak RSS is the honest measure (it includes Python and the libraries, a fixed overhead).
+def peak_memory_mb(device: torch.device | str = "cpu") -> float:
+    """Peak memory in MiB where the run's tensors live: on a GPU, the peak memory torch has
+    allocated on it (`torch.cuda.max_memory_allocated`: models, activations, optimizer state,
+    KV cache; not the allocator's cached reserve); on a CPU, the peak resident memory of the
+    process, the honest measure there (it includes Python and the libraries, a fixed overhead).
     """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / (1 << 20)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss_mb = rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
-    cuda_mb = torch.cuda.max_memory_allocated() / (1 << 20) if torch.cuda.is_available() else 0.0
-    return rss_mb + cuda_mb
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux

@@ -96,8 +96,9 @@ class RewardModel:
     # ---- loading and saving -------------------------------------------------------------------
 
     @classmethod
-    def from_base(cls, base: str, *, seed: int = 0, dtype: str | torch.dtype = "float32", **kw) -> RewardModel:
-        """A new, untrained reward model on a causal LM's backbone (a directory or hub id).
+    def from_base(cls, base: str, *, seed: int = 0, dtype: str | torch.dtype = "float32",
+                  device: torch.device | str = "cpu", **kw) -> RewardModel:
+        """A new, untrained reward model on a causal LM's backbone (a directory or hub id), on `device`.
 
         The head is freshly initialised from `seed` (the global RNG is left as it was), so
         the same base and seed give the same model.
@@ -106,11 +107,12 @@ class RewardModel:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model, _ = _load_classifier(base, torch_dtype(dtype, "reward model"), num_labels=1)
-        return cls(model, tokenizer, **kw)
+        return cls(model.to(device), tokenizer, **kw)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "float32", **kw) -> RewardModel:
-        """A reward model saved by `save` (or any sequence-classification model with one output)."""
+    def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "float32",
+                        device: torch.device | str = "cpu", **kw) -> RewardModel:
+        """A reward model saved by `save` (or any sequence-classification model with one output), on `device`."""
         tokenizer = load_tokenizer(path, "reward model")
         model, info = _load_classifier(path, torch_dtype(dtype, "reward model"))
         if info["missing_keys"]:
@@ -123,7 +125,7 @@ class RewardModel:
             raise UserError(
                 f"reward model: '{path}' has {model.config.num_labels} outputs; a reward model has 1"
             )
-        return cls(model, tokenizer, **kw)
+        return cls(model.to(device), tokenizer, **kw)
 
     def save(self, directory: str | Path) -> None:
         """Write a Hugging Face directory that `from_pretrained` (this class's or
@@ -331,23 +333,27 @@ def train_reward_model(
     max_length: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    device: str = "auto",
 ) -> dict:
     """What `grpo rm train` does: hold out a seeded fraction of the comparisons in `data`,
     train a reward model on `base` with the rest, measure it on the held-out pairs (before
     and after training) and save it to `output`. Returns the summary the command prints.
 
-    Checks the output directory and the data before any model is loaded.
+    Checks the output directory, the device and the data before any model is loaded.
     """
+    from grpo.infra.devices import resolve_device
+
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise UserError(f"output: '{out}' exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output: '{out}' is not empty; pass --overwrite to write into it, or choose another")
+    where = resolve_device(device, "--device")
     pairs = load_pairs(data)
     train, held_out = split_pairs(pairs, eval_fraction, seed=seed)
 
     started = time.perf_counter()
-    model = RewardModel.from_base(base, seed=seed, max_length=max_length)
+    model = RewardModel.from_base(base, seed=seed, max_length=max_length, device=where)
     before = model.evaluate(held_out) if held_out else None
     losses = model.fit(train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress)
     after = model.evaluate(held_out) if held_out else None

@@ -157,13 +157,20 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def cache_dtype(w: _Weights) -> torch.dtype:
+    """The KV cache's dtype: float32 on a CPU (its per-length matmuls then use float32 kernels;
+    bf16 ones JIT one kernel per shape, which costs memory: benchmarks/README.md); on a GPU
+    the compute dtype (bf16 halves the cache, and the GPU's kernels take any shape)."""
+    return torch.float32 if w.embed.device.type == "cpu" else w.embed.dtype
+
+
 class _Cache:
-    """Preallocated keys and values, float32: (layers, B, kv_heads, length, head_dim) each."""
+    """Preallocated keys and values: (layers, B, kv_heads, length, head_dim) each, in `cache_dtype`."""
 
     def __init__(self, w: _Weights, rows: int, length: int):
         shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
-        self.keys = torch.empty(shape, device=w.embed.device)
-        self.values = torch.empty(shape, device=w.embed.device)
+        self.keys = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
+        self.values = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
 
     def repeat(self, counts: Tensor, filled: int) -> None:
         """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""
@@ -199,14 +206,13 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
     for i, layer in enumerate(w.layers):
         x = _rms_norm(h, layer.norm_attn, w.eps)
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
-        # RoPE and attention in float32 whatever the weights' dtype: more accurate in bf16, and
-        # the cache's per-length matmuls then use float32 kernels (bf16 ones JIT one kernel per
-        # shape, which costs memory: benchmarks/README.md).
+        # RoPE in float32 whatever the weights' dtype (more accurate in bf16); attention in the
+        # cache's dtype (`cache_dtype`: float32 on a CPU, the compute dtype on a GPU).
         qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
         if layer.q_norm is not None:
             qk = torch.cat([_rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps), _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps)], 2)
         qk = _rotate(qk.transpose(1, 2).float(), cos, sin)
-        q, k = qk[:, : w.heads], qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
+        q, k = qk[:, : w.heads].to(cache.keys.dtype), qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
         keys, values = cache.keys[i], cache.values[i]
         keys[:, :, start:end] = k

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
-from grpo.infra.argtypes import positive_float, positive_int
+from grpo.infra.argtypes import DEVICE_HELP, positive_float, positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -157,16 +157,18 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise UserError(f"output: '{out}' is not empty; pass --overwrite to write into it, or choose another")
 
 
-def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool = True, overwrite: bool = False) -> dict:
+def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool = True, overwrite: bool = False,
+        device: str = "auto") -> dict:
     """Train a tiny Llama from scratch on the task's worked solutions and save it, with its
     character tokenizer, to `output` (a Hugging Face directory that AutoModelForCausalLM and
-    AutoTokenizer load). Refuses a non-empty `output` unless `overwrite`. Checks everything
-    before training. Returns {"output", "steps", "loss/first", "loss/last" (the first and
+    AutoTokenizer load). Refuses a non-empty `output` unless `overwrite`. Trains on `device`
+    (auto: a CUDA GPU when there is one). Checks everything before training. Returns {"output", "steps", "loss/first", "loss/last" (the first and
     the last update's loss), "parameters", "time_s"}.
     """
     import torch
     from tqdm.auto import tqdm
 
+    from grpo.infra.devices import resolve_device
     from grpo.tasks import arithmetic
     from grpo.tasks.tiny import char_tokenizer, tiny_llama
     from grpo.train.schedule import lr_lambda
@@ -175,11 +177,12 @@ def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool =
     _validate(c)
     out = Path(output)
     _check_output(out, overwrite)
+    where = resolve_device(device, "--device")
 
     started = time.perf_counter()
     tokenizer = char_tokenizer(arithmetic.ALPHABET)
     model = tiny_llama(tokenizer, hidden_size=c.hidden_size, layers=c.layers, heads=c.heads,
-                       max_positions=c.max_positions, seed=c.seed)
+                       max_positions=c.max_positions, seed=c.seed).to(where)
     model.eval()  # dropout off; gradients flow regardless of the mode
     optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", c.warmup_steps, c.steps))
@@ -191,6 +194,7 @@ def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool =
         for _ in range(c.steps):
             problems = [arithmetic.make_problem(rng, c.digits) for _ in range(c.batch_size)]
             batch = completion_batch(tokenizer, [p.prompt for p in problems], [p.solution for p in problems])
+            batch = {key: value.to(where) for key, value in batch.items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
             loss = completion_loss(logits, batch["labels"])
             optimizer.zero_grad(set_to_none=True)
@@ -254,7 +258,7 @@ def _run(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # our own bar shows the training
     given = {field: getattr(args, option) for option, field in _OPTIONS.items() if getattr(args, option) is not None}
     summary = sft(args.output, dataclasses.replace(SFTConfig(), **given), progress=not args.quiet,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, device=args.device)
     print(json.dumps(summary))
     return 0
 
@@ -279,6 +283,7 @@ def register(commands) -> None:
     parser.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
     parser.add_argument("--digits", type=positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
     parser.add_argument("--seed", type=int, metavar="S", help=f"seeds the weights and the problems (default: {d.seed})")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run)
