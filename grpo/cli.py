@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from grpo import __version__
 from grpo.errors import UserError
 from grpo.eval.command import register as register_eval
-from grpo.infra.argtypes import fraction, positive_int
+from grpo.infra.argtypes import DEVICE_HELP, fraction, positive_int
 from grpo.tasks import load_task
 from grpo.train.sft import register as register_sft
 
@@ -82,13 +83,15 @@ def _config_reference() -> str:
 def _train(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
+    from grpo.infra.distributed import launched_rank
     from grpo.train import train
 
     hf_logging.disable_progress_bar()  # our own bar shows the run; no bars per weight file
     result = train(args.config, overrides=args.set, resume=args.resume, progress=not args.quiet)
     last = result.metrics[-1] if result.metrics else {}
-    print(json.dumps({"output_dir": str(result.output_dir), "final": str(result.final_dir),
-                      "steps": last.get("step"), "reward/mean": last.get("reward/mean")}))
+    if launched_rank() == 0:  # under torchrun, process 0 speaks for all
+        print(json.dumps({"output_dir": str(result.output_dir), "final": str(result.final_dir),
+                          "steps": last.get("step"), "reward/mean": last.get("reward/mean")}))
     return 0
 
 
@@ -101,7 +104,7 @@ def _rm_train(args: argparse.Namespace) -> int:
     summary = train_reward_model(
         args.model, args.data, args.output, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
         eval_fraction=args.eval_fraction, seed=args.seed, max_length=args.max_length,
-        overwrite=args.overwrite, progress=not args.quiet,
+        overwrite=args.overwrite, progress=not args.quiet, device=args.device,
     )
     print(json.dumps(summary))
     return 0
@@ -110,11 +113,13 @@ def _rm_train(args: argparse.Namespace) -> int:
 def _rm_eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
+    from grpo.infra.devices import resolve_device
     from grpo.rewards.model import RewardModel, load_pairs
 
     hf_logging.disable_progress_bar()
+    device = resolve_device(args.device, "--device")
     pairs = load_pairs(args.data)  # bad data fails before the model loads
-    model = RewardModel.from_pretrained(args.model, batch_size=args.batch_size)
+    model = RewardModel.from_pretrained(args.model, batch_size=args.batch_size, device=device)
     print(json.dumps({**model.evaluate(pairs), "model": args.model, "data": args.data}))
     return 0
 
@@ -224,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm_train.add_argument("--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)")
     rm_train.add_argument("--max-length", type=positive_int, default=None,
                           help="tokens per text; longer texts lose their beginning (default: the model's limit)")
+    rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar")
     rm_train.set_defaults(handler=_rm_train)
@@ -237,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
     rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
     rm_eval.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)")
+    rm_eval.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_eval.set_defaults(handler=_rm_eval)
 
     register_eval(commands, load_task=load_task)
@@ -280,7 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return int(handler(args) or 0)
     except UserError as err:
-        print(f"grpo: error: {err}", file=sys.stderr)
+        from grpo.infra.distributed import launched_rank
+
+        if launched_rank() == 0:  # under torchrun every process stops; process 0 says why
+            print(f"grpo: error: {err}", file=sys.stderr)
+        else:
+            # torchrun stops every process once one exits: the others give process 0 time
+            # to print the reason first (it exits at once; they are stopped meanwhile).
+            time.sleep(10)
         return 2
     except KeyboardInterrupt:
         print("grpo: interrupted", file=sys.stderr)

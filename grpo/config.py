@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -85,10 +86,12 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
     sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
     tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
-    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in.")
-    attention: Literal["auto", "eager", "sdpa"] = opt("auto", "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: eager up to 512 new tokens (on a CPU its backward is the faster one at such lengths, benchmarks/README.md; it holds the (B, heads, T, T) scores), the model's default beyond.")
+    device: str = opt("auto", "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.")
+    backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend under torchrun: auto (NCCL on GPUs, gloo on CPUs), nccl or gloo.")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in (the weights, gradients and optimizer state; see autocast for the compute dtype).")
+    attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = opt("auto", "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: on a CPU, eager up to 512 new tokens (its backward is the faster one at such lengths, benchmarks/README.md; it holds the (B, heads, T, T) scores) and the model's default beyond; on a GPU the model's default (SDPA). flash_attention_2 needs the flash-attn package.")
     gradient_checkpointing: bool = opt(False, "Activation checkpointing for the policy's update: each layer keeps only its input and recomputes the rest in the backward (one more forward pass of compute for much less activation memory; TRL's default). The update then runs one pass per row, without sharing a group's prompt.")
-    autocast: Literal["off", "bfloat16"] = opt("off", "Mixed precision: run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Pays on GPUs and on CPUs with AVX512-BF16/AMX once matmuls are big enough (models of ~1M parameters and up; below that it can be slower; measured in benchmarks/README.md). Changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones; learning does not (same README).")
+    autocast: Literal["auto", "off", "bfloat16"] = opt("auto", "Mixed precision (auto: bfloat16 on a GPU, off on a CPU): run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Pays on GPUs and on CPUs with AVX512-BF16/AMX once matmuls are big enough (models of ~1M parameters and up; below that it can be slower; measured in benchmarks/README.md). Changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones; learning does not (same README).")
 
 
 @dataclass
@@ -353,6 +356,7 @@ def validate(c: Config) -> None:
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):
         _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
     _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None, f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}")
     _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
     _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
     _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")

@@ -26,6 +26,14 @@ def test_console_command_is_installed():
     assert "Traceback" not in bad.stderr
 
 
+def test_python_dash_m_grpo_is_the_command():
+    """torchrun launches modules: `torchrun ... -m grpo train CONFIG` needs `python -m grpo`."""
+    out = subprocess.run([sys.executable, "-m", "grpo", "train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "train.device" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "grpo", "train", "/no/such.yaml"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "grpo: error: config file not found: /no/such.yaml"
+
+
 def test_eval_and_compare_help_name_any_task(capsys):
     for command in ("eval", "compare"):
         try:

@@ -155,17 +155,24 @@ def gae(
     return advantages, returns
 
 
-def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8,
+           total: Callable[[Tensor], Tensor] = _identity) -> Tensor:
     """Masked whitening: (x - mean) / sqrt(var + eps) over the valid entries of the batch.
 
     The variance is the unbiased one (as TRL's `masked_whiten`). With `shift_mean=False` the
     mean is added back (only the scale changes), as PPO implementations do for advantages
     that should keep their sign balance. Zero where the mask is zero.
+    `total` turns a sum over these entries into the sum over the whole batch when the batch
+    is split over processes (an all-reduce); by default these entries are the whole batch.
     """
     m = mask.to(x.dtype)
-    count = m.sum()
-    mean = (x * m).sum() / count.clamp(min=1)
-    var = (((x - mean) * m) ** 2).sum() / (count - 1).clamp(min=1)
+    count = total(m.sum())
+    mean = total((x * m).sum()) / count.clamp(min=1)
+    var = total((((x - mean) * m) ** 2).sum()) / (count - 1).clamp(min=1)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean

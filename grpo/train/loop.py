@@ -21,11 +21,13 @@ from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 
 from grpo.config import Config, config_from_dict, config_to_dict, load_config
 from grpo.data import PromptStream, load_rows
 from grpo.errors import UserError
-from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint
+from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint, save_sharded_checkpoint
+from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
 from grpo.infra.seed import rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
@@ -33,11 +35,10 @@ from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer
 from grpo.rollout import Sampler
+from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.train.models import (
-    AUTOCAST,
     build_reference,
     apply_lora,
-    attention_for,
     enable_checkpointing,
     load_causal_lm,
     count_parameters,
@@ -73,14 +74,14 @@ def resolve_functions(c: Config) -> dict[int, WeightedReward]:
     return {i: w for (i, _), w in zip(entries, resolved)}
 
 
-def load_reward_models(c: Config, functions: dict[int, WeightedReward]) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
-    """All rewards in config order: the resolved functions and the loaded reward models."""
+def load_reward_models(c: Config, functions: dict[int, WeightedReward], device: torch.device) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
+    """All rewards in config order: the resolved functions and the loaded reward models (on `device`)."""
     rewards, models = [], {}
     for i, r in enumerate(c.rewards):
         if r.function is not None:
             rewards.append(functions[i])
             continue
-        models[i] = RewardModel.from_pretrained(r.model)
+        models[i] = RewardModel.from_pretrained(r.model, device=device)
         if r.process:
             fn = ProcessModelReward(models[i], separator=r.step_separator, normalize=r.normalize)
         else:
@@ -92,23 +93,31 @@ def load_reward_models(c: Config, functions: dict[int, WeightedReward]) -> tuple
     return rewards, models
 
 
-def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
-    """Load the models and choose, once, the pieces in which GRPO and PPO differ."""
+def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device | None = None,
+                 world: World = SingleProcess()) -> Engine:
+    """Load the models onto `device` (train.device's) and choose, once, the pieces in which
+    GRPO and PPO differ. Over several processes, the policy and the critic are sharded
+    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why)."""
+    device = resolve_device(c.train.device) if device is None else device
     tokenizer = load_tokenizer(c.model)
-    attention = attention_for(c.train.attention, c.rollout.max_new_tokens)
-    compute_dtype = AUTOCAST[c.train.autocast]
-    policy = load_causal_lm(c.model, c.train.dtype, attention=attention)
+    attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
+    compute_dtype = autocast_dtype(c.train.autocast, device)
+    policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
     if c.train.gradient_checkpointing:
         enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
-    reference = build_reference(policy, beta=c.loss.beta, lora=bool(c.lora.r), dtype=compute_dtype)
-    critic = build_critic(c, attention, compute_dtype)
+    reference = build_reference(policy, beta=c.loss.beta, lora=bool(c.lora.r), dtype=compute_dtype,
+                                full_state_dict=world.full_state_dict)  # copied before sharding
+    critic = build_critic(c, attention, compute_dtype, device)
+    policy = world.shard(policy)
+    for network in critic.networks:
+        world.shard(network)
     kl = build_kl(c)
 
     groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
     groups += critic.param_groups(c.value.lr or c.train.lr)
-    # The fused kernel: one pass over each tensor instead of a dozen ops.
+    # The fused kernel (CPU and CUDA): one pass over each tensor instead of a dozen ops.
     optimizer = torch.optim.AdamW(groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True)
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
@@ -119,7 +128,7 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         rewards=rewards,
         score=score_steps if c.loss.supervision == "process" else score,
         reference=reference,
-        baseline=build_baseline(c, tokenizer, kl),
+        baseline=build_baseline(c, tokenizer, kl, world),
         kl=kl,
         critic=critic,
         optimizer=optimizer,
@@ -128,6 +137,9 @@ def build_engine(c: Config, rewards: list[WeightedReward]) -> Engine:
         train=c.train,
         loss=c.loss,
         prompt_column=c.data.prompt_column,
+        device=device,
+        compute_dtype=compute_dtype,
+        world=world,
     )
 
 
@@ -199,32 +211,62 @@ class NoUpdater:
         pass
 
 
-def _trainer_state(e: Engine, stream: PromptStream, updater, step: int, iteration: int) -> dict:
-    return {
+def _trained(e: Engine) -> nn.ModuleDict:
+    """The networks the optimizer moves, under one root (for the sharded state dicts)."""
+    return nn.ModuleDict({"policy": e.policy, **{"critic": n for n in e.critic.networks}})
+
+
+def _save(e: Engine, out: Path, stream: PromptStream, updater, step: int, iteration: int, keep: int) -> None:
+    common = {
         "reward_model_update": updater.state_dict(),
         "step": step,
-        "policy": e.policy.state_dict(),
-        # The reference equals the initial model during the first iteration; after a reset
-        # it is a snapshot of the policy, which only the checkpoint can give back.
-        "reference": e.reference.state_dict() if iteration > 0 else None,
-        "critic": e.critic.state_dict(),  # None without one
-        "optimizer": e.optimizer.state_dict(),
         "scheduler": e.scheduler.state_dict(),
         "data": stream.state_dict(),
-        "rng": rng_state(),
+        # The reference equals the initial model during the first iteration; after a reset
+        # it is a snapshot of the policy, which only the checkpoint can give back.
+        "has_reference": iteration > 0,
     }
+    if e.world.world_size == 1:
+        save_checkpoint(out, step, {
+            **common,
+            "policy": e.policy.state_dict(),
+            "reference": e.reference.state_dict() if iteration > 0 else None,
+            "critic": e.critic.state_dict(),  # None without one
+            "optimizer": e.optimizer.state_dict(),
+            "rng": rng_state(),
+        }, keep=keep)
+        return
+    save_sharded_checkpoint(e.world, out, step, common, {"rng": rng_state()}, _sharded_state(e, iteration > 0), keep=keep)
+
+
+def _sharded_state(e: Engine, with_reference: bool) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optimizer = get_state_dict(_trained(e), e.optimizer)
+    return {"model": model, "optimizer": optimizer, **({"reference": e.reference.state_dict()} if with_reference else {})}
 
 
 def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
-    e.policy.load_state_dict(state["policy"])
+    if e.world.world_size == 1:
+        e.policy.load_state_dict(state["policy"])
+        if state["reference"] is not None:
+            e.reference.load_state_dict(state["reference"])
+        e.critic.load_state_dict(state["critic"])
+        e.optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+    else:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        sharded = _sharded_state(e, state["has_reference"])
+        dcp.load(sharded, checkpoint_id=state["shards"])
+        set_state_dict(_trained(e), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"])
+        if state["has_reference"]:
+            e.reference.load_state_dict(sharded["reference"])
+        set_rng_state(state["local"]["rng"])
     updater.load_state_dict(state["reward_model_update"])
-    if state["reference"] is not None:
-        e.reference.load_state_dict(state["reference"])
-    e.critic.load_state_dict(state["critic"])
-    e.optimizer.load_state_dict(state["optimizer"])
     e.scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["data"])
-    set_rng_state(state["rng"])
     return int(state["step"])
 
 
@@ -249,11 +291,21 @@ def _record_update(out: Path, before_step: int, iteration: int, update: dict, up
 
 
 def _save_final(e: Engine, final_dir: Path) -> None:
+    """One plain Hugging Face directory, whatever the number of processes (process 0 writes
+    it, from the whole weights gathered to it)."""
     policy = e.policy
     if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
         policy = policy.merge_and_unload()
-    policy.save_pretrained(final_dir)
-    e.tokenizer.save_pretrained(final_dir)
+    if e.world.world_size == 1:
+        policy.save_pretrained(final_dir)
+        e.tokenizer.save_pretrained(final_dir)
+        return
+    weights = e.world.full_state_dict(policy, main_only=True)
+    if e.world.is_main:
+        policy.save_pretrained(final_dir, state_dict=weights)
+        e.tokenizer.save_pretrained(final_dir)
+        unwrapped_architecture(final_dir, policy)
+    e.world.barrier()
 
 
 def _postfix(metrics: dict) -> dict:
@@ -265,6 +317,18 @@ def _postfix(metrics: dict) -> dict:
     }
 
 
+def unwrapped_architecture(directory: Path, model) -> None:
+    """config.json names the model's class; FSDP2 renames it (FSDPLlamaForCausalLM): put
+    back the class it wraps, so that the directory is the same as one process writes."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain = next(k for k in type(model).__mro__ if not issubclass(k, FSDPModule))
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text())
+    config["architectures"] = [plain.__name__]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def train(
     config: Config | dict | str | Path,
     *,
@@ -272,40 +336,64 @@ def train(
     resume: bool = False,
     progress: bool = True,
 ) -> TrainResult:
-    """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path)."""
+    """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path).
+
+    Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
+    this; they split each step's prompts and share one result (grpo.infra.distributed)."""
+    c = as_config(config, overrides)
+    device = resolve_device(c.train.device)
+    backend = check_launch(launched_world_size(), c, device)
+    world = init_world(device, backend)
+    try:
+        return _train(c, world, device, resume=resume, progress=progress)
+    finally:
+        world.close()
+
+
+def _train(c: Config, world: World, device: torch.device, *, resume: bool, progress: bool) -> TrainResult:
     from tqdm.auto import tqdm
 
-    c = as_config(config, overrides)
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
-    if not resume and (metrics_path.exists() or (out / "checkpoints").exists()):
-        raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it or choose another output_dir")
 
-    # Everything that can be wrong with the input is found before any model is loaded.
-    functions = resolve_functions(c)
-    u = c.reward_model_update
-    verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-    rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split)
+    def inputs():
+        """Everything that can be wrong with the input, found before any model is loaded
+        (in every process: one that fails stops them all)."""
+        if not resume and (metrics_path.exists() or (out / "checkpoints").exists()):
+            raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it or choose another output_dir")
+        functions = resolve_functions(c)
+        u = c.reward_model_update
+        verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
+        rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split)
+        state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resume else None
+        return functions, verifier, rows, state
+
+    functions, verifier, rows, state = world.checked(inputs)
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
-    state = load_latest_checkpoint(out) if resume else None
 
-    seed_everything(c.seed)
-    rewards, reward_models = load_reward_models(c, functions)
-    e = build_engine(c, rewards)
+    seed_everything(c.seed)  # the same in every process: the models start the same
+    rewards, reward_models = load_reward_models(c, functions, device)
+    e = build_engine(c, rewards, device, world)
     updater = build_updater(c, e, verifier, reward_models, rows) if verifier else NoUpdater()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(c), sort_keys=False))
+    if world.world_size > 1:
+        seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
+    if world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(c), sort_keys=False))
 
     start = 0
     if state is not None:
         start = _restore(e, stream, updater, state)
-        truncate_metrics(metrics_path, start)
-        truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
-    sinks = Sinks([JsonlSink(metrics_path)] + ([TensorBoardSink(out / "tensorboard")] if c.train.tensorboard else []))
+        if world.is_main:
+            truncate_metrics(metrics_path, start)
+            truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
+    sinks = Sinks(([JsonlSink(metrics_path)] + ([TensorBoardSink(out / "tensorboard")] if c.train.tensorboard else []))
+                  if world.is_main else [])
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
+    share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
 
-    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main, dynamic_ncols=True)
     try:
         for step in range(start, c.train.steps):
             iteration = step // steps_per_iteration
@@ -316,21 +404,25 @@ def train(
                 if update is not None:
                     _record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
                 e.reference.reset_to(e.policy)
-            result = train_step(e, stream.take(c.rollout.prompts_per_step))
+            # Every process takes the step's prompts from the same stream and keeps its share.
+            batch_rows = stream.take(c.rollout.prompts_per_step)
+            result = train_step(e, batch_rows[world.rank * share : (world.rank + 1) * share])
             number = step + 1
             metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
             sinks.log(number, metrics)
             bar.update(1)
             bar.set_postfix(_postfix(metrics))
-            if c.train.sample_every and number % c.train.sample_every == 0:
+            if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
                 _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
             if number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0):
-                save_checkpoint(out, number, _trainer_state(e, stream, updater, number, iteration), keep=c.train.keep_checkpoints)
+                _save(e, out, stream, updater, number, iteration, c.train.keep_checkpoints)
     finally:
         bar.close()
         sinks.close()
     _save_final(e, out / "final")
+    world.barrier()
     metrics = read_metrics(metrics_path)
     summary = run_summary(c, metrics, held, parameters_held(e, reward_models))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if world.is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return TrainResult(out, out / "final", metrics, held, summary)

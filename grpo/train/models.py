@@ -22,28 +22,16 @@ from grpo.errors import UserError, first_line
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
 
-# train.autocast -> the compute dtype of the forward passes (None = off).
-AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}
-
-
-def attention_for(choice: str, max_new_tokens: int) -> str | None:
-    """train.attention -> transformers' attn_implementation (None = the model's default).
-    auto: eager attention for the short sequences CPU runs use, where the fused SDPA kernel's
-    CPU backward is the slower one (benchmarks/README.md); eager holds the (B, heads, T, T)
-    scores, so beyond 512 new tokens auto keeps the default."""
-    if choice == "auto":
-        return "eager" if max_new_tokens <= 512 else None
-    return choice
-
-
-def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | None = None):
+def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | None = None,
+                   device: torch.device | str = "cpu"):
+    """A causal LM from a Hugging Face directory or hub id, on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, key), attn_implementation=attention)
     except Exception as err:
         raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
-    return model.eval()  # dropout off for RL
+    return model.to(device).eval()  # dropout off for RL
 
 
 def autocast(model, dtype: torch.dtype | None):
@@ -231,8 +219,10 @@ class FrozenCopy:
 
     held = True
 
-    def __init__(self, policy, matmul_dtype: torch.dtype | None = None):
+    def __init__(self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        # The policy's whole weights (sharded under FSDP, the reference is a full replica).
+        self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
         self.networks = [self.model]
         if matmul_dtype is not None:
             embedding = self.model.get_input_embeddings().weight
@@ -246,7 +236,7 @@ class FrozenCopy:
 
     @torch.no_grad()
     def reset_to(self, policy):
-        self.model.load_state_dict(policy.state_dict())
+        self.model.load_state_dict(self.full_state_dict(policy))
 
     def state_dict(self):
         return self.model.state_dict()
@@ -287,12 +277,13 @@ class AdapterOff:
         pass
 
 
-def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None) -> Reference:
+def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None) -> Reference:
     """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
-    off; else a frozen copy (its linear weights in `dtype` under train.autocast)."""
+    off; else a frozen copy (its linear weights in `dtype` under train.autocast), reset from
+    `full_state_dict(policy)` (default: the policy's own state dict)."""
     if beta == 0:
         return NoReference()
-    return AdapterOff(policy) if lora else FrozenCopy(policy, dtype)
+    return AdapterOff(policy) if lora else FrozenCopy(policy, dtype, full_state_dict)
 
 
 # ---- the critic -------------------------------------------------------------------------------
@@ -320,7 +311,7 @@ class ValueModel(nn.Module):
         return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1)
 
 
-def load_value_model(path: str, dtype: str, attention: str | None = None) -> ValueModel:
+def load_value_model(path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu") -> ValueModel:
     from transformers import AutoModel
 
     # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
@@ -329,7 +320,7 @@ def load_value_model(path: str, dtype: str, attention: str | None = None) -> Val
             backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention)
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
-    return ValueModel(backbone, backbone.config.hidden_size).eval()
+    return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()
 
 
 def trainable_parameters(model: nn.Module) -> list:

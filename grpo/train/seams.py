@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from grpo.algo import aggregate, gae, group_advantages, kl_estimate, kl_penalized_rewards, process_advantages, value_loss, whiten
+from grpo.infra.distributed import SingleProcess, World
 from grpo.rollout import Rollout
 from grpo.rollout.batch import char_to_token_ends
 from grpo.train.models import ValueModel, autocast, load_value_model, no_grad_pass
@@ -131,13 +132,17 @@ class Baseline(Protocol):
 
 
 class GroupBaseline:
-    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps) for every token of output i."""
+    """GRPO: A_i = (r_i - mean(group)) / (std(group) + eps) for every token of output i.
+    Computed on every process's rewards (a few floats each), so that `loss.scale: batch`
+    divides by the std of the whole batch, as in one process."""
 
-    def __init__(self, group_size: int, scale: str, eps: float):
-        self.group_size, self.scale, self.eps = group_size, scale, eps
+    def __init__(self, group_size: int, scale: str, eps: float, world: World = SingleProcess()):
+        self.group_size, self.scale, self.eps, self.world = group_size, scale, eps, world
 
     def __call__(self, batch, scored, passes):
-        return Targets(group_advantages(scored.scores, self.group_size, scale=self.scale, eps=self.eps))
+        everyone, ours = self.world.gather(scored.scores)  # (N * processes,), our rows from `ours`
+        advantages = group_advantages(everyone, self.group_size, scale=self.scale, eps=self.eps)
+        return Targets(advantages[ours : ours + len(batch)])
 
 
 class ProcessBaseline:
@@ -174,8 +179,9 @@ class GAEBaseline:
     """PPO: per-token rewards (the score at the last token; minus beta * KL per token when the
     KL goes into the reward), then GAE against the critic's values, whitened over the batch."""
 
-    def __init__(self, kl: KLPlacement, gamma: float, lam: float, whiten_advantages: bool):
+    def __init__(self, kl: KLPlacement, gamma: float, lam: float, whiten_advantages: bool, world: World = SingleProcess()):
         self.kl, self.gamma, self.lam, self.whiten_advantages = kl, gamma, lam, whiten_advantages
+        self.world = world  # whitening's mean and variance are over every process's tokens
 
     def __call__(self, batch, scored, passes):
         mask = batch.completion_mask
@@ -183,7 +189,7 @@ class GAEBaseline:
         rewards = self.kl.token_rewards(scores, passes, mask)  # (N, T)
         advantages, returns = gae(rewards, passes.old_values, mask, gamma=self.gamma, lam=self.lam)
         if self.whiten_advantages:
-            advantages = whiten(advantages, mask)
+            advantages = whiten(advantages, mask, total=self.world.sum)
         return Targets(advantages, returns)
 
 
@@ -191,12 +197,15 @@ class GAEBaseline:
 
 
 def clip_grad_norm(params: list, max_norm: float) -> float:
-    """The gradient norm of `params` before clipping (clipped to max_norm when it is > 0)."""
+    """The gradient norm of `params` before clipping (clipped to max_norm when it is > 0).
+    Sharded (FSDP2) parameters give the norm of the whole gradient, over all processes."""
     if not params:
         return 0.0
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class Critic:
@@ -226,8 +235,9 @@ class Critic:
     def clip_grad(self, max_norm: float) -> None:
         clip_grad_norm(list(self.model.parameters()), max_norm)
 
-    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor) -> dict:
-        return {"value_loss": mean_loss, "value/mean": float(aggregate(passes.old_values, mask, "token-mean"))}
+    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor, world: World = SingleProcess()) -> dict:
+        sums = world.sum(torch.stack([(passes.old_values * mask).sum(), mask.sum()]).double())  # over all processes
+        return {"value_loss": mean_loss, "value/mean": float(sums[0] / sums[1].clamp(min=1))}
 
     def state_dict(self) -> dict:
         return self.model.state_dict()
@@ -254,7 +264,7 @@ class NoCritic:
     def clip_grad(self, max_norm: float) -> None:
         pass
 
-    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor) -> dict:
+    def metrics(self, mean_loss: float, passes: Passes, mask: Tensor, world: World = SingleProcess()) -> dict:
         return {}
 
     def state_dict(self) -> None:
@@ -268,9 +278,10 @@ class NoCritic:
 
 # (loss.baseline, loss.supervision) -> the baseline, built from the config, the tokenizer and the KL placement.
 BASELINES: dict[tuple[str, str], Callable[..., Baseline]] = {
-    ("group", "outcome"): lambda c, tokenizer, kl: GroupBaseline(c.rollout.group_size, c.loss.scale, c.loss.eps),
-    ("group", "process"): lambda c, tokenizer, kl: ProcessBaseline(c.rollout.group_size, c.loss.eps, tokenizer),
-    ("critic", "outcome"): lambda c, tokenizer, kl: GAEBaseline(kl, c.loss.gamma, c.loss.lam, c.loss.whiten_advantages),
+    ("group", "outcome"): lambda c, tokenizer, kl, world: GroupBaseline(c.rollout.group_size, c.loss.scale, c.loss.eps, world),
+    # Normalised within each group, and a group never spans processes: nothing to share.
+    ("group", "process"): lambda c, tokenizer, kl, world: ProcessBaseline(c.rollout.group_size, c.loss.eps, tokenizer),
+    ("critic", "outcome"): lambda c, tokenizer, kl, world: GAEBaseline(kl, c.loss.gamma, c.loss.lam, c.loss.whiten_advantages, world),
 }
 
 
@@ -278,14 +289,14 @@ def build_kl(c) -> KLPlacement:
     return NoKL() if c.loss.beta == 0 else KL_PLACEMENTS[c.loss.kl_in](c.loss.beta, c.loss.kl_estimator)
 
 
-def build_baseline(c, tokenizer, kl: KLPlacement) -> Baseline:
-    return BASELINES[c.loss.baseline, c.loss.supervision](c, tokenizer, kl)
+def build_baseline(c, tokenizer, kl: KLPlacement, world: World = SingleProcess()) -> Baseline:
+    return BASELINES[c.loss.baseline, c.loss.supervision](c, tokenizer, kl, world)
 
 
-def build_critic(c, attention: str | None, dtype: torch.dtype | None) -> Critic | NoCritic:
+def build_critic(c, attention: str | None, dtype: torch.dtype | None, device: torch.device | str = "cpu") -> Critic | NoCritic:
     """The critic the baseline needs: a value model for the critic baseline (PPO), else none.
     The value model is the policy's `model` with a scalar head unless value.model names another."""
     if c.loss.baseline != "critic":
         return NoCritic()
-    model = load_value_model(c.value.model or c.model, c.train.dtype, attention)
+    model = load_value_model(c.value.model or c.model, c.train.dtype, attention, device)
     return Critic(model, value_clip=c.loss.value_clip, dtype=dtype)

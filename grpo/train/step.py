@@ -11,18 +11,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from grpo.algo import aggregate, clipped_fraction, entropy, kl_estimate, policy_loss, token_logprobs
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
+from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import StepScores, WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.train.models import (
-    AUTOCAST,
     Reference,
     activation_checkpointing,
     autocast,
@@ -54,11 +54,9 @@ class Engine:
     train: TrainConfig
     loss: LossConfig
     prompt_column: str
-
-    @property
-    def compute_dtype(self) -> torch.dtype | None:
-        """train.autocast: the forward passes run in this dtype (None = the weights')."""
-        return AUTOCAST[self.train.autocast]
+    device: torch.device = torch.device("cpu")  # train.device, resolved: every model and batch lives there
+    compute_dtype: torch.dtype | None = None  # train.autocast, resolved: the forward passes' dtype (None = the weights')
+    world: World = field(default_factory=SingleProcess)  # the processes of a data-parallel run (grpo.infra.distributed)
 
     @property
     def policy_params(self) -> list:
@@ -87,13 +85,26 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
     return hi > lo
 
 
-def train_step(e: Engine, rows: list[dict]) -> StepResult:
-    """One step on `rows` (prompts_per_step data rows): sample, score, baseline, update."""
-    start = time.perf_counter()
-    group_size = e.rollout.group_size
+def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]:
+    """A group that weighs nothing: the first sampled group with an empty completion mask and
+    no score. A process whose every group was dropped still runs the collectives of a step
+    on it, while the other processes train on theirs."""
+    group = sampled.select(torch.arange(sampled.group_size))
+    group.completion_mask = torch.zeros_like(group.completion_mask)
+    scores = torch.full((len(group),), math.nan, device=group.completion_mask.device)
+    return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
-    # 1. Sample G completions for each prompt.
-    batch = sampled = e.sampler.sample(e.policy, rows)
+
+def train_step(e: Engine, rows: list[dict]) -> StepResult:
+    """One step on `rows` (this process's share of prompts_per_step data rows): sample,
+    score, baseline, update. Every statistic over the batch (counts, reward scaling,
+    whitening, the metrics) is one over all processes' rows."""
+    start = time.perf_counter()
+    group_size, world = e.rollout.group_size, e.world
+
+    # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
+    with world.gathered(e.policy):
+        batch = sampled = e.sampler.sample(e.policy, rows)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
@@ -110,14 +121,19 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
     if e.loss.drop_zero_std_groups:
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
+    trained_rows = int(world.sum(torch.tensor(len(batch))))  # over all processes
 
     stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
-    if len(batch):
+    if trained_rows:
+        live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
+        if not len(batch):
+            batch, scored = _placeholder(sampled, steps)
+            live = torch.zeros(len(batch), dtype=torch.bool)
         # 3. The passes before the update: the reference's log-probs, the old policy's (when
         #    the policy moves before the last update) and the critic's values. In
         #    micro-batches, like the update, so that no pass holds the whole batch's activations.
         size, temperature = e.train.micro_batch_size, e.rollout.temperature
-        with autocast(e.policy, e.compute_dtype):
+        with autocast(e.policy, e.compute_dtype), world.gathered(e.policy, *e.critic.networks):
             passes = Passes(
                 ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature), batch, size),  # (N, T) or None
                 old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature), batch, size)
@@ -129,47 +145,68 @@ def train_step(e: Engine, rows: list[dict]) -> StepResult:
         targets = e.baseline(batch, scored, passes)
 
         # 5. Update: mu epochs over minibatches, accumulating micro-batches.
-        stats = _update(e, batch, targets, passes)
+        stats = _update(e, batch, targets, passes, live, trained_rows)
+    if e.device.type == "cuda":
+        torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
     updated = time.perf_counter()
 
-    total = reward.total
+    total, _ = world.gather(reward.total)  # (N * world_size,) every process's rewards
     finite = total[~torch.isnan(total)]
+    all_lengths, _ = world.gather(lengths)
     metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
-        **{f"reward/{name}": float(torch.nanmean(v)) for name, v in reward.per_function.items()},
+        **{f"reward/{name}": float(torch.nanmean(world.gather(v)[0])) for name, v in reward.per_function.items()},
         **stats,
-        "tokens/completion": int(lengths.sum()),
-        "tokens/trained": int(batch.completion_lengths.sum()),
-        "completion_length/mean": float(lengths.float().mean()),
-        "frac_zero_std_groups": float(1.0 - spread.float().mean()),
+        "tokens/completion": int(world.sum(lengths.sum())),
+        "tokens/trained": int(world.sum(batch.completion_lengths.sum())),
+        "completion_length/mean": float(all_lengths.float().mean()),
+        "frac_zero_std_groups": float(1.0 - world.gather(spread.float())[0].mean()),
         "frac_unscored": float(torch.isnan(total).float().mean()),
         "lr": e.scheduler.get_last_lr()[0],
         "time/step": updated - start,
         "time/generate": generated - start,
         "time/score": scored_at - generated,
         "time/update": updated - scored_at,
-        "memory/peak_mb": peak_memory_mb(),
+        "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
     }
-    return StepResult(metrics, sampled, total)
+    return StepResult(metrics, sampled, reward.total)
 
 
-def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes) -> dict:
+def _micro_batch_plan(world, n: int, minibatches: int, micro_batch_size: int) -> list[int]:
+    """Forward/backward passes per minibatch, the same in every process: the most any process
+    needs (a sharded model's passes are collectives, so every process runs as many; one
+    with fewer rows pads with passes that weigh nothing)."""
+    sizes = [len(m) for m in torch.tensor_split(torch.arange(n), minibatches)]
+    counts = torch.tensor([math.ceil(s / micro_batch_size) if micro_batch_size else int(s > 0) for s in sizes])
+    return world.max(counts).tolist()
+
+
+def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: Tensor, trained_rows: int) -> dict:
     """mu epochs of clipped-ratio updates; returns the step's loss, KL, entropy, clipping, grad
-    norm (and the critic's own metrics)."""
-    n = len(batch)
+    norm (and the critic's own metrics). A loss is divided by the whole batch's counts (over
+    all processes), so the processes' gradients sum to the whole batch's gradient."""
+    n, world = len(batch), e.world
     mask = batch.completion_mask
     lo, tr = e.loss, e.train
     clip = dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level)
-    sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "value_loss": 0.0, "grad_norm": 0.0}
-    first_pass_tokens = 0.0
-    updates = 0
+    sums = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "value_loss", "first_pass_tokens"), 0.0)
+    grad_norm, updates = 0.0, 0
+    plan = _micro_batch_plan(world, n, tr.minibatches, tr.micro_batch_size)
     for epoch in range(tr.epochs):
         order = torch.randperm(n) if tr.minibatches > 1 else torch.arange(n)
-        for minibatch in order.chunk(tr.minibatches):
-            totals = dict(num_sequences=len(minibatch), num_tokens=float(mask[minibatch].sum()), max_tokens=e.rollout.max_new_tokens)
-            for micro in minibatch.split(tr.micro_batch_size or len(minibatch)):
-                part = batch.select(micro)
+        for minibatch, passes_needed in zip(torch.tensor_split(order, tr.minibatches), plan):
+            totals = dict(num_sequences=float(world.sum(live[minibatch].sum())), num_tokens=float(world.sum(mask[minibatch].sum())),
+                          max_tokens=e.rollout.max_new_tokens)
+            micros = [m for m in minibatch.split(tr.micro_batch_size or max(len(minibatch), 1)) if len(m)]
+            for micro in micros + [None] * (passes_needed - len(micros)):
+                rows = float(live[micro].sum()) if micro is not None else 0.0  # sequences it counts
+                if micro is None:  # a pass that weighs nothing (row 0, its mask emptied)
+                    micro = torch.zeros(1, dtype=torch.long)
+                    part = batch.select(micro)
+                    part.completion_mask = torch.zeros_like(part.completion_mask)
+                else:
+                    part = batch.select(micro)
                 m = part.completion_mask  # (n, T)
                 logits = _policy_logits(e, part)  # (n, T, V)
                 logprobs = token_logprobs(logits, part.completion_ids, temperature=e.rollout.temperature)  # (n, T)
@@ -185,24 +222,27 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes) -> dict
                 sums["value_loss"] += float(value_loss.detach())
                 if epoch == 0:  # diagnostics of the policy as sampled
                     with torch.no_grad():
-                        first_pass_tokens += float(m.sum())
+                        sums["first_pass_tokens"] += float(m.sum())
                         sums["entropy"] += float((entropy(logits.detach(), temperature=e.rollout.temperature) * m).sum())
                         if ref is not None:  # the KL the run moved, wherever its penalty goes
                             sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
-                sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * len(micro)
-            sums["grad_norm"] += clip_grad_norm(e.policy_params, tr.max_grad_norm)
+                sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * rows
+            grad_norm += clip_grad_norm(e.policy_params, tr.max_grad_norm)
             e.critic.clip_grad(tr.max_grad_norm)
             e.optimizer.step()
             e.scheduler.step()
             e.optimizer.zero_grad(set_to_none=True)
             updates += 1
+    keys = list(sums)
+    sums = dict(zip(keys, world.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()))
+    tokens = max(sums["first_pass_tokens"], 1.0)
     return {
         "loss": sums["loss"] / updates,
-        "kl": sums["kl"] / max(first_pass_tokens, 1.0) if passes.ref_logprobs is not None else None,
-        "entropy": sums["entropy"] / max(first_pass_tokens, 1.0),
-        "clip_fraction": sums["clip_fraction"] / (n * tr.epochs),
-        "grad_norm": sums["grad_norm"] / updates,
-        **e.critic.metrics(sums["value_loss"] / updates, passes, mask),
+        "kl": sums["kl"] / tokens if passes.ref_logprobs is not None else None,
+        "entropy": sums["entropy"] / tokens,
+        "clip_fraction": sums["clip_fraction"] / (trained_rows * tr.epochs),
+        "grad_norm": grad_norm / updates,
+        **e.critic.metrics(sums["value_loss"] / updates, passes, mask, world),
     }
 
 
@@ -211,5 +251,8 @@ def _policy_logits(e: Engine, part: Rollout) -> Tensor:
     its dtypes); with checkpointing, in training mode and one pass per row (a checkpointed
     layer recomputes its forward and takes no cache, so the prompts cannot be shared)."""
     checkpointing = e.train.gradient_checkpointing
+    # Sharded, the policy's forward passes are collectives: every process must run as many,
+    # and sharing prompts makes their number depend on the rows.
+    share_prompts = not checkpointing and e.world.world_size == 1
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, checkpointing):
-        return completion_logits(e.policy, part, share_prompts=not checkpointing)
+        return completion_logits(e.policy, part, share_prompts=share_prompts)

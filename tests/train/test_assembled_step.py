@@ -47,11 +47,11 @@ def fixed_rewards(prompts, completions, **columns):
     return [REWARDS[c] for c in completions]
 
 
-def fixed_rollout(tokenizer, prompts, group_size):
+def fixed_rollout(tokenizer, prompts, group_size, completions=COMPLETIONS):
     """Prompts left-padded to a common length, completions (plus EOS) right-padded to T_LEN."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    completion_ids = [(tokenizer.encode(c, add_special_tokens=False) + [eos])[:T_LEN] for c in COMPLETIONS]
+    completion_ids = [(tokenizer.encode(c, add_special_tokens=False) + [eos])[:T_LEN] for c in completions]
     p_len = max(map(len, prompt_ids))
     ids, attention = [], []
     for p, c in zip(prompt_ids, completion_ids):
@@ -59,7 +59,7 @@ def fixed_rollout(tokenizer, prompts, group_size):
         attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (T_LEN - len(c)))
     attention = torch.tensor(attention)
     return Rollout(input_ids=torch.tensor(ids), attention_mask=attention, completion_mask=attention[:, p_len:].float(),
-                   prompts=prompts, completions=COMPLETIONS, rows=[{"prompt": p} for p in prompts], group_size=group_size)
+                   prompts=prompts, completions=completions, rows=[{"prompt": p} for p in prompts], group_size=group_size)
 
 
 class FixedSampler:

@@ -1,0 +1,7 @@
+"""`python -m grpo ...`: the `grpo` command, as torchrun launches it (`torchrun ... -m grpo train CONFIG`)."""
+
+import sys
+
+from grpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,174 @@
+"""Many processes, one program: torchrun with gloo on the CPU, 2 processes.
+
+- world-size invariance: one optimizer step on a fixed rollout gives the same weights in
+  2 processes as in 1 (GRPO in each aggregation mode, batch scaling, dropped groups; PPO);
+- a 2-process run of the tiny model learns, and its final/ is one plain HF directory;
+- a 2-process run killed with SIGKILL and resumed writes the metrics of one never interrupted;
+- 2 nodes x 1 process through torchrun's c10d rendezvous on 127.0.0.1 run the same program:
+  the same metrics as 1 node x 2 processes;
+- bad launches stop every process with one line from process 0.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from grpo.infra.hf import load_tokenizer
+from tests.train.test_learning import gain
+from tests.train.test_resume import DETERMINISTIC, results
+from tests.train.world_worker import CASES, run_all
+
+ROOT = Path(__file__).parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def torchrun(*args, nproc=2, timeout=300, env=None):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**ENV, **(env or {})}, timeout=timeout)
+
+
+def write_config(tmp_path, name, config):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def metrics_of(output_dir):
+    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def moved_policy(tiny_model, tmp_path_factory):
+    """The tiny model with every weight moved by seeded noise: the step's starting policy
+    (the reference stays the tiny model)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    directory = tmp_path_factory.mktemp("moved")
+    model.save_pretrained(directory)
+    load_tokenizer(tiny_model).save_pretrained(directory)
+    return str(directory)
+
+
+def test_one_step_on_two_processes_equals_one_step_on_one(moved_policy, tiny_model, prompts_file, tmp_path):
+    out = tmp_path / "two.pt"
+    run = torchrun("-m", "tests.train.world_worker", moved_policy, tiny_model, prompts_file, str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    two = torch.load(out)
+    one = run_all(moved_policy, tiny_model, prompts_file)
+    assert set(two) == set(one) == set(CASES)
+    for case in CASES:
+        (weights_2, metrics_2), (weights_1, metrics_1) = two[case], one[case]
+        assert set(weights_2) == set(weights_1), case
+        start = AutoModelForCausalLM.from_pretrained(moved_policy).state_dict()
+        assert any(not torch.equal(weights_1[f"policy.{k}"], start[k]) for k in start), case  # the step moved the policy
+        for name in weights_1:
+            torch.testing.assert_close(weights_2[name], weights_1[name], rtol=1e-5, atol=1e-6, msg=f"{case}: {name}")
+        for key in metrics_1:
+            assert metrics_2[key] == pytest.approx(metrics_1[key], rel=1e-5, abs=1e-7), (case, key)
+    assert two["grpo-drop-zero-std-groups"][1]["tokens/trained"] < two["grpo-seq-mean-token-mean"][1]["tokens/trained"]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tiny_model, prompts_file, tmp_path_factory):
+    """40 steps of the learning test's GRPO run, in 2 processes."""
+    tmp = tmp_path_factory.mktemp("two")
+    config = {
+        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(tmp / "run"),
+        "data": {"path": prompts_file}, "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
+        "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
+        "train": {"steps": 40, "lr": 1e-3, "sample_every": 10}, "loss": {"beta": 0.04},
+    }
+    path = write_config(tmp, "config", config)
+    run = torchrun("-m", "grpo", "train", str(path), "--quiet")
+    return config, run
+
+
+def test_a_two_process_run_learns_and_saves_one_plain_model(two_process_run, tiny_model):
+    config, run = two_process_run
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = Path(config["output_dir"])
+    metrics = metrics_of(out)
+    assert [m["step"] for m in metrics] == list(range(1, 41))  # process 0 alone writes: one line per step
+    assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
+    assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # every process's completions counted
+    assert run.stdout.count('"output_dir"') == 1  # one summary line, from process 0
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert json.loads((out / "final" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in final.state_dict().items())
+    assert sorted(p.name for p in (out / "checkpoints" / "step-000040").iterdir()) == ["rank-00000.pt", "rank-00001.pt", "shards", "state.pt"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_through_c10d_rendezvous_run_the_same_program(two_process_run, tmp_path):
+    """Two torchrun agents (one process each) meet at 127.0.0.1: the run is the same as one
+    agent with two processes (process r samples the same prompts with the same seed)."""
+    config, _ = two_process_run
+    config = {**config, "output_dir": str(tmp_path / "nodes"), "train": {**config["train"], "steps": 3}}
+    path = write_config(tmp_path, "nodes", config)
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node-rank", str(rank),
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "grpo-test",
+             "-m", "grpo", "train", str(path), "--quiet"],
+            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [agent.communicate(timeout=300) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    nodes = [{k: m[k] for k in DETERMINISTIC} for m in metrics_of(tmp_path / "nodes")]
+    one_node = [{k: m[k] for k in DETERMINISTIC} for m in metrics_of(two_process_run[0]["output_dir"])[:3]]
+    assert nodes == one_node
+
+
+def test_a_killed_two_process_run_resumes_as_if_never_interrupted(make_config, tmp_path):
+    # 6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4;
+    # every process SIGKILLs itself inside step 5 (its 5th reward call).
+    settings = dict(train={"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3},
+                    rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_die"}])
+    paths = {}
+    for name in ("straight", "killed"):
+        config = make_config(**settings)
+        config["output_dir"] = str(tmp_path / name)
+        paths[name] = write_config(tmp_path, name, config)
+
+    straight = torchrun("-m", "grpo", "train", str(paths["straight"]), "--quiet")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = torchrun("-m", "grpo", "train", str(paths["killed"]), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
+    assert killed.returncode != 0
+    assert [m["step"] for m in results(tmp_path / "killed")] == [1, 2, 3, 4]
+    resumed = torchrun("-m", "grpo", "train", str(paths["killed"]), "--quiet", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert results(tmp_path / "killed") == results(tmp_path / "straight")
+    assert [m["iteration"] for m in results(tmp_path / "killed")] == [1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"rollout": {"prompts_per_step": 3}}, "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes"),
+    ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),
+])
+def test_a_bad_launch_stops_every_process_with_one_line(make_config, tmp_path, settings, message):
+    path = write_config(tmp_path, "bad", make_config(**settings))
+    run = torchrun("-m", "grpo", "train", str(path), "--quiet")
+    assert run.returncode != 0
+    ours = [line for line in run.stderr.splitlines() if line.startswith("grpo: error:")]
+    assert len(ours) == 1 and message in ours[0], run.stderr[-2000:]
+    assert str(ROOT / "grpo") not in run.stderr  # no traceback through our code (torchrun prints its own summary)
