@@ -308,7 +308,8 @@ class ValueModel(nn.Module):
             position_ids=batch.position_ids,
             use_cache=False,
         ).last_hidden_state  # (N, P + T, H)
-        return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1)
+        # A tensor of its own, not a view: FSDP2 hooks a sharded module's output for its backward.
+        return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1).clone()
 
 
 def load_value_model(path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu") -> ValueModel:
