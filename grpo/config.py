@@ -66,6 +66,7 @@ class RolloutConfig:
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
     generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
+    seed_per_prompt: bool = opt(False, "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).")
     sampler: Literal["auto", "fast", "hf"] = opt("auto", "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).")
 
 

@@ -14,6 +14,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def prompt_seed(seed: int, step: int, index: int) -> int:
+    """The seed of one prompt's sampling: a function of the run's seed, the step and the
+    prompt's index in the step's whole batch (so not of which process samples it)."""
+    return (((seed * 1_000_003) + step) * 1_000_033 + index) % 2**63
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -242,8 +242,11 @@ class SamplingParams:
     pad_token_id: int = 0
 
 
-def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None) -> Tensor:
-    """generate's sampling for one step: (B, V) float32 logits -> (B,) token ids."""
+def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None,
+                 draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
+    """generate's sampling for one step: (B, V) float32 logits -> (B,) token ids. With
+    `draws` (rows per prompt, a generator per prompt), each prompt's rows are drawn from
+    its own generator."""
     scores = logits
     if eos is not None and step < p.min_new_tokens:
         scores = scores.index_fill(1, eos, -math.inf)
@@ -257,25 +260,36 @@ def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | Non
         remove = sorted_scores.softmax(-1).cumsum(-1) <= (1 - p.top_p)
         remove[..., -1:] = False  # keep at least one token
         scores = scores.masked_fill(remove.scatter(1, order, remove), -math.inf)
-    return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+    probs = F.softmax(scores, dim=-1)
+    if draws is None:
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+    rows, generators = draws
+    return torch.cat([torch.multinomial(part, 1, generator=g) for part, g in zip(probs.split(rows), generators)]).squeeze(1)
 
 
 def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype=None,
-           weights: _Weights | None = None) -> Tensor:
+           weights: _Weights | None = None, seeds: list[int] | None = None) -> Tensor:
     """Sample completions: prompt i (a row of the left-padded `prompt_ids` (B, P)) gets
     counts[i] consecutive rows. Returns (sum(counts), T) token ids, T <= max_new_tokens,
     padded with `pad_token_id` after each row's EOS. `dtype` is the compute dtype (default:
     the model's); `weights` are the model's current fused weights from `fuse_weights(model, dtype)`
-    (default: built for this call)."""
+    (default: built for this call). With `seeds` (one per prompt), prompt i's rows are drawn
+    from a generator seeded with seeds[i], so its completions do not depend on the other
+    prompts of the call; without, every row from the global stream, as `generate` draws."""
     # inference_mode skips autograd's per-op bookkeeping; its tensors cannot enter autograd
     # later, so the result is copied out of it.
     with torch.inference_mode():
         w = weights if weights is not None else fuse_weights(model, dtype or next(model.parameters()).dtype)
-        out = _decode(model, w, prompt_ids, prompt_mask, counts, p)
+        draws = None
+        if seeds is not None:
+            generators = [torch.Generator(device=prompt_ids.device).manual_seed(s) for s in seeds]
+            draws = (counts.tolist(), generators)
+        out = _decode(model, w, prompt_ids, prompt_mask, counts, p, draws)
     return out.clone()
 
 
-def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams) -> Tensor:
+def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams,
+            draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
     b, prompt_len = prompt_ids.shape
     total = prompt_len + p.max_new_tokens
     device = prompt_ids.device
@@ -306,7 +320,7 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     generated = 0
     for step in range(p.max_new_tokens):
-        tokens = _next_tokens(logits, step, p, eos)
+        tokens = _next_tokens(logits, step, p, eos, draws)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)

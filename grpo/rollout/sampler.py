@@ -45,6 +45,13 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> t
     return (torch.arange(t_len).unsqueeze(0) <= first_eos.unsqueeze(1)).float()
 
 
+def _pad_cat(pieces: list[torch.Tensor], pad: int) -> torch.Tensor:
+    """Rows of token ids from several decoding calls (those that hit EOS early are shorter),
+    right-padded to the longest and stacked."""
+    width = max(p.shape[1] for p in pieces)
+    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+
+
 class Sampler:
     """G completions per prompt, a prompt's G in contiguous rows: temperature, top-p, top-k,
     min/max new tokens, EOS; decoded by the fast loop or by `generate` (see the module doc)."""
@@ -132,12 +139,21 @@ class Sampler:
     def _fast_loop(self, model):
         """fast.decode with the model's fused weights, built once for every chunk of this sample."""
         weights = fast.fuse_weights(model, self.autocast or next(model.parameters()).dtype)
-        return lambda ids, mask, counts: fast.decode(model, ids, mask, counts, self.params, weights=weights)
+        return lambda ids, mask, counts, seeds: fast.decode(model, ids, mask, counts, self.params, weights=weights, seeds=seeds)
 
     def _generate_loop(self, model):
-        """transformers' generate, one row per completion."""
+        """transformers' generate, one row per completion; with seeds, one call per prompt,
+        each under its own seed (generate draws from the global stream)."""
 
-        def generate(ids, mask, counts):
+        def generate(ids, mask, counts, seeds=None):
+            if seeds is not None:
+                devices = [ids.device] if ids.device.type == "cuda" else []
+                pieces = []
+                for i, seed in enumerate(seeds):
+                    with torch.random.fork_rng(devices=devices):
+                        torch.manual_seed(seed)
+                        pieces.append(generate(ids[i : i + 1], mask[i : i + 1], counts[i : i + 1]))
+                return _pad_cat(pieces, self.params.pad_token_id)
             ids, mask = ids.repeat_interleave(counts, 0), mask.repeat_interleave(counts, 0)
             with torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                 out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config)
@@ -146,7 +162,11 @@ class Sampler:
         return generate
 
     @torch.no_grad()
-    def sample(self, model, rows: list[dict]) -> Rollout:
+    def sample(self, model, rows: list[dict], seeds: list[int] | None = None) -> Rollout:
+        """G completions of each row's prompt. With `seeds` (one per row), row i's completions
+        are drawn from their own generator seeded with seeds[i]: they do not depend on the
+        other rows sampled beside them (nor on how many processes share a step), given the
+        same generation_batch_size. Without, all rows draw from the global random stream."""
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
@@ -158,12 +178,15 @@ class Sampler:
         # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
         prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
         pieces = []
-        for chunk in prompt_of_row.split(self.batch_size or len(prompt_of_row)):
+        size = self.batch_size or len(prompt_of_row)
+        if seeds is not None:  # whole prompts per call: a prompt's generator draws all its rows
+            size = max(size // self.group_size, 1) * self.group_size
+        for chunk in prompt_of_row.split(size):
             which, counts = torch.unique_consecutive(chunk, return_counts=True)
-            pieces.append(generate(unique_ids[which], unique_mask[which], counts))
+            chunk_seeds = None if seeds is None else [seeds[i] for i in which.tolist()]
+            pieces.append(generate(unique_ids[which], unique_mask[which], counts, chunk_seeds))
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        width = max(p.shape[1] for p in pieces)  # chunks that hit EOS early are shorter
-        completion_ids = torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])  # (N, T)
+        completion_ids = _pad_cat(pieces, pad)  # (N, T)
         mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
         # Tokens after EOS become padding, so they can never be mistaken for content.
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))

@@ -29,7 +29,7 @@ from grpo.errors import UserError
 from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
-from grpo.infra.seed import rng_state, seed_everything, set_rng_state
+from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
@@ -406,7 +406,9 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
                 e.reference.reset_to(e.policy)
             # Every process takes the step's prompts from the same stream and keeps its share.
             batch_rows = stream.take(c.rollout.prompts_per_step)
-            result = train_step(e, batch_rows[world.rank * share : (world.rank + 1) * share])
+            ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
+            seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
+            result = train_step(e, [batch_rows[i] for i in ours], seeds)
             number = step + 1
             metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
             sinks.log(number, metrics)

@@ -95,16 +95,17 @@ def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
-def train_step(e: Engine, rows: list[dict]) -> StepResult:
-    """One step on `rows` (this process's share of prompts_per_step data rows): sample,
-    score, baseline, update. Every statistic over the batch (counts, reward scaling,
-    whitening, the metrics) is one over all processes' rows."""
+def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> StepResult:
+    """One step on `rows` (this process's share of prompts_per_step data rows): sample
+    (each row's completions from its own seed, when `seeds` are given), score, baseline,
+    update. Every statistic over the batch (counts, reward scaling, whitening, the metrics)
+    is one over all processes' rows."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
 
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
     with world.gathered(e.policy):
-        batch = sampled = e.sampler.sample(e.policy, rows)
+        batch = sampled = e.sampler.sample(e.policy, rows, seeds)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 

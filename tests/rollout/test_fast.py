@@ -166,3 +166,30 @@ def test_a_models_own_sampling_defaults_do_not_leak_into_generate():
     model.generation_config.no_repeat_ngram_size = 2
     out = sample_both(model)
     assert torch.equal(out["fast"][0].input_ids, out["hf"][0].input_ids)
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_seeded_prompts_draw_the_same_completions_whatever_is_sampled_beside_them(backend):
+    """rollout.seed_per_prompt: a prompt's G completions depend on its seed only, not on the
+    other prompts of the call, their order, or how the rows are chunked; the global stream
+    is left alone."""
+    model = model_of(eos_bias=1.0)  # rows end at different steps
+    seeds = [11, 22, 33, 44]
+
+    def sample(rows, row_seeds, batch_size=0):
+        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=3, max_new_tokens=10, backend=backend,
+                          batch_size=batch_size, temperature=1.3)
+        torch.manual_seed(123)
+        rollout = sampler.sample(model, rows, row_seeds)
+        after = torch.rand(2)
+        torch.manual_seed(123)
+        assert torch.equal(after, torch.rand(2))  # the global stream did not move
+        return [rollout.completions[i : i + 3] for i in range(0, len(rollout), 3)]
+
+    together = sample(ROWS, seeds)
+    assert together == sample(ROWS, seeds, batch_size=4)  # chunks of whole prompts (4 rounds down to 3)
+    assert together[::-1] == sample(ROWS[::-1], seeds[::-1])
+    for i in range(len(ROWS)):
+        assert sample([ROWS[i]], [seeds[i]]) == [together[i]]
+    assert together != sample(ROWS, [s + 1 for s in seeds])  # the seed is what decides
+    assert any(len(set(group)) > 1 for group in together)  # a group's completions differ from each other

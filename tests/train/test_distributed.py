@@ -172,3 +172,27 @@ def test_a_bad_launch_stops_every_process_with_one_line(make_config, tmp_path, s
     ours = [line for line in run.stderr.splitlines() if line.startswith("grpo: error:")]
     assert len(ours) == 1 and message in ours[0], run.stderr[-2000:]
     assert str(ROOT / "grpo") not in run.stderr  # no traceback through our code (torchrun prints its own summary)
+
+
+def test_with_a_seed_per_prompt_a_run_does_not_depend_on_the_number_of_processes(make_config, tmp_path):
+    """rollout.seed_per_prompt: each prompt samples from a seed of (run seed, step, its index
+    in the step's batch), so 2 processes draw the same completions as 1 and the run's
+    metrics agree (up to the float rounding of sums split over processes)."""
+    import grpo
+
+    settings = dict(rollout={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 0,
+                             "seed_per_prompt": True},
+                    train={"steps": 3, "lr": 1e-2, "sample_every": 1, "device": "cpu"})
+    one = make_config(**settings, output_dir=str(tmp_path / "one"))
+    two = make_config(**settings, output_dir=str(tmp_path / "two"))
+    grpo.train(one, progress=False)
+    run = torchrun("-m", "grpo", "train", str(write_config(tmp_path, "two", two)), "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+    m1, m2 = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
+    for a, b in zip(m1, m2, strict=True):
+        assert a["reward/mean"] == b["reward/mean"] and a["tokens/completion"] == b["tokens/completion"]
+        for key in ("loss", "kl", "entropy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    samples = [(tmp_path / name / "samples.jsonl").read_text() for name in ("one", "two")]
+    assert samples[0] == samples[1]  # the first prompt's group, step by step: the same completions
+    assert len({m["reward/mean"] for m in m1}) > 1  # the steps sampled differently
