@@ -28,9 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-REWARD = "tests.train.rewards_for_tests:sevens"
-
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def run(command: list[str], threads: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
@@ -42,6 +40,7 @@ def run(command: list[str], threads: int) -> float:
 def summarise(name: str, output_dir: Path, wall: float) -> dict:
     metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [m["reward/mean"] for m in metrics]
+    k = min(5, len(rewards))
     return {
         "variant": name,
         "s/step": statistics.median(m["time/step"] for m in metrics[1:]),
@@ -49,8 +48,8 @@ def summarise(name: str, output_dir: Path, wall: float) -> dict:
         "update s": statistics.median(m["time/update"] for m in metrics[1:]),
         "wall s": wall,
         "peak MB": max(m["memory/peak_mb"] for m in metrics),
-        "reward first 5": sum(rewards[:5]) / 5,
-        "reward last 5": sum(rewards[-5:]) / 5,
+        "reward first 5": sum(rewards[:k]) / k,
+        "reward last 5": sum(rewards[-k:]) / k,
     }
 
 
@@ -66,21 +65,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     args = parser.parse_args(argv)
 
-    from grpo.tasks.tiny import save_tiny_model
+    from _tests_workload import tests_workload
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model = save_tiny_model(tmp / "model", "0123456789abc ", hidden_size=args.hidden, layers=args.layers, heads=4)
-        prompts = tmp / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "ab", "ba", "cab", "abc", "cc"]))
-        config = {
-            "algorithm": "grpo", "model": str(model), "seed": 0, "data": {"path": str(prompts)},
-            "rewards": [{"function": REWARD}],
-            "rollout": {"group_size": args.group_size, "prompts_per_step": args.prompts,
-                        "max_new_tokens": args.max_new_tokens, "min_new_tokens": args.max_new_tokens},
-            "train": {"steps": args.steps, "lr": 1e-3, "sample_every": 0, "device": "cpu"}, "loss": {"beta": 0.04},
-        }
+        config = tests_workload(tmp, hidden=args.hidden, layers=args.layers, prompts=args.prompts,
+                                group_size=args.group_size, max_new_tokens=args.max_new_tokens, steps=args.steps)
         variants = [
             ("1 process, 1 thread", 1, 1),
             (f"1 process, {args.threads} threads", 1, args.threads),

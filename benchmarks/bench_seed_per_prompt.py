@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -31,23 +32,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
 
     import grpo
-    from grpo.tasks.tiny import save_tiny_model
+    from _tests_workload import tests_workload
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model = save_tiny_model(tmp / "model", "0123456789abc ", hidden_size=args.hidden, layers=args.layers, heads=4)
-        prompts = tmp / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "ab", "ba", "cab", "abc", "cc"]))
+        base = tests_workload(tmp, hidden=args.hidden, layers=args.layers, max_new_tokens=args.max_new_tokens, steps=args.steps)
         for sampler in args.samplers.split(","):
             for per_prompt in (False, True, False, True):
-                config = {
-                    "model": str(model), "output_dir": str(tmp / f"run-{len(rows)}"), "data": {"path": str(prompts)},
-                    "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
-                    "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": args.max_new_tokens,
-                                "min_new_tokens": args.max_new_tokens, "seed_per_prompt": per_prompt, "sampler": sampler},
-                    "train": {"steps": args.steps, "lr": 1e-3, "sample_every": 0, "device": "cpu"},
-                }
+                config = {**base, "output_dir": str(tmp / f"run-{len(rows)}"),
+                          "rollout": {**base["rollout"], "seed_per_prompt": per_prompt, "sampler": sampler}}
                 metrics = grpo.train(config, progress=False).metrics[2:]
                 rows.append({"sampler": sampler, "seed_per_prompt": per_prompt,
                              "generate s": statistics.median(m["time/generate"] for m in metrics),
