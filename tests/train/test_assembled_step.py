@@ -66,7 +66,7 @@ class FixedSampler:
     def __init__(self, rollout):
         self.rollout = rollout
 
-    def sample(self, model, rows):
+    def sample(self, model, rows, seeds=None):
         return self.rollout
 
 

@@ -48,7 +48,7 @@ class ShareOfFixedRollout:
         rows = groups * rollout.group_size
         self.rollout = rollout.select(torch.arange(world.rank * rows, (world.rank + 1) * rows))
 
-    def sample(self, model, rows):
+    def sample(self, model, rows, seeds=None):
         return self.rollout
 
 def run_case(name, policy, reference, prompts_file, world):
