@@ -134,7 +134,8 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> S
         #    the policy moves before the last update) and the critic's values. In
         #    micro-batches, like the update, so that no pass holds the whole batch's activations.
         size, temperature = e.train.micro_batch_size, e.rollout.temperature
-        with autocast(e.policy, e.compute_dtype), world.gathered(e.policy, *e.critic.networks):
+        policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
+        with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
             passes = Passes(
                 ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature), batch, size),  # (N, T) or None
                 old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature), batch, size)
