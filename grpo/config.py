@@ -54,6 +54,9 @@ class RewardConfig:
     normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")
     process: bool = opt(False, "Reward models with loss.supervision: process: score the prefix ending at each step (a process reward model); steps end at the characters in `step_separator`.")
     step_separator: str = opt("\n", "Process reward models: the characters that end a reasoning step.")
+    timeout: float | None = opt(None, "Functions: seconds one call may take (null = no limit). A call that takes longer fails the step (or scores None, with on_timeout: none). The call is abandoned, not stopped, unless isolate is on.")
+    on_timeout: Literal["fail", "none"] = opt("fail", "Functions: what a call past `timeout` does: fail the run (a checkpoint of the last completed step is kept), or score the whole batch None for this function.")
+    isolate: bool = opt(False, "Functions: run the function in a worker process, which is killed when a call passes `timeout` (for rewards that run untrusted or runaway code). Costs a round trip per call (benchmarks/README.md).")
 
 
 @dataclass
@@ -65,6 +68,7 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
+    max_prompt_length: int = opt(0, "Longest prompt, in tokens (0 = no limit): longer prompts keep their last max_prompt_length tokens (truncated from the left, as TRL does); the metric prompts/truncated counts them. max_prompt_length + max_new_tokens must fit the model's positions.")
     generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
     seed_per_prompt: bool = opt(False, "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).")
     sampler: Literal["auto", "fast", "hf"] = opt("auto", "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).")
@@ -83,8 +87,10 @@ class TrainConfig:
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (0 = no clipping).")
-    checkpoint_every: int = opt(0, "Save a resumable checkpoint every N steps (0 = only at the end).")
+    checkpoint_every: int = opt(0, "Also save a resumable checkpoint every N steps (0 = by time only).")
+    checkpoint_minutes: float = opt(10.0, "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.")
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
+    max_unscored_steps: int = opt(5, "Stop the run (with a checkpoint) after this many steps in a row where no reward scored any completion (0 = never); each such step warns.")
     sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
     tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
     device: str = opt("auto", "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.")
@@ -332,6 +338,8 @@ def validate(c: Config) -> None:
         _require(not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process")
         _require(bool(r.step_separator), f"rewards.{i}.step_separator: must not be empty")
         _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
+        _require(r.timeout is None or r.timeout > 0, f"rewards.{i}.timeout: must be > 0 seconds or null, got {r.timeout}")
+        _require(r.function is not None or (r.timeout is None and not r.isolate), f"rewards.{i}: timeout and isolate apply to reward functions, not reward models")
     ro, tr, lo = c.rollout, c.train, c.loss
     if lo.baseline == "group":
         _require(ro.group_size >= 2, f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}")
@@ -357,6 +365,10 @@ def validate(c: Config) -> None:
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):
         _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
     _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")
+    _require(tr.checkpoint_minutes >= 0, f"train.checkpoint_minutes: must be >= 0, got {tr.checkpoint_minutes}")
+    _require(tr.max_unscored_steps >= 0, f"train.max_unscored_steps: must be >= 0, got {tr.max_unscored_steps}")
+    _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
+    _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None, f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}")
     _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
     _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
