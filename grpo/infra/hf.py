@@ -1,5 +1,5 @@
-"""Loading from Hugging Face directories: dtypes by name, tokenizers, and quieting transformers
-where its output is expected noise."""
+"""Loading from Hugging Face directories: dtypes by name, tokenizers, a model's context length
+from its config, and quieting transformers where its output is expected noise."""
 
 from __future__ import annotations
 
@@ -60,3 +60,21 @@ def load_tokenizer(path: str, key: str = "model"):
             raise UserError(f"{key}: the tokenizer of '{path}' has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+# Where configs keep their number of positions: most (Llama, Qwen, Mistral, ...) under the
+# first name, GPT-2 under n_positions, other GPT-style configs under n_ctx, a few under the last.
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
+
+
+def context_length(model_or_config) -> int | None:
+    """The number of positions a model (or its `PretrainedConfig`) was built for: the longest
+    prompt + completion it can read. None when its config names none (e.g. relative positions)."""
+    config = getattr(model_or_config, "config", model_or_config)  # a model (peft-wrapped too), or a config
+    text_config = getattr(config, "get_text_config", None)  # a multimodal config keeps it in its text part
+    config = text_config() if text_config is not None else config
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -13,16 +13,25 @@ class Rollout:
     """N = prompts * G rows; rows g*G .. g*G+G-1 are the G completions of prompt g.
 
     `input_ids` holds each prompt (left-padded to P) followed by its completion
-    (right-padded to T), so one forward pass scores the completion tokens.
+    (right-padded to T), so one forward pass scores the completion tokens. A prompt longer
+    than rollout.max_prompt_length keeps its last tokens (see `Sampler`); `prompt_truncated`
+    says which rows' prompts lost their start.
     """
 
     input_ids: Tensor  # (N, P + T) long
     attention_mask: Tensor  # (N, P + T) long: 1 on real prompt and completion tokens
     completion_mask: Tensor  # (N, T) float: 1 on completion tokens up to and including EOS
-    prompts: list[str]  # (N,) the prompt text fed to the model (chat template applied)
+    prompts: list[str]  # (N,) the prompt text fed to the model (chat template applied; a truncated prompt's kept tokens, decoded)
     completions: list[str]  # (N,) decoded completion text, without special tokens
     rows: list[dict]  # (N,) the data row of each completion (its prompt's row, repeated)
     group_size: int
+    # (N,) bool: the row's prompt was cut to its last rollout.max_prompt_length tokens. Per
+    # row, so that `select` keeps it right; None (a rollout built by hand) = no prompt was cut.
+    prompt_truncated: Tensor | None = None
+
+    def __post_init__(self):
+        if self.prompt_truncated is None:
+            self.prompt_truncated = torch.zeros(len(self), dtype=torch.bool, device=self.input_ids.device)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -30,6 +39,12 @@ class Rollout:
     @property
     def completion_ids(self) -> Tensor:  # (N, T)
         return self.input_ids[:, -self.completion_mask.shape[1] :]
+
+    @property
+    def truncated_prompts(self) -> int:
+        """How many distinct prompts were truncated: truncated rows / G (a prompt's G rows share
+        its prompt). Exact for a sample and for any selection of whole groups."""
+        return int(self.prompt_truncated.sum()) // self.group_size
 
     @property
     def position_ids(self) -> Tensor:  # (N, P + T): positions count real tokens only
@@ -51,6 +66,7 @@ class Rollout:
             completions=[self.completions[i] for i in picked],
             rows=[self.rows[i] for i in picked],
             group_size=self.group_size,
+            prompt_truncated=self.prompt_truncated[index],
         )
 
     @property
@@ -61,6 +77,7 @@ class Rollout:
         self.input_ids = self.input_ids.to(device)
         self.attention_mask = self.attention_mask.to(device)
         self.completion_mask = self.completion_mask.to(device)
+        self.prompt_truncated = self.prompt_truncated.to(device)
         return self
 
 

@@ -10,6 +10,17 @@ One class, two decoding loops behind it (`backend`):
 evaluation all get theirs from there. The sampler works on its own copy of the tokenizer
 (set to pad on the left, where prompts must end), so the caller's tokenizer, and the one
 saved with a trained model, is never changed.
+
+Context limits. A prompt longer than `max_prompt_length` tokens (rollout.max_prompt_length;
+0 = no limit), counted after the chat template and the tokenizer's special tokens, keeps its
+last max_prompt_length tokens, as TRL's GRPOTrainer truncates (from the left: the end of a
+prompt is where the question and the generation prompt are). The Rollout's `prompts` then
+hold the kept tokens decoded, i.e. what the model saw, and `prompt_truncated` marks their
+rows; the data rows, whose prompt column reward functions get, keep the whole prompt.
+Prompt + max_new_tokens must fit the model's positions (`context_length`): `check_context`
+checks the config's numbers up front, and `sample` checks each batch's longest prompt
+(a GPT-2 would otherwise fail deep in its position embedding, and a Llama-family model
+would silently run past its context).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo.errors import UserError
+from grpo.infra.hf import context_length
 from grpo.rollout import fast
 from grpo.rollout.batch import Rollout
 
@@ -43,6 +55,30 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> t
     is_eos = completion_ids == eos_token_id
     first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((n,), t_len))
     return (torch.arange(t_len).unsqueeze(0) <= first_eos.unsqueeze(1)).float()
+
+
+def check_context(model_or_config, max_prompt_length: int, max_new_tokens: int, *, key: str = "rollout") -> None:
+    """A one-line UserError when prompts of `max_prompt_length` tokens with `max_new_tokens`
+    more cannot fit the model's positions (nothing to check when its config names none).
+    `key` is the config section the two numbers come from. With max_prompt_length 0 (no limit)
+    there is nothing to check up front: `Sampler.sample` checks each batch's prompts."""
+    positions = context_length(model_or_config)
+    total = max_prompt_length + max_new_tokens
+    if max_prompt_length and positions is not None and total > positions:
+        raise UserError(
+            f"{key}.max_prompt_length ({max_prompt_length}) + {key}.max_new_tokens ({max_new_tokens}) = {total} "
+            f"tokens exceed the model's {positions} positions (lower either)"
+        )
+
+
+def keep_last_tokens(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded prompts (B, P) and their mask cut to each prompt's last `length` tokens
+    (0 = no limit), and (B,) bool: which prompts lost tokens. With left padding a prompt's last
+    `length` tokens are the batch's last `length` columns, so TRL's GRPOTrainer's
+    `prompt_ids[:, -max_prompt_length:]` cuts every prompt right."""
+    if not length:
+        return ids, mask, torch.zeros(len(ids), dtype=torch.bool)
+    return ids[:, -length:], mask[:, -length:], mask.sum(1) > length
 
 
 def _pad_cat(pieces: list[torch.Tensor], pad: int) -> torch.Tensor:
@@ -70,6 +106,7 @@ class Sampler:
         batch_size: int = 0,
         backend: str = "auto",
         autocast: torch.dtype | None = None,
+        max_prompt_length: int = 0,
     ):
         from transformers import GenerationConfig
 
@@ -82,6 +119,7 @@ class Sampler:
         self.batch_size = batch_size  # completions per decoding call (0 = all): bounds the KV cache
         self.backend = backend
         self.autocast = autocast  # compute dtype for decoding (None = the model's)
+        self.max_prompt_length = max_prompt_length  # longer prompts keep their last tokens (0 = no limit)
         self.params = fast.SamplingParams(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
@@ -125,6 +163,7 @@ class Sampler:
             batch_size=rollout.generation_batch_size,
             backend=rollout.sampler,
             autocast=autocast,
+            max_prompt_length=rollout.max_prompt_length,
         )
 
     def uses_fast(self, model, prompt_length: int) -> bool:
@@ -135,6 +174,22 @@ class Sampler:
         if reason is not None and self.backend == "fast":
             raise UserError(f"rollout.sampler: fast cannot decode this model: {reason}; use auto or hf")
         return reason is None
+
+    def _check_fits(self, model, prompt_length: int) -> None:
+        """A one-line UserError when a prompt of `prompt_length` tokens (a batch's longest) and
+        max_new_tokens more exceed the model's positions; a few attribute reads per call."""
+        max_new_tokens = self.params.max_new_tokens
+        positions = context_length(model)
+        if positions is None or prompt_length + max_new_tokens <= positions:
+            return
+        check_context(model, self.max_prompt_length, max_new_tokens)  # raises when the config's numbers are to blame
+        room = positions - max_new_tokens  # the longest prompt that fits
+        remedy = (f"set rollout.max_prompt_length (at most {room}) to keep each prompt's last tokens" if room > 0
+                  else f"rollout.max_new_tokens must be below {positions}")
+        raise UserError(
+            f"a prompt of {prompt_length} tokens + rollout.max_new_tokens ({max_new_tokens}) = "
+            f"{prompt_length + max_new_tokens} tokens exceed the model's {positions} positions; {remedy}"
+        )
 
     def _fast_loop(self, model):
         """fast.decode with the model's fused weights, built once for every chunk of this sample."""
@@ -166,12 +221,20 @@ class Sampler:
         """G completions of each row's prompt. With `seeds` (one per row), row i's completions
         are drawn from their own generator seeded with seeds[i]: they do not depend on the
         other rows sampled beside them (nor on how many processes share a step), given the
-        same generation_batch_size. Without, all rows draw from the global random stream."""
+        same generation_batch_size. Without, all rows draw from the global random stream.
+        Prompts longer than max_prompt_length keep their last tokens (see the module doc)."""
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
+        unique_ids, unique_mask, cut = keep_last_tokens(  # (B, P), (B, P), (B,)
+            encoded["input_ids"], encoded["attention_mask"], self.max_prompt_length)
+        self._check_fits(model, unique_ids.shape[1])
+        texts = [  # what the model sees: a cut prompt's kept tokens
+            tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False) if was_cut else text
+            for text, ids, mask, was_cut in zip(texts, unique_ids, unique_mask, cut.tolist())
+        ]
         device = next(model.parameters()).device
-        unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)  # (B, P)
+        unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)
         prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)
         prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
         generate = self._fast_loop(model) if self.uses_fast(model, prompt_ids.shape[1]) else self._generate_loop(model)
@@ -200,4 +263,5 @@ class Sampler:
             completions=completions,
             rows=repeated_rows,
             group_size=self.group_size,
+            prompt_truncated=cut.repeat_interleave(self.group_size).to(device),
         )
