@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from grpo import __version__
-from grpo.errors import UserError
+from grpo.errors import Stopped, UserError
 from grpo.eval.command import register as register_eval
 from grpo.infra.argtypes import DEVICE_HELP, fraction, positive_int
 from grpo.tasks import load_task
@@ -87,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
     from grpo.train import train
 
     hf_logging.disable_progress_bar()  # our own bar shows the run; no bars per weight file
-    result = train(args.config, overrides=args.set, resume=args.resume, progress=not args.quiet)
+    result = train(args.config, overrides=args.set, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     last = result.metrics[-1] if result.metrics else {}
     if launched_rank() == 0:  # under torchrun, process 0 speaks for all
         print(json.dumps({"output_dir": str(result.output_dir), "final": str(result.final_dir),
@@ -199,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="the YAML config file")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set rollout.group_size=4 (repeatable)")
-    train.add_argument("--resume", action="store_true", help="continue the run in output_dir from its newest checkpoint")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the run in output_dir from its newest intact checkpoint (a folder with no completed step starts afresh)")
+    resume.add_argument("--overwrite", action="store_true",
+                        help="start afresh in output_dir: remove the files an earlier run wrote there (checkpoints, logs, final/)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
 
@@ -296,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             # to print the reason first (it exits at once; they are stopped meanwhile).
             time.sleep(10)
         return 2
+    except Stopped as stop:
+        from grpo.infra.distributed import launched_rank
+
+        if launched_rank() == 0:
+            print(f"grpo: {stop}", file=sys.stderr)
+        return stop.code
     except KeyboardInterrupt:
         print("grpo: interrupted", file=sys.stderr)
         return 130

@@ -14,3 +14,12 @@ def first_line(err: BaseException) -> str:
     that wrap a library's multi-line error."""
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+class Stopped(Exception):
+    """A run that stopped on a signal (Ctrl-C, SIGTERM) after saving what it had: the message
+    says what was saved and how to resume; `code` is the exit status (128 + the signal)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code

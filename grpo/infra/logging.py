@@ -26,26 +26,33 @@ def _clean(value):
 
 
 class JsonlSink:
-    """One JSON object per line, flushed at once, so a killed run loses no logged step."""
+    """One JSON object per line, flushed at once, so a killed run loses no logged step. A
+    line cut short (a full disk, a kill mid-write) is dropped when the run resumes."""
 
     def __init__(self, path: Path):
+        self.path = Path(path)
         self.file = open(path, "a", encoding="utf-8")
 
     def log(self, step, metrics):
-        self.file.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+            self.file.flush()
+        except OSError as err:
+            raise UserError(f"cannot write {self.path}: {err.strerror or err}") from None
 
     def close(self):
         self.file.close()
 
 
 class TensorBoardSink:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, purge_step: int | None = None):
+        """`purge_step`: a resumed run's first step; TensorBoard hides the events logged at
+        and after it by the run that stopped."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise UserError("train.tensorboard needs tensorboard: pip install 'grpo[tensorboard]'") from None
-        self.writer = SummaryWriter(str(directory))
+        self.writer = SummaryWriter(str(directory), purge_step=purge_step)
 
     def log(self, step, metrics):
         for key, value in metrics.items():
@@ -70,16 +77,34 @@ class Sinks:
             sink.close()
 
 
+def _records(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl log, one per line; a line that is not one (cut short by
+    a kill or a full disk while it was written) is left out."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def read_metrics(path: Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _records(path)
 
 
 def truncate_metrics(path: Path, last_step: int, *, key: str = "step") -> None:
-    """Keep the lines whose `key` <= last_step: a resumed run rewrites what came after its checkpoint."""
-    if not Path(path).exists():
+    """Keep the lines whose `key` <= last_step (and only whole lines): a resumed run rewrites
+    what came after its checkpoint. Atomic: the log is rewritten beside and renamed."""
+    path = Path(path)
+    if not path.exists():
         return
-    kept = [m for m in read_metrics(path) if m.get(key, 0) <= last_step]
-    Path(path).write_text("".join(json.dumps(m) + "\n" for m in kept))
+    kept = [m for m in _records(path) if m.get(key, 0) <= last_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept), encoding="utf-8")
+    tmp.replace(path)

@@ -21,15 +21,28 @@ def prompt_seed(seed: int, step: int, index: int) -> int:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state as tensors and plain tuples (a checkpoint loads with
+    weights_only=True, so it holds no other object: numpy's key array becomes a tensor)."""
+    kind, key, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), int(position), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(_tuples(state["python"]))
+    kind, key, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.int64).astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(value):
+    """random.setstate wants tuples all the way down."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

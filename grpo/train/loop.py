@@ -16,6 +16,11 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +30,9 @@ from torch import nn
 
 from grpo.config import Config, config_from_dict, config_to_dict, load_config
 from grpo.data import PromptStream, load_rows
-from grpo.errors import UserError
-from grpo.infra.checkpoint import load_latest_checkpoint, save_checkpoint, save_sharded_checkpoint
+from grpo.errors import Stopped, UserError, first_line
+from grpo.infra.checkpoint import list_checkpoints, load_latest_checkpoint, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
+from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
 from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
@@ -34,7 +40,7 @@ from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer
-from grpo.rollout import Sampler
+from grpo.rollout import Sampler, check_context
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.train.models import (
     build_reference,
@@ -103,6 +109,7 @@ def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device 
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
     compute_dtype = autocast_dtype(c.train.autocast, device)
     policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
+    check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
     if c.train.gradient_checkpointing:
         enable_checkpointing(policy)
     if c.lora.r:
@@ -216,12 +223,18 @@ def _trained(e: Engine) -> nn.ModuleDict:
     return nn.ModuleDict({"policy": e.policy, **{"critic": n for n in e.critic.networks}})
 
 
-def _save(e: Engine, out: Path, stream: PromptStream, updater, step: int, iteration: int, keep: int) -> None:
+def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iteration: int, snapshot: dict | None = None) -> None:
+    """A checkpoint of `step` completed steps. `snapshot` (the random and data state taken
+    when the following step began) stands in for the current ones when that step failed
+    before it changed any weight."""
+    snapshot = snapshot or {"rng": rng_state(), "data": stream.state_dict()}
+    out, keep = Path(c.output_dir), c.train.keep_checkpoints
     common = {
+        "config": config_to_dict(c),  # what resume checks a new config against
         "reward_model_update": updater.state_dict(),
         "step": step,
         "scheduler": e.scheduler.state_dict(),
-        "data": stream.state_dict(),
+        "data": snapshot["data"],
         # The reference equals the initial model during the first iteration; after a reset
         # it is a snapshot of the policy, which only the checkpoint can give back.
         "has_reference": iteration > 0,
@@ -233,10 +246,10 @@ def _save(e: Engine, out: Path, stream: PromptStream, updater, step: int, iterat
             "reference": e.reference.state_dict() if iteration > 0 else None,
             "critic": e.critic.state_dict(),  # None without one
             "optimizer": e.optimizer.state_dict(),
-            "rng": rng_state(),
+            "rng": snapshot["rng"],
         }, keep=keep)
         return
-    save_sharded_checkpoint(e.world, out, step, common, {"rng": rng_state()}, _sharded_state(e, iteration > 0), keep=keep)
+    save_sharded_checkpoint(e.world, out, step, common, {"rng": snapshot["rng"]}, _sharded_state(e, iteration > 0), keep=keep)
 
 
 def _sharded_state(e: Engine, with_reference: bool) -> dict:
@@ -259,7 +272,7 @@ def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         sharded = _sharded_state(e, state["has_reference"])
-        dcp.load(sharded, checkpoint_id=state["shards"])
+        dcp.load(sharded, storage_reader=safe_shards_reader(state["shards"]))
         set_state_dict(_trained(e), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"])
         if state["has_reference"]:
             e.reference.load_state_dict(sharded["reference"])
@@ -334,6 +347,7 @@ def train(
     *,
     overrides: list[str] = (),
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> TrainResult:
     """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path).
@@ -345,32 +359,130 @@ def train(
     backend = check_launch(launched_world_size(), c, device)
     world = init_world(device, backend)
     try:
-        return _train(c, world, device, resume=resume, progress=progress)
+        return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite)
     finally:
         world.close()
 
 
-def _train(c: Config, world: World, device: torch.device, *, resume: bool, progress: bool) -> TrainResult:
-    from tqdm.auto import tqdm
+# What a checkpoint holds depends on these keys: resuming with other values would load
+# weights into another model or continue another algorithm. Everything else (more steps,
+# logging, checkpointing, the learning rate, ...) may change on resume.
+RESUME_FIXED = (
+    "model", "algorithm", "seed", "data.path", "data.prompt_column", "data.split", "data.shuffle",
+    "rollout.group_size", "rollout.prompts_per_step", "train.dtype", "train.iterations", "train.epochs",
+    "train.minibatches", "loss.baseline", "loss.kl_in", "loss.supervision", "value.model",
+    "lora.r", "lora.alpha", "lora.target_modules",
+)
+# Files a run writes into output_dir (what --overwrite removes; nothing else is touched).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "reward_model_updates.jsonl",
+             "checkpoints", "final", "tensorboard", "reward_model")
 
+
+def _dotted(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _check_resume_config(c: Config, state: dict) -> None:
+    saved = state.get("config")
+    if saved is None:
+        return  # a checkpoint from before configs were recorded
+    ours = config_to_dict(c)
+    if (saved.get("loss", {}).get("beta", 0) == 0) != (c.loss.beta == 0):
+        raise UserError("--resume: loss.beta cannot change between 0 and non-zero (it decides whether a reference model is held)")
+    changed = [k for k in RESUME_FIXED if _dotted(saved, k) != _dotted(ours, k)]
+    if changed:
+        detail = ", ".join(f"{k}: {_dotted(saved, k)!r} -> {_dotted(ours, k)!r}" for k in changed)
+        raise UserError(f"--resume: the config changes what the checkpoint holds ({detail}); resume with the "
+                        "checkpoint's values, or start afresh with --overwrite")
+
+
+def _prepare_output(out: Path, *, resume: bool, overwrite: bool, metrics_path: Path) -> bool:
+    """Check (and with `overwrite`, clear) output_dir; whether there is a checkpoint to resume."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir '{out}' is a file, not a directory")
+    if overwrite:
+        for name in RUN_FILES:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        return False
+    completed = read_metrics(metrics_path)
+    has_checkpoint = bool(list_checkpoints(out))
+    if resume:
+        if not has_checkpoint and completed:
+            raise UserError(f"--resume: output_dir '{out}' has {len(completed)} logged step(s) but no checkpoint to continue "
+                            "from; pass --overwrite to start afresh")
+        return has_checkpoint  # nothing done yet: --resume starts from the beginning
+    if completed or has_checkpoint:
+        raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it, --overwrite to start "
+                        "afresh, or choose another output_dir")
+    return False
+
+
+class _Signals:
+    """Ctrl-C and SIGTERM ask the run to stop after the step in progress (which then saves a
+    checkpoint); a second one stops at once (KeyboardInterrupt)."""
+
+    NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self):
+        self.received: int | None = None
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.NAMES:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        print(f"\ngrpo: {self.NAMES[signum]}: stopping after this step and saving a checkpoint "
+              "(again to stop at once)", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def _train(c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False) -> TrainResult:
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
+    lock = DirectoryLock(out) if world.is_main else NoLock()
 
     def inputs():
         """Everything that can be wrong with the input, found before any model is loaded
         (in every process: one that fails stops them all)."""
-        if not resume and (metrics_path.exists() or (out / "checkpoints").exists()):
-            raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it or choose another output_dir")
+        resumable = _prepare_output(out, resume=resume, overwrite=overwrite and world.is_main, metrics_path=metrics_path)
+        lock.acquire()
         functions = resolve_functions(c)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
         rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split)
-        state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resume else None
+        state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
+        if state is not None:
+            _check_resume_config(c, state)
         return functions, verifier, rows, state
 
-    functions, verifier, rows, state = world.checked(inputs)
-    stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+    try:
+        functions, verifier, rows, state = world.checked(inputs)
+        return _run(c, world, device, functions, verifier, rows, state, progress)
+    finally:
+        lock.release()
 
+
+def _run(c: Config, world: World, device: torch.device, functions, verifier, rows, state, progress: bool) -> TrainResult:
+    from tqdm.auto import tqdm
+
+    out = Path(c.output_dir)
+    metrics_path = out / "metrics.jsonl"
+    stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
     seed_everything(c.seed)  # the same in every process: the models start the same
     rewards, reward_models = load_reward_models(c, functions, device)
     e = build_engine(c, rewards, device, world)
@@ -384,43 +496,78 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
     start = 0
     if state is not None:
         start = _restore(e, stream, updater, state)
-        if world.is_main:
+        if world.is_main:  # what the stopped run logged after its checkpoint is redone
             truncate_metrics(metrics_path, start)
+            truncate_metrics(out / "samples.jsonl", start)
             truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
-    sinks = Sinks(([JsonlSink(metrics_path)] + ([TensorBoardSink(out / "tensorboard")] if c.train.tensorboard else []))
-                  if world.is_main else [])
+    tensorboard = [TensorBoardSink(out / "tensorboard", purge_step=start + 1)] if c.train.tensorboard else []
+    sinks = Sinks([JsonlSink(metrics_path), *tensorboard] if world.is_main else [])
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
     share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
+    saved_at, unscored = time.monotonic(), 0
+    completed = start  # steps done, and saved or to be saved
 
     bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main, dynamic_ncols=True)
-    try:
-        for step in range(start, c.train.steps):
-            iteration = step // steps_per_iteration
-            if step > 0 and step % steps_per_iteration == 0:
-                # Algorithm 1, between iterations: the reward model learns from the policy's
-                # new samples (iterative RL), then the reference becomes the policy.
-                update = updater.update(e.policy)
-                if update is not None:
-                    _record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
-                e.reference.reset_to(e.policy)
-            # Every process takes the step's prompts from the same stream and keeps its share.
-            batch_rows = stream.take(c.rollout.prompts_per_step)
-            ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
-            seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
-            result = train_step(e, [batch_rows[i] for i in ours], seeds)
-            number = step + 1
-            metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
-            sinks.log(number, metrics)
-            bar.update(1)
-            bar.set_postfix(_postfix(metrics))
-            if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
-                _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
-            if number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0):
-                _save(e, out, stream, updater, number, iteration, c.train.keep_checkpoints)
-    finally:
-        bar.close()
-        sinks.close()
+    with _Signals() as signals:
+        try:
+            for step in range(start, c.train.steps):
+                iteration = step // steps_per_iteration
+                # What a checkpoint of the steps completed so far needs, should this step fail
+                # before it changes any weight.
+                snapshot = {"rng": rng_state(), "data": stream.state_dict(), "updates": e.scheduler.last_epoch,
+                            "iteration": (step - 1) // steps_per_iteration if step else 0}
+                if step > 0 and step % steps_per_iteration == 0:
+                    # Algorithm 1, between iterations: the reward model learns from the policy's
+                    # new samples (iterative RL), then the reference becomes the policy.
+                    update = updater.update(e.policy)
+                    if update is not None:
+                        snapshot["updates"] = None  # the reward model moved: this step cannot be undone
+                        _record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
+                    e.reference.reset_to(e.policy)
+                # Every process takes the step's prompts from the same stream and keeps its share.
+                batch_rows = stream.take(c.rollout.prompts_per_step)
+                ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
+                seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
+                result = train_step(e, [batch_rows[i] for i in ours], seeds)
+                number = completed = step + 1
+                snapshot = None
+                metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
+                sinks.log(number, metrics)
+                bar.update(1)
+                bar.set_postfix(_postfix(metrics))
+                if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
+                    _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
+                unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
+                if unscored and world.is_main:
+                    print(f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)", file=sys.stderr)
+                due = (number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0)
+                       or (c.train.checkpoint_minutes and time.monotonic() - saved_at >= 60 * c.train.checkpoint_minutes))
+                # Saving and stopping are collective: every process does both at the same step.
+                stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
+                if due or stop or (c.train.max_unscored_steps and unscored >= c.train.max_unscored_steps):
+                    _save(e, c, stream, updater, number, iteration)
+                    saved_at = time.monotonic()
+                if stop:
+                    raise Stopped(f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
+                                  f"checkpoint saved: continue with `grpo train CONFIG --resume`", 128 + stop)
+                if c.train.max_unscored_steps and unscored >= c.train.max_unscored_steps:
+                    raise UserError(f"no reward scored any completion in {unscored} steps in a row (steps {number - unscored + 1}-{number}): "
+                                    "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)")
+        except (Stopped, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            # One process alone cannot save a sharded checkpoint: over several, the periodic
+            # checkpoints and the signal stops (both collective) are what survives an error.
+            saved = _save_after_failure(e, c, stream, updater, completed, snapshot) if world.world_size == 1 else None
+            if isinstance(err, UserError) and saved is not None:
+                raise UserError(f"{err} [{saved}]") from err
+            if saved is not None and world.is_main:
+                print(f"grpo: {saved}", file=sys.stderr)
+            raise
+        finally:
+            bar.close()
+            sinks.close()
     _save_final(e, out / "final")
     world.barrier()
     metrics = read_metrics(metrics_path)
@@ -428,3 +575,21 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
     if world.is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return TrainResult(out, out / "final", metrics, held, summary)
+
+
+def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, snapshot: dict | None) -> str | None:
+    """After an error: a checkpoint of the last completed step, when the weights are still
+    those it ended with; what was done, in words (None when there was nothing to save)."""
+    if completed == 0:
+        return None
+    if snapshot is not None and snapshot["updates"] != e.scheduler.last_epoch:
+        return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
+    if snapshot is None and list_checkpoints(Path(c.output_dir)) and \
+            list_checkpoints(Path(c.output_dir))[-1].name == f"step-{completed:06d}":
+        return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
+    try:
+        iteration = snapshot["iteration"] if snapshot is not None else (completed - 1) // math.ceil(c.train.steps / c.train.iterations)
+        _save(e, c, stream, updater, completed, iteration, snapshot)
+    except Exception as err:  # the disk may be what failed
+        return f"could not save a checkpoint of step {completed} ({first_line(err)})"
+    return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"

@@ -165,6 +165,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> S
         "completion_length/mean": float(all_lengths.float().mean()),
         "frac_zero_std_groups": float(1.0 - world.gather(spread.float())[0].mean()),
         "frac_unscored": float(torch.isnan(total).float().mean()),
+        "prompts/truncated": int(world.sum(torch.tensor(sampled.truncated_prompts))),  # cut to rollout.max_prompt_length
         "lr": e.scheduler.get_last_lr()[0],
         "time/step": updated - start,
         "time/generate": generated - start,

@@ -36,3 +36,24 @@ def sevens_or_none(prompts, completions, **columns):
 def sevens_steps(prompts, completions, **columns):
     """Process supervision: each of the first 8 characters is a step, rewarded if it is '7'."""
     return [[(i + 1, float(ch == "7")) for i, ch in enumerate(c[:8])] or None for c in completions]
+
+
+def sevens_then_signal(prompts, completions, **columns):
+    """`sevens`, but at the Nth call ($GRPO_TEST_SIGNAL_AT) the process sends itself
+    $GRPO_TEST_SIGNAL (INT or TERM): a Ctrl-C or a scheduler's SIGTERM in the middle of a step."""
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_SIGNAL_AT", "0")):
+        os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("GRPO_TEST_SIGNAL", "INT")))
+    return sevens(prompts, completions)
+
+
+def sevens_then_raise(prompts, completions, **columns):
+    """`sevens`, but the Nth call ($GRPO_TEST_RAISE_AT) raises: a reward that breaks mid-run."""
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_RAISE_AT", "0")):
+        raise RuntimeError("the judge is down")
+    return sevens(prompts, completions)
+
+
+def never_scores(prompts, completions, **columns):
+    return [None for _ in completions]

@@ -107,7 +107,7 @@ def test_a_two_process_run_learns_and_saves_one_plain_model(two_process_run, tin
     assert json.loads((out / "final" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     initial = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in final.state_dict().items())
-    assert sorted(p.name for p in (out / "checkpoints" / "step-000040").iterdir()) == ["rank-00000.pt", "rank-00001.pt", "shards", "state.pt"]
+    assert sorted(p.name for p in (out / "checkpoints" / "step-000040").iterdir()) == ["manifest.json", "rank-00000.pt", "rank-00001.pt", "shards", "state.pt"]
 
 
 def free_port():

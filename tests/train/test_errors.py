@@ -70,18 +70,26 @@ def test_missing_config_file(capsys, tmp_path):
     assert code == 2 and "config file not found" in err
 
 
-def test_a_finished_run_is_not_overwritten_and_resume_needs_a_checkpoint(capsys, make_config, tmp_path):
+def test_a_finished_run_is_not_overwritten_unless_asked(capsys, make_config, tmp_path):
     config = write(tmp_path, make_config(train={"steps": 1}))
     assert main(["train", config, "--quiet"]) == 0
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
     capsys.readouterr()
     code, err = run_cli(capsys, config)
-    assert code == 2 and "already holds a run; pass --resume" in err
+    assert code == 2 and "already holds a run; pass --resume to continue it, --overwrite to start afresh" in err
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # nothing lost
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    code, err = run_cli(capsys, config, "--overwrite")
+    assert code == 0
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"  # only the run's own files go
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
-    fresh = write(tmp_path, make_config(output_dir=str(tmp_path / "empty")), "fresh.yaml")
+
+def test_resume_in_a_folder_with_no_completed_step_starts_afresh(capsys, make_config, tmp_path):
+    fresh = write(tmp_path, make_config(output_dir=str(tmp_path / "empty"), train={"steps": 2}), "fresh.yaml")
     code, err = run_cli(capsys, fresh, "--resume")
-    assert code == 2 and "--resume: no checkpoint in" in err
+    assert code == 0, err
+    assert len((tmp_path / "empty" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 def test_the_process_prints_no_traceback(make_config, tmp_path):

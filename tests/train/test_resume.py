@@ -19,9 +19,9 @@ def grpo_train(config_path, *args, env=None):
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=Path(__file__).parents[2])
 
 
-def results(output_dir):
+def results(output_dir, keys=DETERMINISTIC):
     lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
-    return [{k: json.loads(line)[k] for k in DETERMINISTIC} for line in lines]
+    return [{k: json.loads(line)[k] for k in keys} for line in lines]
 
 
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(make_config, tmp_path):

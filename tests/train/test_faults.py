@@ -1,0 +1,270 @@
+"""The fault suite: a run never loses work, and every fault ends in one line.
+
+Each case injects one fault at an exact point (a reward that signals, raises or never
+scores at its Nth call; files damaged between runs) and checks the exit status, the one
+line printed, what survives on disk, and that `--resume` then continues from the last
+completed step with the metrics of a run never interrupted.
+"""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from grpo.infra.checkpoint import _sha256
+from grpo.infra.lock import DirectoryLock
+from tests.train.test_resume import results
+
+ROOT = Path(__file__).parents[2]
+STEPS = 5
+
+
+def train(path, *args, env=None, capsys=None):
+    """`grpo train` in this process (as the CLI runs it); returns (exit status, stderr).
+    The test rewards count their calls from 0 again for each run."""
+    from grpo.cli import main
+    from tests.train import rewards_for_tests
+
+    rewards_for_tests._calls["n"] = 0
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        code = main(["train", str(path), "--quiet", *args])
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return code, capsys.readouterr().err if capsys is not None else ""
+
+
+def our_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("grpo:")]
+
+
+def checkpoints(output_dir):
+    root = Path(output_dir) / "checkpoints"
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) if root.is_dir() else []
+
+
+def config_for(tiny_model, prompts_file, output_dir, reward="tests.train.rewards_for_tests:sevens", **train):
+    return {
+        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(output_dir),
+        "data": {"path": prompts_file}, "rewards": [{"function": reward}],
+        "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
+        "train": {"steps": STEPS, "lr": 1e-3, "sample_every": 2, "checkpoint_minutes": 0, **train}, "loss": {"beta": 0.04},
+    }
+
+
+@pytest.fixture
+def runs(tiny_model, prompts_file, tmp_path):
+    """Write a config named `name` (a 5-step run with the given reward) with its own output_dir."""
+
+    def write(name, reward="tests.train.rewards_for_tests:sevens", **train):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config_for(tiny_model, prompts_file, tmp_path / name, reward, **train)))
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_model, prompts_file, tmp_path_factory):
+    """An uninterrupted 5-step run with checkpoints at steps 4 and 5: what the others are
+    compared with, and a folder to copy and damage."""
+    from grpo.cli import main
+
+    tmp = tmp_path_factory.mktemp("finished")
+    path = tmp / "straight.yaml"
+    path.write_text(yaml.safe_dump(config_for(tiny_model, prompts_file, tmp / "straight", checkpoint_every=2, sample_every=1)))
+    assert main(["train", str(path), "--quiet"]) == 0
+    return tmp / "straight", results(tmp / "straight")
+
+
+def copy_of(finished, tmp_path, name):
+    """The finished run's folder copied to `name`, and a config that points at it."""
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(finished[0], out)
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    config["output_dir"] = str(out)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return out, path
+
+
+@pytest.mark.parametrize("name,code", [("INT", 130), ("TERM", 143)])
+def test_a_signal_saves_the_step_in_progress_and_resume_continues(runs, finished, capsys, name, code):
+    path = runs("signalled", reward="tests.train.rewards_for_tests:sevens_then_signal")
+    out = yaml.safe_load(path.read_text())["output_dir"]
+    status, err = train(path, env={"GRPO_TEST_SIGNAL_AT": "3", "GRPO_TEST_SIGNAL": name}, capsys=capsys)
+    assert status == code, err
+    assert "after step 3; checkpoint saved: continue with `grpo train CONFIG --resume`" in our_lines(err)[-1]
+    assert checkpoints(out) == ["step-000003"] and [m["step"] for m in results(out)] == [1, 2, 3]
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    assert results(out) == finished[1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+
+
+def test_a_reward_that_fails_mid_run_keeps_the_completed_steps(runs, finished, capsys):
+    path = runs("failing", reward="tests.train.rewards_for_tests:sevens_then_raise")
+    out = yaml.safe_load(path.read_text())["output_dir"]
+    status, err = train(path, env={"GRPO_TEST_RAISE_AT": "4"}, capsys=capsys)
+    assert status == 2
+    lines = our_lines(err)
+    assert len(lines) == 1 and "the judge is down" in lines[0] and "checkpoint of step 3 saved" in lines[0], err
+    assert checkpoints(out) == ["step-000003"] and [m["step"] for m in results(out)] == [1, 2, 3]
+    status, err = train(path, "--resume", capsys=capsys)  # the judge is back
+    assert status == 0, err
+    assert results(out) == finished[1]
+
+
+def test_a_failure_before_the_first_step_is_not_a_dead_end(runs, capsys):
+    path = runs("first", reward="tests.train.rewards_for_tests:sevens_then_raise")
+    out = Path(yaml.safe_load(path.read_text())["output_dir"])
+    status, err = train(path, env={"GRPO_TEST_RAISE_AT": "1"}, capsys=capsys)
+    assert status == 2 and "the judge is down" in our_lines(err)[0]
+    assert checkpoints(out) == []
+    status, err = train(path, capsys=capsys)  # no completed step: the folder is free again, no --resume needed
+    assert status == 0, err
+    assert [m["step"] for m in results(out)] == [1, 2, 3, 4, 5]
+
+
+def test_steps_where_no_reward_scores_warn_then_stop(runs, capsys):
+    path = runs("unscored", reward="tests.train.rewards_for_tests:never_scores", max_unscored_steps=2)
+    out = yaml.safe_load(path.read_text())["output_dir"]
+    status, err = train(path, capsys=capsys)
+    assert status == 2
+    lines = our_lines(err)
+    assert sum("no reward scored any completion (every reward returned None)" in line for line in lines) == 2
+    assert "no reward scored any completion in 2 steps in a row" in lines[-1] and "checkpoint of step 2 saved" in lines[-1]
+    assert checkpoints(out) == ["step-000002"]
+
+
+def _damage(path, how):
+    if how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    else:
+        path.write_bytes(os.urandom(4096))
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "garbage"])
+def test_a_damaged_newest_checkpoint_falls_back_to_an_older_one(finished, tmp_path, capsys, how):
+    out, path = copy_of(finished, tmp_path, "damaged")
+    assert checkpoints(out) == ["step-000004", "step-000005"]
+    _damage(out / "checkpoints" / "step-000005" / "state.pt", how)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "reward/me')  # and a line cut short by a full disk
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    warning = [line for line in our_lines(err) if "warning" in line]
+    assert len(warning) == 1 and "step-000005 is damaged (state.pt does not match its checksum)" in warning[0]
+    assert results(out) == finished[1]  # step 5 redone from the checkpoint of step 4; the half line gone
+
+
+class Payload:
+    """What a malicious checkpoint would hold: unpickling it runs a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_payload_does_not_execute(finished, tmp_path, capsys):
+    out, path = copy_of(finished, tmp_path, "planted")
+    marker = tmp_path / "pwned"
+    newest = out / "checkpoints" / "step-000005"
+    state = torch.load(newest / "state.pt", weights_only=True)
+    state["data"] = Payload(marker)
+    torch.save(state, newest / "state.pt")
+    # An attacker rewrites the checksum too: the loader itself must refuse to build the object.
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = _sha256(newest / "state.pt")
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    status, err = train(path, "--resume", capsys=capsys)
+    assert not marker.exists()
+    assert status == 0, err
+    assert any("step-000005 is damaged (cannot be read" in line for line in our_lines(err))
+    assert results(out) == finished[1]  # resumed from step 4
+
+
+def test_resume_drops_the_logs_written_after_the_checkpoint(finished, tmp_path, capsys):
+    import shutil
+
+    out, path = copy_of(finished, tmp_path, "logs")
+    shutil.rmtree(out / "checkpoints" / "step-000005")  # as if killed after step 5 was logged, before its checkpoint
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    samples = [json.loads(line)["step"] for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples == sorted(samples) and samples.count(5) == samples.count(1)  # step 5's rows once, not twice
+    assert results(out) == finished[1]
+
+
+def test_one_run_per_folder(runs, capsys):
+    from grpo.cli import main
+
+    path = runs("locked")
+    out = Path(yaml.safe_load(path.read_text())["output_dir"])
+    lock = DirectoryLock(out).acquire()  # another run holds the folder
+    try:
+        assert main(["train", str(path), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"grpo: error: output_dir '{out}' is in use by another run (process {os.getpid()}); " \
+                      "wait for it to end or choose another output_dir"
+    finally:
+        lock.release()
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_resume_refuses_a_config_that_changes_what_the_checkpoint_holds(finished, capsys, tmp_path):
+    from grpo.cli import main
+
+    out, path = copy_of(finished, tmp_path, "changed")
+    code = main(["train", str(path), "--quiet", "--resume", "--set", f"model={tmp_path}/other",
+                 "--set", "rollout.group_size=4", "--set", "train.steps=6"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == [err]
+    assert "--resume: the config changes what the checkpoint holds (model: " in err and "rollout.group_size: 8 -> 4" in err
+    assert main(["train", str(path), "--quiet", "--resume", "--set", "train.steps=6", "--set", "train.sample_every=3"]) == 0
+    assert [m["step"] for m in results(out)] == [1, 2, 3, 4, 5, 6]  # more steps and other logging: allowed
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(runs, capsys, tmp_path):
+    from grpo.cli import main
+
+    path = runs("file")
+    config = yaml.safe_load(path.read_text())
+    Path(config["output_dir"]).write_text("not a folder")
+    assert main(["train", str(path), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == f"grpo: error: output_dir '{config['output_dir']}' is a file, not a directory"
+
+
+def test_context_limits_are_one_line_and_long_prompts_can_be_cut(runs, tmp_path, capsys):
+    """The tiny model has 256 positions: a config that cannot fit is refused before the first
+    step; a prompt that does not fit is refused at sampling unless rollout.max_prompt_length
+    cuts it (from the left), and the cut prompts are counted."""
+    from grpo.cli import main
+
+    path = runs("context")
+    assert main(["train", str(path), "--quiet", "--set", "rollout.max_prompt_length=250"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "= 258 tokens exceed the model's 256 positions" in err
+    assert not (tmp_path / "context" / "metrics.jsonl").exists() or not (tmp_path / "context" / "metrics.jsonl").read_text()
+
+    long_prompts = tmp_path / "long.jsonl"
+    long_prompts.write_text(json.dumps({"prompt": "ab" * 150}) + "\n" + json.dumps({"prompt": "c"}) + "\n")
+    settings = ["--set", f"data.path={long_prompts}", "--set", "rollout.prompts_per_step=2", "--set", "data.shuffle=false"]
+    assert main(["train", str(path), "--quiet", *settings]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "exceed the model's 256 positions; set rollout.max_prompt_length" in err
+    assert main(["train", str(path), "--quiet", "--overwrite", *settings, "--set", "rollout.max_prompt_length=32"]) == 0
+    assert all(m["prompts/truncated"] == 1 for m in results(tmp_path / "context", keys=["prompts/truncated"]))
