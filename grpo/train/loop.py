@@ -223,14 +223,17 @@ def _trained(e: Engine) -> nn.ModuleDict:
     return nn.ModuleDict({"policy": e.policy, **{"critic": n for n in e.critic.networks}})
 
 
-def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iteration: int, snapshot: dict | None = None) -> None:
+def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iteration: int, snapshot: dict | None = None,
+          metrics: dict | None = None) -> None:
     """A checkpoint of `step` completed steps. `snapshot` (the random and data state taken
     when the following step began) stands in for the current ones when that step failed
-    before it changed any weight."""
+    before it changed any weight. `metrics`: step `step`'s line, which resume writes back if
+    the log lacks it (its write failed)."""
     snapshot = snapshot or {"rng": rng_state(), "data": stream.state_dict()}
     out, keep = Path(c.output_dir), c.train.keep_checkpoints
     common = {
         "config": config_to_dict(c),  # what resume checks a new config against
+        "metrics": None if metrics is None else {k: v for k, v in metrics.items() if v is None or isinstance(v, (int, float, str))},
         "reward_model_update": updater.state_dict(),
         "step": step,
         "scheduler": e.scheduler.state_dict(),
@@ -498,6 +501,8 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
         start = _restore(e, stream, updater, state)
         if world.is_main:  # what the stopped run logged after its checkpoint is redone
             truncate_metrics(metrics_path, start)
+            if state.get("metrics") and not any(m["step"] == start for m in read_metrics(metrics_path)):
+                JsonlSink(metrics_path).log(start, state["metrics"])  # its write had failed; the checkpoint kept it
             truncate_metrics(out / "samples.jsonl", start)
             truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
     tensorboard = [TensorBoardSink(out / "tensorboard", purge_step=start + 1)] if c.train.tensorboard else []
@@ -506,7 +511,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     held = models_held(e, c)
     share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
     saved_at, unscored = time.monotonic(), 0
-    completed = start  # steps done, and saved or to be saved
+    completed, last_metrics = start, None  # steps done (saved or to be saved), and the last one's metrics
 
     bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main, dynamic_ncols=True)
     with _Signals() as signals:
@@ -532,7 +537,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 result = train_step(e, [batch_rows[i] for i in ours], seeds)
                 number = completed = step + 1
                 snapshot = None
-                metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
+                metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
                 sinks.log(number, metrics)
                 bar.update(1)
                 bar.set_postfix(_postfix(metrics))
@@ -546,7 +551,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 # Saving and stopping are collective: every process does both at the same step.
                 stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
                 if due or stop or (c.train.max_unscored_steps and unscored >= c.train.max_unscored_steps):
-                    _save(e, c, stream, updater, number, iteration)
+                    _save(e, c, stream, updater, number, iteration, metrics=metrics)
                     saved_at = time.monotonic()
                 if stop:
                     raise Stopped(f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
@@ -559,7 +564,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
         except Exception as err:
             # One process alone cannot save a sharded checkpoint: over several, the periodic
             # checkpoints and the signal stops (both collective) are what survives an error.
-            saved = _save_after_failure(e, c, stream, updater, completed, snapshot) if world.world_size == 1 else None
+            saved = _save_after_failure(e, c, stream, updater, completed, snapshot, last_metrics) if world.world_size == 1 else None
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:
@@ -577,7 +582,8 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     return TrainResult(out, out / "final", metrics, held, summary)
 
 
-def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, snapshot: dict | None) -> str | None:
+def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, snapshot: dict | None,
+                        metrics: dict | None) -> str | None:
     """After an error: a checkpoint of the last completed step, when the weights are still
     those it ended with; what was done, in words (None when there was nothing to save)."""
     if completed == 0:
@@ -589,7 +595,7 @@ def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, com
         return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
     try:
         iteration = snapshot["iteration"] if snapshot is not None else (completed - 1) // math.ceil(c.train.steps / c.train.iterations)
-        _save(e, c, stream, updater, completed, iteration, snapshot)
+        _save(e, c, stream, updater, completed, iteration, snapshot, metrics if snapshot is None else None)
     except Exception as err:  # the disk may be what failed
         return f"could not save a checkpoint of step {completed} ({first_line(err)})"
     return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"

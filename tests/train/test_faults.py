@@ -268,3 +268,43 @@ def test_context_limits_are_one_line_and_long_prompts_can_be_cut(runs, tmp_path,
     assert err.splitlines() == [err] and "exceed the model's 256 positions; set rollout.max_prompt_length" in err
     assert main(["train", str(path), "--quiet", "--overwrite", *settings, "--set", "rollout.max_prompt_length=32"]) == 0
     assert all(m["prompts/truncated"] == 1 for m in results(tmp_path / "context", keys=["prompts/truncated"]))
+
+
+def test_a_full_disk_while_logging_loses_no_step(runs, finished, capsys, monkeypatch):
+    """The 3rd metrics line fails to write (half of it lands): one line, a checkpoint of step 3
+    that keeps step 3's metrics, and a resume that restores them."""
+    import errno
+
+    from grpo.infra import logging as sinks
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file, self.writes = file, 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes == 3:
+                self.file.write(text[: len(text) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    real_init = sinks.JsonlSink.__init__
+
+    def init(self, path):
+        real_init(self, path)
+        self.file = FullDisk(self.file)
+
+    path = runs("full")
+    out = yaml.safe_load(path.read_text())["output_dir"]
+    with monkeypatch.context() as patch:
+        patch.setattr(sinks.JsonlSink, "__init__", init)
+        status, err = train(path, capsys=capsys)
+    assert status == 2
+    lines = our_lines(err)
+    assert len(lines) == 1 and "metrics.jsonl: No space left on device" in lines[0] and "checkpoint of step 3 saved" in lines[0]
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    assert results(out) == finished[1]
