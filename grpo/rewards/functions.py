@@ -8,10 +8,21 @@ names either a built-in (`BUILTIN_REWARDS`: a short name for a spec) or a user f
 `as_scores` is the one check of what a reward returns, in training and in evaluation.
 
 Why so many checks: a reward function is user code that runs at every step of a long run.
-A bad value it returns (a NaN, a string, one score short) would otherwise surface steps
-later as a NaN loss or a shape error, far from its cause. So `load_rewards` resolves every
-spec before the first step, and `score` checks every value it gets back; each mistake is a
-one-line UserError that names the function, and where it can, the row and the completion.
+A bad value it returns (a NaN, a string, one score short, 1e39 beyond float32) would
+otherwise surface steps later as a NaN loss or a shape error, far from its cause. So
+`load_rewards` resolves every spec before the first step, and `score` checks every value it
+gets back; each mistake is a one-line UserError that names the function, and where it can,
+the row and the completion. Each call is contained (`grpo.rewards.contain`): the function
+gets copies of the batch, anything it raises (sys.exit included) is caught, and a reward's
+`timeout` and `isolate` bound it in time and in a worker process.
+
+Finding the failing row is bounded, as the function may be a paid judge: when a call fails,
+its rows are bisected. The first half of the failing range is re-run; if it fails, the row
+is in it, else in the second half (not re-run). The one row left is re-run unless it just
+was. At most ceil(log2 N) + 1 re-runs, and they find the first failing row when rows fail
+alone. A row is named only if it failed alone; when none did (the failure depends on the
+batch, or a re-run took past the timeout), the batch's error is reported. A timed-out call
+is not re-run.
 
 None is "not scored", never 0: a row's total is the weighted sum over the functions that
 scored it, and NaN when none did (the advantage code leaves NaN rows out of the baseline).
@@ -21,6 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +43,8 @@ import torch
 from torch import Tensor
 
 from grpo.errors import UserError
-from grpo.infra.imports import builtin_spec, describe, import_callable, one_line
+from grpo.infra.imports import builtin_spec, import_callable, one_line
+from grpo.rewards import contain
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -47,6 +60,9 @@ __all__ = [
 ]
 
 _PREVIEW_CHARS = 40  # of a completion, in an error message
+_FLOAT32_MAX = torch.finfo(torch.float32).max  # a score beyond it would be inf in the (N,) tensors
+_OPTIONS = ("timeout", "on_timeout", "isolate")  # load_rewards' per-reward options
+_FORM = "pkg.module:function"  # a user's reward spec, in messages
 # Names `score` passes positionally: a data column of either name could not reach the function.
 _ARGUMENTS = ("prompts", "completions")
 
@@ -65,11 +81,25 @@ class RewardFn(Protocol):
 
 @dataclass(frozen=True)
 class WeightedReward:
-    """A resolved reward function and its weight in the total."""
+    """A resolved reward function, its weight in the total, and how its calls are contained
+    (`grpo.rewards.contain`)."""
 
     name: str  # the spec as written (built-in name or 'pkg.module:attr'), '#2' on repeats
     fn: RewardFn
     weight: float
+    timeout: float | None = None  # seconds one call may take; None = no limit
+    on_timeout: str = "fail"  # past the timeout: "fail" (a UserError) or "none" (the batch scores None)
+    isolate: bool = False  # call it in a worker process, killed past the timeout
+    spec: str | None = None  # 'pkg.module:attr', what a worker imports (isolate); load_rewards sets it
+
+    def __post_init__(self) -> None:
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf):
+            raise UserError(f"reward {self.name!r}: timeout must be a number of seconds > 0, or None; got {one_line(repr(t))}")
+        if self.on_timeout not in ("fail", "none"):
+            raise UserError(f"reward {self.name!r}: on_timeout must be 'fail' or 'none', got {one_line(repr(self.on_timeout))}")
+        if self.isolate and not (isinstance(self.spec, str) and ":" in self.spec):
+            raise UserError(f"reward {self.name!r}: isolate needs the function's spec ('{_FORM}'), to import it in a worker process")
 
 
 @dataclass
@@ -107,9 +137,12 @@ def resolve_reward(spec: str) -> RewardFn:
             f"reward {spec!r}: expected a built-in name or 'pkg.module:function', "
             f"got a {type(spec).__name__}"
         )
-    form = "pkg.module:function"
-    target = spec if ":" in spec else builtin_spec(spec, BUILTIN_REWARDS, kind="reward", form=form)
-    return import_callable(target, kind="reward", form=form)
+    return import_callable(_target(spec), kind="reward", form=_FORM)
+
+
+def _target(spec: str) -> str:
+    """The 'pkg.module:attr' a spec names: itself, or the one its built-in name stands for."""
+    return spec if ":" in spec else builtin_spec(spec, BUILTIN_REWARDS, kind="reward", form=_FORM)
 
 
 def _check_weight(spec: str, weight: Any) -> float:
@@ -124,20 +157,34 @@ def _check_weight(spec: str, weight: Any) -> float:
     return float(weight)
 
 
-def load_rewards(specs: list[tuple[str, float]]) -> list[WeightedReward]:
+def load_rewards(
+    specs: list[tuple[str, float]], options: list[dict[str, Any]] | None = None
+) -> list[WeightedReward]:
     """Resolve (spec, weight) pairs into WeightedRewards, checking all before any runs.
 
     Names stay unique, as `RewardScores.per_function` is keyed by them: a spec that appears
     again becomes 'spec#2', 'spec#3', ... A weight of 0 is allowed (log a function's
     scores without training on them); a weight that is not a finite number is a UserError.
+    `options`, one dict per spec, sets how its calls are contained: any of `timeout`
+    (seconds or None), `on_timeout` ("fail" | "none") and `isolate` (bool), the fields of
+    WeightedReward and the keys of the config's rewards[] entries. An isolated function is
+    still imported here too, so that a bad spec fails before the first step.
     """
+    if options is None:
+        options = [{} for _ in specs]
+    if len(options) != len(specs):
+        raise ValueError(f"got {len(options)} options for {len(specs)} rewards")
     rewards = []
     seen: Counter[str] = Counter()
-    for spec, weight in specs:
+    for (spec, weight), option in zip(specs, options):
+        unknown = sorted(set(option) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"reward {spec!r}: unknown options {unknown} (known: {', '.join(_OPTIONS)})")
         fn = resolve_reward(spec)
         seen[spec] += 1
         name = spec if seen[spec] == 1 else f"{spec}#{seen[spec]}"
-        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(spec, weight)))
+        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(spec, weight),
+                                      spec=_target(spec), **option))
     return rewards
 
 
@@ -152,26 +199,37 @@ def _raise_for_failing_row(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
-    batch_error: Exception,
+    batch_failure: contain.Failed,
 ) -> NoReturn:
-    """Re-run `reward` on each row alone to name the row that makes it raise.
+    """Bisect the batch to name a row that makes `reward` fail alone (the module docstring
+    says how): at most ceil(log2 N) + 1 re-runs, each contained as the batch's call was."""
 
-    Only on the error path, so the cost of N extra calls does not matter. A function that
-    fails on the batch but on no single row (it depends on the batch) is reported as such.
-    """
-    for i in range(len(completions)):
-        row_columns = {key: values[i : i + 1] for key, values in columns.items()}
+    def rerun(lo: int, hi: int) -> contain.Failed | None:
         try:
-            reward.fn(prompts[i : i + 1], completions[i : i + 1], **row_columns)
-        except Exception as row_error:
-            raise UserError(
-                f"reward {reward.name!r} raised {describe(row_error)} on row {i} "
-                f"(completion {_preview(completions[i])})"
-            ) from row_error
+            rows = {key: values[lo:hi] for key, values in columns.items()}
+            contain.call(reward, prompts[lo:hi], completions[lo:hi], rows)
+        except contain.Failed as failure:
+            return failure
+        except contain.TimedOut:
+            return None  # inconclusive: only a row that failed alone is ever named
+        return None
+
+    lo, hi, reruns = 0, len(completions), 0
+    failure: contain.Failed | None = batch_failure if hi == 1 else None  # that of rows lo..hi-1 alone
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        failure, reruns = rerun(lo, mid), reruns + 1
+        lo, hi = (lo, mid) if failure else (mid, hi)
+    if failure is None and hi - lo == 1:
+        failure, reruns = rerun(lo, hi), reruns + 1
+    if failure is not None:
+        raise UserError(
+            f"reward {reward.name!r} {failure.description} on row {lo} (completion {_preview(completions[lo])})"
+        ) from failure
     raise UserError(
-        f"reward {reward.name!r} raised {describe(batch_error)} on the batch of "
-        f"{len(completions)} completions (no single row fails alone)"
-    ) from batch_error
+        f"reward {reward.name!r} {batch_failure.description} on the batch of {len(completions)} completions "
+        f"(no row failed alone in {reruns} re-runs of parts of it)"
+    ) from batch_failure
 
 
 def as_scores(name: str, values: Any, n: int, *, kind: str = "reward") -> Tensor:
@@ -179,7 +237,7 @@ def as_scores(name: str, values: Any, n: int, *, kind: str = "reward") -> Tensor
 
     The one check of a reward's return value, for training (`score`) and evaluation (a
     reward function as a verifier) alike: a sequence (list, tuple, array, tensor) of n
-    values, each a finite number or None. Anything else is a one-line UserError that
+    values, each a finite number within float32's range or None. Anything else is a one-line UserError that
     starts with `kind` and `name` ("reward 'mypkg:fn' returned ...").
     """
     # Arrays and tensors are not Sequences, but their lists are exactly what was meant.
@@ -203,12 +261,27 @@ def as_scores(name: str, values: Any, n: int, *, kind: str = "reward") -> Tensor
                 f"{kind} {name!r} returned {one_line(repr(value))} ({type(value).__name__}) "
                 f"for row {i}; expected a number, or None for 'cannot score'"
             )
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond even float64's range
+            number = None
+        if number is not None and not math.isfinite(number):
             raise UserError(
                 f"{kind} {name!r} returned {value} for row {i}; return None for 'cannot score'"
             )
-        scores.append(float(value))
+        if number is None or abs(number) > _FLOAT32_MAX:
+            raise UserError(f"{kind} {name!r} returned {_huge(value, number)} for row {i}, outside float32's range")
+        scores.append(number)
     return torch.tensor(scores, dtype=torch.float32)
+
+
+def _huge(value: numbers.Real, number: float | None) -> str:
+    """A number beyond float32, shown short: '1e+39'; an int past float64 as 'about 1e+400'."""
+    if number is not None:
+        return f"{number:g}"
+    if isinstance(value, numbers.Integral):  # math.log10 takes an int of any size
+        return f"about {'-' if value < 0 else ''}1e+{int(math.log10(abs(int(value))))}"
+    return one_line(repr(value))
 
 
 def _run(
@@ -217,12 +290,22 @@ def _run(
     completions: list[str],
     columns: dict[str, Sequence[Any]],
 ) -> Any:
+    """One contained call of `reward` on the batch; a failure is one UserError line."""
     try:
-        return reward.fn(prompts, completions, **columns)
-    except UserError:
-        raise  # already one line that names its culprit, e.g. a built-in's missing column
-    except Exception as exc:
-        _raise_for_failing_row(reward, prompts, completions, columns, exc)
+        return contain.call(reward, prompts, completions, columns)
+    except contain.TimedOut:
+        limit = f"reward {reward.name!r} took longer than {reward.timeout} s (rewards[].timeout)"
+        left = "its worker process was killed" if reward.isolate else "the call was abandoned and may still be running"
+        if reward.on_timeout == "none":
+            print(f"grpo: warning: {limit}: it scores None on this batch of {len(completions)} completions ({left})",
+                  file=sys.stderr)
+            return [None] * len(completions)
+        raise UserError(
+            f"{limit} on a batch of {len(completions)} completions ({left}); raise the timeout, "
+            "or set rewards[].on_timeout: none to score such a batch None"
+        ) from None
+    except contain.Failed as failure:
+        _raise_for_failing_row(reward, prompts, completions, columns, failure)
 
 
 def _call(

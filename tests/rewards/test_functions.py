@@ -313,7 +313,7 @@ def test_a_batch_only_failure_is_reported_for_the_batch():
     message = _raises_one_line(_score, fn, ["a", "b"])
     assert message == (
         "reward 't:fn' raised RuntimeError: batch too large on the batch of 2 completions "
-        "(no single row fails alone)"
+        "(no row failed alone in 2 re-runs of parts of it)"
     )
 
 

@@ -1,0 +1,353 @@
+"""One contained call of a user's reward function: copies in, a time limit, a worker process.
+
+A reward function is user code, called at every step of a long run. `call` makes one call
+of a `WeightedReward` such that what the code does stays inside that call:
+
+- Copies in. The function gets fresh lists of the prompts, the completions and each column,
+  and fresh lists and dicts at every depth below them (chat messages, list-valued columns:
+  a row's value is shared by its G completions and by the dataset itself). The leaves
+  (strings, numbers, arrays, images, other objects) are shared, not copied: copying them
+  could cost a copy of a large column per function per step, and they are rarely edited in
+  place. So `completions.clear()` or `messages.append(...)` breaks neither the step nor the
+  functions after it. An isolated call gets its copies from pickling.
+- Anything raised becomes `Failed`, BaseException included: sys.exit (any code),
+  KeyboardInterrupt raised by the code, GeneratorExit, a custom BaseException. A real
+  Ctrl-C is told apart: while the function runs on the main thread, a SIGINT handler is
+  chained in front of the current one and notes that the signal came; a KeyboardInterrupt
+  after a delivered SIGINT propagates as it is. What a signal does is the training loop's
+  business (its handlers set a flag and stop after the step). A UserError passes through.
+- Async functions (any that return an awaitable) run to completion with asyncio.run (on a
+  helper thread when this thread already runs an event loop, e.g. in a notebook).
+- `timeout` bounds the call (`TimedOut` past it). In the training process the call runs on
+  a daemon thread, and past the limit it is abandoned, not stopped (Python cannot stop a
+  thread): it keeps running in the background until it returns, perhaps beside the next
+  call, and its result is dropped. An async function is cancelled at the limit instead,
+  which does stop cooperative code. Code that sets signal handlers (signal.alarm timeouts)
+  cannot on that thread; math_answer then runs without math_verify's own limit.
+- `isolate` runs the function in a worker process of its own, one per spec, started on its
+  first call and kept for the next ones; past the limit it is killed (SIGKILL) and the next
+  call starts a fresh one. The worker is a fresh interpreter (subprocess, not
+  multiprocessing) that loads this file by its path, takes the training process's sys.path
+  and working directory, and imports the function by its spec ('pkg.module:attr'): it
+  imports neither torch nor the user's __main__ (so a script that calls grpo.train needs no
+  `if __name__ == "__main__"` guard), and a restart costs the interpreter and the user's
+  module, not torch. The worker ignores SIGINT (a Ctrl-C is the training process's to
+  handle) and exits when the training process ends, however it ends: a pipe to it closes.
+  A worker that dies in a call (a segfault, os._exit) is a `Failed`; one found dead
+  before a call is replaced. Arguments and results travel pickled, so they must pickle.
+  Unix only (the worker inherits its two descriptors). Cost: a round trip per call (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from grpo.errors import UserError
+from grpo.infra.imports import describe, import_callable, one_line
+
+if TYPE_CHECKING:
+    from grpo.rewards.functions import WeightedReward
+
+__all__ = ["Failed", "TimedOut", "call", "stop_workers"]
+
+_START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
+_STOP_SECONDS = 5.0  # for a killed worker to be reaped
+
+
+class Failed(Exception):
+    """The function raised (anything), or its worker process died; `description` says how,
+    on one line, as the predicate of a sentence: 'raised ValueError: boom'."""
+
+    def __init__(self, description: str):
+        super().__init__(description)
+        self.description = description
+
+
+class TimedOut(Exception):
+    """The call took longer than the reward's `timeout`."""
+
+
+Batch = tuple[list, list, dict[str, list]]  # prompts, completions, columns
+
+
+def call(
+    reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]]
+) -> Any:
+    """`reward.fn(prompts, completions, **columns)`, contained; what it returns, unchecked.
+
+    Raises UserError (the function's own, passed through), Failed or TimedOut.
+    """
+    if reward.isolate:
+        batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()})
+        return _in_worker(reward.spec, batch, reward.timeout)
+    batch = ([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
+             {key: [_fresh(v) for v in values] for key, values in columns.items()})
+    if reward.timeout is None:
+        with _SigintNoted() as sigint:
+            return _invoke(reward.fn, batch, sigint=sigint)
+    return _on_thread(reward.fn, batch, reward.timeout)
+
+
+def _fresh(value: Any) -> Any:
+    """`value` with its lists and dicts copied at every depth; other objects shared."""
+    if type(value) is list:
+        return [_fresh(v) for v in value]
+    if type(value) is dict:
+        return {k: _fresh(v) for k, v in value.items()}
+    return value
+
+
+def _description(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return "called sys.exit()" if exc.code is None else f"called sys.exit({one_line(repr(exc.code))})"
+    return f"raised {describe(exc)}"
+
+
+def _invoke(fn, batch: Batch, *, deadline: float | None = None, sigint: list | tuple = ()) -> Any:
+    """Call `fn` on `batch` here; an awaitable result is run to completion (cancelled at
+    `deadline`). Everything it raises but a UserError becomes Failed, except a
+    KeyboardInterrupt that follows a SIGINT noted in `sigint` (a real Ctrl-C)."""
+    prompts, completions, columns = batch
+    try:
+        values = fn(prompts, completions, **columns)
+        if inspect.isawaitable(values):
+            values = _await(values, deadline)
+        return values
+    except (UserError, Failed, TimedOut):
+        raise
+    except KeyboardInterrupt as exc:
+        if sigint:
+            raise
+        raise Failed(_description(exc)) from exc
+    except BaseException as exc:
+        raise Failed(_description(exc)) from exc
+
+
+def _await(awaitable, deadline: float | None) -> Any:
+    async def bounded():
+        task = asyncio.ensure_future(awaitable)
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        await asyncio.wait({task}, timeout=timeout)
+        if not task.done():
+            task.cancel()  # cooperative code stops here: an HTTP client closes its request
+            raise TimedOut
+        return task.result()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(bounded())
+    # This thread runs a loop already (a notebook): asyncio.run needs a thread of its own.
+    return _on_thread(lambda *_: asyncio.run(bounded()), ([], [], {}), None)
+
+
+def _on_thread(fn, batch: Batch, timeout: float | None) -> Any:
+    """`_invoke` on a daemon thread, waited for at most `timeout` s, then abandoned."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    outcome: dict[str, Any] = {}
+
+    def run():
+        try:
+            outcome["values"] = _invoke(fn, batch, deadline=deadline)
+        except BaseException as exc:  # already a UserError, Failed or TimedOut
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"reward {getattr(fn, '__name__', fn)}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimedOut
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["values"]
+
+
+class _SigintNoted:
+    """Chains a handler in front of the current SIGINT handler that notes the signal (in the
+    list it yields) and then does what the current one does. Only on the main thread, and
+    only over a Python handler: with SIG_IGN or SIG_DFL no KeyboardInterrupt can come of it."""
+
+    def __enter__(self) -> list:
+        self.noted: list[int] = []
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            current = signal.getsignal(signal.SIGINT)
+            if callable(current):
+                self.previous = current
+                signal.signal(signal.SIGINT, self._note)
+        return self.noted
+
+    def _note(self, signum, frame):
+        self.noted.append(signum)
+        self.previous(signum, frame)
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+# ---- isolation: a worker process per spec ---------------------------------------------------
+
+# The worker's first line: the training process's sys.path, then this file loaded by its path,
+# so that the worker imports neither the grpo.rewards package (torch) nor the user's __main__.
+_BOOT = (
+    "import json, sys, importlib.util as u; sys.path[:] = json.loads(sys.argv[1]); "
+    "s = u.spec_from_file_location('grpo_reward_worker', sys.argv[2]); m = u.module_from_spec(s); "
+    "s.loader.exec_module(m); m._serve(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))"
+)
+
+
+class _Worker:
+    """A process that imports one reward function by its spec and calls it on request."""
+
+    def __init__(self, spec: str):
+        ours, theirs = socket.socketpair()
+        watched, self.alive = os.pipe()  # the worker exits when `alive` closes: when we stop it, or end
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path]), __file__, spec,
+                 str(theirs.fileno()), str(watched)],
+                pass_fds=(theirs.fileno(), watched), stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            ours.close()
+            os.close(self.alive)
+            raise
+        finally:
+            theirs.close()
+            os.close(watched)
+        self.conn = multiprocessing.connection.Connection(ours.detach())
+        try:
+            self.receive(_START_SECONDS, starting=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    def call(self, batch: Batch, timeout: float | None) -> Any:
+        try:
+            data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # a column value that does not pickle: nothing was sent
+            raise Failed(f"got a batch that cannot be sent to its worker process ({describe(exc)})") from exc
+        self.conn.send_bytes(data)
+        return self.receive(timeout)
+
+    def receive(self, timeout: float | None, *, starting: bool = False) -> Any:
+        if not self.conn.poll(timeout):
+            if starting:
+                raise Failed(f"did not start in its worker process within {_START_SECONDS:g} s")
+            raise TimedOut
+        try:
+            data = self.conn.recv_bytes()
+        except EOFError:
+            raise Failed(f"ended its worker process ({self._how_it_ended()})") from None
+        try:
+            kind, payload = pickle.loads(data)
+        except Exception as exc:
+            raise Failed(f"returned a value that does not unpickle from its worker process ({describe(exc)})") from exc
+        if kind == "user_error":
+            raise UserError(payload)
+        if kind == "failed":
+            raise Failed(payload)
+        return payload
+
+    def _how_it_ended(self) -> str:
+        try:
+            code = self.process.wait(_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            return "it closed its connection"
+        if code >= 0:
+            return f"exit code {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(_STOP_SECONDS)
+        self.conn.close()
+        os.close(self.alive)
+
+
+_workers: dict[str, _Worker] = {}
+
+
+def _in_worker(spec: str, batch: Batch, timeout: float | None) -> Any:
+    worker = _workers.get(spec)
+    if worker is not None and worker.process.poll() is not None:  # it died between calls (an OOM kill)
+        _workers.pop(spec).stop()
+        worker = None
+    if worker is None:
+        worker = _workers[spec] = _Worker(spec)
+    try:
+        return worker.call(batch, timeout)
+    except (UserError, Failed):
+        if worker.process.poll() is not None:  # it died: the next call starts a fresh one
+            _workers.pop(spec).stop()
+        raise
+    except BaseException:
+        # Past the limit, or interrupted while waiting (a real Ctrl-C): the worker may still be
+        # busy, and an answer that came late would be read as the next call's.
+        _workers.pop(spec).stop()
+        raise
+
+
+def stop_workers() -> None:
+    """Stop every worker process (they stop anyway when this process ends)."""
+    while _workers:
+        _workers.popitem()[1].stop()
+
+
+def _exit_when_closed(fd: int) -> None:
+    """Exit the worker when the training process closes its end of the pipe `fd` (it
+    stopped the worker, or it ended, however), even in the middle of a runaway call."""
+    while os.read(fd, 1):
+        pass
+    os._exit(1)
+
+
+def _serve(spec: str, fd: int, watched: int) -> None:
+    """The worker's main loop: import the function, say ready, then answer calls until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
+    threading.Thread(target=_exit_when_closed, args=(watched,), name="exit with parent", daemon=True).start()
+    conn = multiprocessing.connection.Connection(fd)
+    try:
+        fn = import_callable(spec, kind="reward")
+    except UserError as exc:
+        conn.send_bytes(pickle.dumps(("user_error", f"{exc} (in its worker process)")))
+        return
+    except BaseException as exc:
+        conn.send_bytes(pickle.dumps(("failed", f"{_description(exc)} on import in its worker process")))
+        return
+    conn.send_bytes(pickle.dumps(("ready", None)))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            reply = ("ok", _invoke(fn, pickle.loads(data)))
+        except UserError as exc:
+            reply = ("user_error", str(exc))
+        except Failed as exc:
+            reply = ("failed", exc.description)
+        except Exception as exc:  # a column value that does not unpickle here
+            reply = ("failed", f"got a batch its worker process cannot unpickle ({describe(exc)})")
+        try:
+            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            data = pickle.dumps(("failed", f"returned a value its worker process cannot send back ({describe(exc)})"))
+        conn.send_bytes(data)
