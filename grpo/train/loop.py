@@ -76,7 +76,8 @@ def as_config(config: Config | dict | str | Path, overrides: list[str] = ()) -> 
 def resolve_functions(c: Config) -> dict[int, WeightedReward]:
     """The function rewards, resolved (and so checked) before any model is loaded."""
     entries = [(i, r) for i, r in enumerate(c.rewards) if r.function is not None]
-    resolved = load_rewards([(r.function, r.weight) for _, r in entries])
+    options = [{"timeout": r.timeout, "on_timeout": r.on_timeout, "isolate": r.isolate} for _, r in entries]
+    resolved = load_rewards([(r.function, r.weight) for _, r in entries], options=options)
     return {i: w for (i, _), w in zip(entries, resolved)}
 
 

@@ -57,3 +57,33 @@ def sevens_then_raise(prompts, completions, **columns):
 
 def never_scores(prompts, completions, **columns):
     return [None for _ in completions]
+
+
+def sevens_then_exit(prompts, completions, **columns):
+    """`sevens`, but the Nth call ($GRPO_TEST_EXIT_AT) calls sys.exit($GRPO_TEST_EXIT_CODE)."""
+    import sys
+
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_EXIT_AT", "0")):
+        sys.exit(int(os.environ.get("GRPO_TEST_EXIT_CODE", "0")))
+    return sevens(prompts, completions)
+
+
+def sevens_then_hang(prompts, completions, **columns):
+    """`sevens`, but the Nth call ($GRPO_TEST_HANG_AT) sleeps for a minute: a judge that hangs."""
+    import time
+
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_HANG_AT", "0")):
+        time.sleep(60)
+    return sevens(prompts, completions)
+
+
+def sevens_and_vandal(prompts, completions, **columns):
+    """`sevens`, then empties the lists it was given (a function that edits its inputs)."""
+    scores = sevens(prompts, completions)
+    completions.clear()
+    prompts.clear()
+    for values in columns.values():
+        values.clear()
+    return scores

@@ -308,3 +308,43 @@ def test_a_full_disk_while_logging_loses_no_step(runs, finished, capsys, monkeyp
     status, err = train(path, "--resume", capsys=capsys)
     assert status == 0, err
     assert results(out) == finished[1]
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_reward_that_exits_is_an_error_not_the_end_of_the_run(runs, finished, capsys, code):
+    path = runs("exits", reward="tests.train.rewards_for_tests:sevens_then_exit")
+    out = yaml.safe_load(path.read_text())["output_dir"]
+    status, err = train(path, env={"GRPO_TEST_EXIT_AT": "3", "GRPO_TEST_EXIT_CODE": str(code)}, capsys=capsys)
+    assert status == 2, err
+    lines = our_lines(err)
+    assert len(lines) == 1 and "tests.train.rewards_for_tests:sevens_then_exit" in lines[0] and "checkpoint of step 2 saved" in lines[0]
+    assert checkpoints(out) == ["step-000002"]
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    assert results(out) == finished[1]
+
+
+def test_a_reward_that_hangs_times_out(runs, tmp_path, capsys):
+    path = runs("hangs", reward="tests.train.rewards_for_tests:sevens_then_hang")
+    config = yaml.safe_load(path.read_text())
+    config["rewards"][0]["timeout"] = 1.0
+    path.write_text(yaml.safe_dump(config))
+    status, err = train(path, env={"GRPO_TEST_HANG_AT": "2"}, capsys=capsys)
+    assert status == 2
+    lines = our_lines(err)
+    assert len(lines) == 1 and "sevens_then_hang" in lines[0] and "1.0 s" in lines[0] and "checkpoint of step 1 saved" in lines[0]
+
+    config["rewards"][0]["on_timeout"] = "none"  # or: that call scores None, and the run goes on
+    path.write_text(yaml.safe_dump(config))
+    status, err = train(path, "--overwrite", env={"GRPO_TEST_HANG_AT": "2"}, capsys=capsys)
+    assert status == 0, err
+    steps = results(config["output_dir"], keys=["step", "frac_unscored"])
+    assert [m["frac_unscored"] for m in steps] == [0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_reward_that_edits_its_inputs_breaks_nothing(runs, finished, capsys):
+    path = runs("vandal", reward="tests.train.rewards_for_tests:sevens_and_vandal")
+    status, err = train(path, capsys=capsys)
+    assert status == 0, err
+    ours = results(yaml.safe_load(path.read_text())["output_dir"])
+    assert [m["reward/mean"] for m in ours] == [m["reward/mean"] for m in finished[1]]
