@@ -87,3 +87,13 @@ def sevens_and_vandal(prompts, completions, **columns):
     for values in columns.values():
         values.clear()
     return scores
+
+
+def sevens_then_huge(prompts, completions, **columns):
+    """`sevens`, but from the Nth call ($GRPO_TEST_HUGE_AT) one score is $GRPO_TEST_HUGE
+    (1e39 overflows float32; 10**400 overflows float)."""
+    _calls["n"] += 1
+    scores = sevens(prompts, completions)
+    if _calls["n"] >= int(os.environ.get("GRPO_TEST_HUGE_AT", "0")) > 0:
+        scores[3] = eval(os.environ["GRPO_TEST_HUGE"])  # a literal from the test: 1e39 or 10**400
+    return scores

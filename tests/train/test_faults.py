@@ -348,3 +348,20 @@ def test_a_reward_that_edits_its_inputs_breaks_nothing(runs, finished, capsys):
     assert status == 0, err
     ours = results(yaml.safe_load(path.read_text())["output_dir"])
     assert [m["reward/mean"] for m in ours] == [m["reward/mean"] for m in finished[1]]
+
+
+@pytest.mark.parametrize("value,shown", [("1e39", "1e+39"), ("10**400", "about 1e+400")])
+def test_a_score_beyond_float32_is_one_line_naming_the_row(runs, capsys, value, shown):
+    path = runs("huge", reward="tests.train.rewards_for_tests:sevens_then_huge")
+    status, err = train(path, env={"GRPO_TEST_HUGE_AT": "2", "GRPO_TEST_HUGE": value}, capsys=capsys)
+    assert status == 2
+    lines = our_lines(err)
+    assert len(lines) == 1 and f"returned {shown} for row 3, outside float32's range" in lines[0], err
+    assert "checkpoint of step 1 saved" in lines[0]
+
+
+def test_a_negative_seed_is_one_line(runs, capsys):
+    from grpo.cli import main
+
+    assert main(["train", str(runs("seed")), "--quiet", "--set", "seed=-1"]) == 2
+    assert capsys.readouterr().err.strip() == "grpo: error: seed: must be >= 0, got -1"
