@@ -98,6 +98,15 @@ def read_metrics(path: Path) -> list[dict]:
     return _records(path)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` beside `path` and rename it into place: a reader (or a crash) never sees
+    half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def truncate_metrics(path: Path, last_step: int, *, key: str = "step") -> None:
     """Keep the lines whose `key` <= last_step (and only whole lines): a resumed run rewrites
     what came after its checkpoint. Atomic: the log is rewritten beside and renamed."""
@@ -105,6 +114,4 @@ def truncate_metrics(path: Path, last_step: int, *, key: str = "step") -> None:
     if not path.exists():
         return
     kept = [m for m in _records(path) if m.get(key, 0) <= last_step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in kept), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(m) + "\n" for m in kept))

@@ -34,7 +34,7 @@ from grpo.errors import Stopped, UserError, first_line
 from grpo.infra.checkpoint import list_checkpoints, load_latest_checkpoint, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
-from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics
+from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics, write_atomic
 from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
@@ -495,7 +495,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
     if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(c), sort_keys=False))
+        write_atomic(out / "config.yaml", yaml.safe_dump(config_to_dict(c), sort_keys=False))
 
     start = 0
     if state is not None:
@@ -579,7 +579,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     metrics = read_metrics(metrics_path)
     summary = run_summary(c, metrics, held, parameters_held(e, reward_models))
     if world.is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return TrainResult(out, out / "final", metrics, held, summary)
 
 
