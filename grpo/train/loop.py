@@ -563,9 +563,12 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
         except (Stopped, KeyboardInterrupt):
             raise
         except Exception as err:
-            # One process alone cannot save a sharded checkpoint: over several, the periodic
-            # checkpoints and the signal stops (both collective) are what survives an error.
-            saved = _save_after_failure(e, c, stream, updater, completed, snapshot, last_metrics) if world.world_size == 1 else None
+            # One process alone cannot save a sharded checkpoint. Over several, a UserError
+            # (bad input, a failing reward) was agreed by all (world.checked): they save
+            # together; any other error may be one process's, and the periodic checkpoints
+            # and signal stops (both collective) are what survives it.
+            agreed = world.world_size == 1 or isinstance(err, UserError)
+            saved = _save_after_failure(e, c, stream, updater, completed, snapshot, last_metrics) if agreed else None
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:

@@ -112,7 +112,9 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> S
     # 2. Score them; NaN = no reward function could score it. With process supervision a
     #    completion's score is its mean step reward (for the metrics and the group spread).
     prompts = [row[e.prompt_column] for row in batch.rows]
-    reward = e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column))
+    # A reward that fails in one process fails the step in all (each raises the same
+    # UserError), so none waits for it in a collective and all can save together.
+    reward = world.checked(lambda: e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column)))
     steps = reward.steps if isinstance(reward, StepScores) else None
     scored = Scored(reward.total.to(batch.completion_mask.device), steps)
     scored_at = time.perf_counter()

@@ -97,3 +97,10 @@ def sevens_then_huge(prompts, completions, **columns):
     if _calls["n"] >= int(os.environ.get("GRPO_TEST_HUGE_AT", "0")) > 0:
         scores[3] = eval(os.environ["GRPO_TEST_HUGE"])  # a literal from the test: 1e39 or 10**400
     return scores
+
+
+def sevens_then_raise_in_rank_1(prompts, completions, **columns):
+    """`sevens_then_raise`, in torchrun's process 1 only: one process's judge breaks."""
+    if os.environ.get("RANK") == "1":
+        return sevens_then_raise(prompts, completions)
+    return sevens(prompts, completions)

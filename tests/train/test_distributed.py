@@ -139,26 +139,52 @@ def test_two_nodes_through_c10d_rendezvous_run_the_same_program(two_process_run,
     assert nodes == one_node
 
 
-def test_a_killed_two_process_run_resumes_as_if_never_interrupted(make_config, tmp_path):
-    # 6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4;
-    # every process SIGKILLs itself inside step 5 (its 5th reward call).
-    settings = dict(train={"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3},
-                    rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_die"}])
-    paths = {}
-    for name in ("straight", "killed"):
-        config = make_config(**settings)
-        config["output_dir"] = str(tmp_path / name)
-        paths[name] = write_config(tmp_path, name, config)
+def stop_and_go_config(tiny_model, prompts_file, output_dir, reward):
+    """6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4."""
+    return {
+        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(output_dir),
+        "data": {"path": prompts_file}, "rewards": [{"function": f"tests.train.rewards_for_tests:{reward}"}],
+        "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
+        "train": {"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 2}, "loss": {"beta": 0.04},
+    }
 
-    straight = torchrun("-m", "grpo", "train", str(paths["straight"]), "--quiet")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = torchrun("-m", "grpo", "train", str(paths["killed"]), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
+
+@pytest.fixture(scope="module")
+def straight_two_process_run(tiny_model, prompts_file, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight")
+    path = write_config(tmp, "straight", stop_and_go_config(tiny_model, prompts_file, tmp / "run", "sevens"))
+    run = torchrun("-m", "grpo", "train", str(path), "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return results(tmp / "run")
+
+
+def test_a_killed_two_process_run_resumes_as_if_never_interrupted(straight_two_process_run, tiny_model, prompts_file, tmp_path):
+    # Every process SIGKILLs itself inside step 5 (its 5th reward call).
+    path = write_config(tmp_path, "killed", stop_and_go_config(tiny_model, prompts_file, tmp_path / "killed", "sevens_then_die"))
+    killed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
     assert killed.returncode != 0
     assert [m["step"] for m in results(tmp_path / "killed")] == [1, 2, 3, 4]
-    resumed = torchrun("-m", "grpo", "train", str(paths["killed"]), "--quiet", "--resume")
+    resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert results(tmp_path / "killed") == results(tmp_path / "straight")
+    assert results(tmp_path / "killed") == straight_two_process_run
     assert [m["iteration"] for m in results(tmp_path / "killed")] == [1, 1, 1, 2, 2, 2]
+
+
+def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(straight_two_process_run, tiny_model, prompts_file, tmp_path):
+    """Process 1's reward raises in step 3: every process stops (none waits in a collective),
+    process 0 prints the one line, and they save step 2 together (a step the periodic
+    checkpoints would not have kept: they are at 2 and 4, so this checks the save)."""
+    config = stop_and_go_config(tiny_model, prompts_file, tmp_path / "failed", "sevens_then_raise_in_rank_1")
+    config["train"]["checkpoint_every"] = 0
+    path = write_config(tmp_path, "failed", config)
+    failed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_RAISE_AT": "3"}, timeout=120)
+    assert failed.returncode != 0
+    ours = [line for line in failed.stderr.splitlines() if line.startswith("grpo:")]
+    assert len(ours) == 1 and "the judge is down" in ours[0] and "checkpoint of step 2 saved" in ours[0], failed.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "failed" / "checkpoints").iterdir()) == ["step-000002"]
+    resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert results(tmp_path / "failed") == straight_two_process_run
 
 
 @pytest.mark.parametrize("settings,message", [
