@@ -365,3 +365,17 @@ def test_a_negative_seed_is_one_line(runs, capsys):
 
     assert main(["train", str(runs("seed")), "--quiet", "--set", "seed=-1"]) == 2
     assert capsys.readouterr().err.strip() == "grpo: error: seed: must be >= 0, got -1"
+
+
+def test_chat_prompts_without_a_chat_template_are_one_line_and_no_dead_end(runs, tmp_path, capsys):
+    """The error comes after the models load (at the first sampling): the folder holds no
+    completed step, so the fixed config runs there without --resume or --overwrite."""
+    from grpo.cli import main
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": p}]}) + "\n" for p in "abcd"))
+    path = runs("chat")
+    assert main(["train", str(path), "--quiet", "--set", f"data.path={chat}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "grpo: error: the prompts are chat messages but the model's tokenizer has no chat template"
+    assert main(["train", str(path), "--quiet"]) == 0
