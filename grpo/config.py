@@ -48,7 +48,7 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function' with TRL's signature fn(prompts, completions, **columns) -> list[float | None]. With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
+    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
     model: str | None = opt(None, "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.")
     weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
     normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")

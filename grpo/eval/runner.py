@@ -31,6 +31,8 @@ Choices beyond the plain description:
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
 import sys
@@ -47,7 +49,8 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, pass_at_k
 from grpo.infra.imports import describe, one_line
-from grpo.rewards.functions import RewardFn, as_scores, resolve_reward
+from grpo.rewards.contain import arguments_for
+from grpo.rewards.functions import RESERVED_ARGUMENTS, RewardFn, as_messages, as_scores, resolve_reward
 from grpo.rewards.rules import extract_answer
 
 __all__ = [
@@ -130,7 +133,7 @@ def reward_verifier(
 ) -> Verifier:
     """A reward function as a verifier: a completion is correct when its score >= threshold.
 
-    `fn` is a function with TRL's signature, or anything `grpo.rewards.resolve_reward` takes
+    `fn` is a reward function, called as in training (grpo.rewards.functions), or anything `grpo.rewards.resolve_reward` takes
     (a built-in name or 'pkg.module:function'); it gets the row's prompt and its other
     columns, once per row for all its completions. What it returns is checked by
     `grpo.rewards.functions.as_scores`, as in training; a None score is not correct.
@@ -145,8 +148,15 @@ def reward_verifier(
     def score_group(completions: list[str], row: dict) -> Tensor:
         prompt = row.get(prompt_column)
         columns = {key: [value] * len(completions) for key, value in row.items() if key != prompt_column}
-        try:
-            values = fn([prompt] * len(completions), list(completions), **columns)
+        prompts = [prompt] * len(completions)
+        clash = sorted(set(columns) & set(RESERVED_ARGUMENTS))
+        if clash:
+            raise UserError(f"{kind} {name!r}: data column {clash[0]!r} has the name of a reward-function argument; rename the column")
+        try:  # called as in training (TRL's convention: by keyword, messages for chat prompts)
+            positional, keywords = arguments_for(fn, prompts, as_messages(prompts, list(completions)), columns)
+            values = fn(*positional, **keywords)
+            if inspect.isawaitable(values):
+                values = asyncio.run(values)
         except UserError:
             raise  # already one line that names its culprit, e.g. a built-in's missing column
         except Exception as exc:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from grpo.algo import whiten
 from grpo.rewards.model import RewardModel
+from grpo.rewards.rules import text_of
 
 
 def _standardise(scores: Tensor) -> Tensor:
@@ -26,7 +27,7 @@ class ModelReward:
         self.normalize = normalize
 
     def __call__(self, prompts, completions, **columns) -> list[float]:
-        scores = self.model.scores(prompts, completions)  # (N,)
+        scores = self.model.scores(prompts, [text_of(c) for c in completions])  # (N,)
         return (_standardise(scores) if self.normalize else scores).tolist()
 
 
@@ -48,6 +49,7 @@ class ProcessModelReward:
         self.normalize = normalize
 
     def __call__(self, prompts, completions, **columns) -> list[list[tuple[int, float]] | None]:
+        completions = [text_of(c) for c in completions]  # TRL's conversational form: its text
         ends = [step_ends(c, self.separator) for c in completions]
         scores = self.model.score_steps(prompts, completions, ends)  # per completion, per step
         if self.normalize:

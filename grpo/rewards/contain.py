@@ -80,25 +80,51 @@ class TimedOut(Exception):
     """The call took longer than the reward's `timeout`."""
 
 
-Batch = tuple[list, list, dict[str, list]]  # prompts, completions, columns
+Batch = tuple[list, list, dict[str, list], dict[str, Any]]  # prompts, completions, columns, shared
 
 
 def call(
-    reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]]
+    reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]],
+    shared: dict[str, Any] | None = None,
 ) -> Any:
-    """`reward.fn(prompts, completions, **columns)`, contained; what it returns, unchecked.
+    """`reward.fn(prompts=..., completions=..., **columns, **shared)` (all by keyword, as TRL's
+    GRPOTrainer calls it), contained; what it returns, unchecked. `columns` hold one value
+    per completion; `shared` one value for the batch (trainer_state).
 
     Raises UserError (the function's own, passed through), Failed or TimedOut.
     """
+    shared = dict(shared or {})
     if reward.isolate:
-        batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()})
+        batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()}, shared)
         return _in_worker(reward.spec, batch, reward.timeout)
     batch = ([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
-             {key: [_fresh(v) for v in values] for key, values in columns.items()})
+             {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared)
     if reward.timeout is None:
         with _SigintNoted() as sigint:
             return _invoke(reward.fn, batch, sigint=sigint)
     return _on_thread(reward.fn, batch, reward.timeout)
+
+
+def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """How `fn` is called: as TRL's GRPOTrainer calls a reward, all by keyword
+    (`prompts=`, `completions=`, then `others`), when it names either argument or takes
+    only **kwargs; a function that names neither but takes two positional parameters
+    (`lambda p, c, **kw: ...`) gets the two positionally. Of `others` it gets all when it
+    has **kwargs, else those it names (so `def f(prompts, completions)` still works)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a callable without a signature: TRL's way
+        return (), {"prompts": prompts, "completions": completions, **others}
+    kinds = inspect.Parameter
+    named = {p.name for p in parameters if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in parameters)
+    positional = [p for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    extras = others if var_keyword else {k: v for k, v in others.items() if k in named}
+    if named & {"prompts", "completions"} or len(positional) < 2:
+        given = {k: v for k, v in (("prompts", prompts), ("completions", completions)) if var_keyword or k in named}
+        return (), {**given, **extras}
+    extras = {k: v for k, v in extras.items() if k not in {positional[0].name, positional[1].name}}
+    return (prompts, completions), extras
 
 
 def _fresh(value: Any) -> Any:
@@ -120,9 +146,10 @@ def _invoke(fn, batch: Batch, *, deadline: float | None = None, sigint: list | t
     """Call `fn` on `batch` here; an awaitable result is run to completion (cancelled at
     `deadline`). Everything it raises but a UserError becomes Failed, except a
     KeyboardInterrupt that follows a SIGINT noted in `sigint` (a real Ctrl-C)."""
-    prompts, completions, columns = batch
+    prompts, completions, columns, shared = batch
     try:
-        values = fn(prompts, completions, **columns)
+        positional, keywords = arguments_for(fn, prompts, completions, {**columns, **shared})
+        values = fn(*positional, **keywords)
         if inspect.isawaitable(values):
             values = _await(values, deadline)
         return values
@@ -151,7 +178,7 @@ def _await(awaitable, deadline: float | None) -> Any:
     except RuntimeError:
         return asyncio.run(bounded())
     # This thread runs a loop already (a notebook): asyncio.run needs a thread of its own.
-    return _on_thread(lambda *_: asyncio.run(bounded()), ([], [], {}), None)
+    return _on_thread(lambda: asyncio.run(bounded()), ([], [], {}, {}), None)
 
 
 def _on_thread(fn, batch: Batch, timeout: float | None) -> Any:

@@ -1,8 +1,14 @@
 """Reward functions: the protocol, turning the config's specs into functions, and scoring.
 
-A reward function has the signature TRL users already know,
-`fn(prompts, completions, **columns) -> list[float | None]`, where `columns` are the
-dataset's other columns, one value per completion, and None means "cannot score". A spec
+A reward function is called exactly as TRL's GRPOTrainer calls it, all by keyword:
+`fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
+-> list[float | None]`, where `columns` are the dataset's other columns, one value per
+completion, a completion is its text (or `[{"role": "assistant", "content": text}]` for a
+conversational prompt), `completion_ids` its tokens up to and including EOS,
+`trainer_state` has `global_step` (steps done) and `max_steps`, and None means "cannot
+score". Sync or async. A function without **kwargs gets only the arguments it names, and
+one that names neither `prompts` nor `completions` but takes two positional parameters
+(`lambda p, c, **kw: ...`) gets those two positionally (`contain.arguments_for`). A spec
 names either a built-in (`BUILTIN_REWARDS`: a short name for a spec) or a user function as
 'pkg.module:attr', resolved by the importer every plugin shares (`grpo.infra.imports`).
 `as_scores` is the one check of what a reward returns, in training and in evaluation.
@@ -63,12 +69,13 @@ _PREVIEW_CHARS = 40  # of a completion, in an error message
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # a score beyond it would be inf in the (N,) tensors
 _OPTIONS = ("timeout", "on_timeout", "isolate")  # load_rewards' per-reward options
 _FORM = "pkg.module:function"  # a user's reward spec, in messages
-# Names `score` passes positionally: a data column of either name could not reach the function.
-_ARGUMENTS = ("prompts", "completions")
+# Names `score` passes itself: a data column of one of these names could not reach the function.
+RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
 
 
 class RewardFn(Protocol):
-    """fn(prompts, completions, **columns) -> one score per completion; None = cannot score.
+    """fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) ->
+    one score per completion; None = cannot score.
 
     `columns` are the dataset's other columns, each a list row-aligned with `completions`
     (TRL's GRPOTrainer convention, so its reward functions work unchanged).
@@ -200,6 +207,7 @@ def _raise_for_failing_row(
     completions: list[str],
     columns: dict[str, Sequence[Any]],
     batch_failure: contain.Failed,
+    shared: dict[str, Any] | None = None,
 ) -> NoReturn:
     """Bisect the batch to name a row that makes `reward` fail alone (the module docstring
     says how): at most ceil(log2 N) + 1 re-runs, each contained as the batch's call was."""
@@ -207,7 +215,7 @@ def _raise_for_failing_row(
     def rerun(lo: int, hi: int) -> contain.Failed | None:
         try:
             rows = {key: values[lo:hi] for key, values in columns.items()}
-            contain.call(reward, prompts[lo:hi], completions[lo:hi], rows)
+            contain.call(reward, prompts[lo:hi], completions[lo:hi], rows, shared)
         except contain.Failed as failure:
             return failure
         except contain.TimedOut:
@@ -289,10 +297,11 @@ def _run(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
+    shared: dict[str, Any] | None = None,
 ) -> Any:
     """One contained call of `reward` on the batch; a failure is one UserError line."""
     try:
-        return contain.call(reward, prompts, completions, columns)
+        return contain.call(reward, prompts, completions, columns, shared)
     except contain.TimedOut:
         limit = f"reward {reward.name!r} took longer than {reward.timeout} s (rewards[].timeout)"
         left = "its worker process was killed" if reward.isolate else "the call was abandoned and may still be running"
@@ -305,7 +314,7 @@ def _run(
             "or set rewards[].on_timeout: none to score such a batch None"
         ) from None
     except contain.Failed as failure:
-        _raise_for_failing_row(reward, prompts, completions, columns, failure)
+        _raise_for_failing_row(reward, prompts, completions, columns, failure, shared)
 
 
 def _call(
@@ -313,8 +322,26 @@ def _call(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
+    shared: dict[str, Any] | None = None,
 ) -> Tensor:
-    return as_scores(reward.name, _run(reward, prompts, completions, columns), len(completions))
+    return as_scores(reward.name, _run(reward, prompts, completions, columns, shared), len(completions))
+
+
+def as_messages(prompts: Sequence[Any], completions: Sequence[str]) -> list:
+    """Completions as TRL gives them to reward functions: for a conversational prompt (a list
+    of messages) the completion is `[{"role": "assistant", "content": text}]`, else the text."""
+    return [c if isinstance(p, str) else [{"role": "assistant", "content": c}] for p, c in zip(prompts, completions)]
+
+
+def _arguments(prompts, completions, columns, completion_ids, trainer_state):
+    """The batch as TRL's GRPOTrainer passes it (all by keyword): completions as messages for
+    conversational prompts, `completion_ids` (per completion, its tokens up to and including
+    EOS) beside the data's columns, and one `trainer_state` for the batch."""
+    columns = dict(columns)
+    if completion_ids is not None:
+        columns["completion_ids"] = completion_ids
+    shared = {} if trainer_state is None else {"trainer_state": trainer_state}
+    return as_messages(prompts, completions), columns, shared
 
 
 def _check_batch(prompts: list, completions: list[str], columns: dict[str, Sequence[Any]]) -> None:
@@ -324,7 +351,7 @@ def _check_batch(prompts: list, completions: list[str], columns: dict[str, Seque
             f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion"
         )
     for key, values in columns.items():
-        if key in _ARGUMENTS:
+        if key in RESERVED_ARGUMENTS:
             raise UserError(
                 f"data column {key!r} has the name of a reward-function argument; rename the column"
             )
@@ -337,8 +364,16 @@ def score(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: Any = None,
 ) -> RewardScores:
     """Run every reward function on a batch and combine their scores.
+
+    Each is called as TRL's GRPOTrainer calls it, all by keyword:
+    `fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)`,
+    completions as message lists for conversational prompts (`as_messages`); a function
+    without **kwargs gets only the arguments it names.
 
     `prompts`, `completions` and every column are row-aligned: row i of each belongs to
     completion i (a prompt repeats once per completion). Returns the raw scores of each
@@ -348,7 +383,8 @@ def score(
     """
     _check_batch(prompts, completions, columns)
     n = len(completions)
-    per_function = {r.name: _call(r, prompts, completions, columns) for r in rewards}
+    given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
+    per_function = {r.name: _call(r, prompts, given, columns, shared) for r in rewards}
     scores = torch.stack(list(per_function.values())) if rewards else torch.empty(0, n)  # (F, N)
     weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32).unsqueeze(1)  # (F, 1)
     scored = ~torch.isnan(scores)  # (F, N)
@@ -409,6 +445,9 @@ def score_steps(
     prompts: list[str],
     completions: list[str],
     columns: dict[str, Sequence[Any]],
+    *,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: Any = None,
 ) -> StepScores:
     """Process supervision: every function's steps, weighted, merged per completion.
 
@@ -417,10 +456,11 @@ def score_steps(
     outcome reward beside the process ones) or None (no steps).
     """
     _check_batch(prompts, completions, columns)
+    given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
     merged: list[list[tuple[int, float]]] = [[] for _ in completions]
     per_function = {}
     for reward in rewards:
-        steps = _as_steps(reward.name, _run(reward, prompts, completions, columns), completions)
+        steps = _as_steps(reward.name, _run(reward, prompts, given, columns, shared), completions)
         per_function[reward.name] = torch.tensor(
             [sum(r for _, r in s) / len(s) if s else math.nan for s in steps], dtype=torch.float32
         )

@@ -97,6 +97,16 @@ def _require_answers(reward: str, answer: Sequence[Any] | None) -> Sequence[Any]
     return answer
 
 
+def text_of(value: Any) -> str:
+    """A prompt or completion as text: a string as it is; TRL's conversational form (a list of
+    messages, e.g. `[{"role": "assistant", "content": ...}]`) as its last message's content."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    return str(value)
+
+
 def _exact_match(completion: str, gold: Any) -> float | None:
     if gold is None:
         return None
@@ -119,7 +129,7 @@ def exact_answer(
     A None reference cannot be scored (None).
     """
     golds = _require_answers("exact_answer", answer)
-    return [_exact_match(c, g) for c, g in zip(completions, golds, strict=True)]
+    return [_exact_match(text_of(c), g) for c, g in zip(completions, golds, strict=True)]
 
 
 def _math_verify_timeout() -> int | None:
@@ -168,7 +178,7 @@ def math_answer(
         if not target:
             scores.append(None)
             continue
-        prediction = parse(completion, parsing_timeout=timeout)
+        prediction = parse(text_of(completion), parsing_timeout=timeout)
         scores.append(float(verify(target, prediction, timeout_seconds=timeout)))
     return scores
 
@@ -179,7 +189,5 @@ def r1_format(prompts: list[str], completions: list[str], **columns: Any) -> lis
     Whitespace is allowed around and between the blocks, nothing else is, and each of the four
     tags appears exactly once (so a second answer or a tag inside a block scores 0.0).
     """
-    return [
-        float(_R1_FORMAT.fullmatch(c) is not None and all(c.count(t) == 1 for t in _R1_TAGS))
-        for c in completions
-    ]
+    texts = [text_of(c) for c in completions]
+    return [float(_R1_FORMAT.fullmatch(c) is not None and all(c.count(t) == 1 for t in _R1_TAGS)) for c in texts]

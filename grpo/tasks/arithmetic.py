@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo.errors import UserError
+from grpo.rewards.rules import text_of
 from grpo.tasks.base import Task
 
 __all__ = [
@@ -202,18 +203,18 @@ def correctness_reward(
     """1.0 when the completion's final answer is the reference, else 0.0; None: no reference.
 
     The reference is the `answer` column; without one (answer=None), it is a + b from the
-    prompt. The completion must be a string; anything else is a caller's bug.
+    prompt. Prompts and completions are text, or TRL's conversational message lists.
     """
-    golds = [_reference(p) for p in prompts] if answer is None else answer
+    golds = [_reference(text_of(p)) for p in prompts] if answer is None else answer
     return [
-        None if gold is None else float(is_correct(completion, gold))
+        None if gold is None else float(is_correct(text_of(completion), gold))
         for completion, gold in zip(completions, golds, strict=True)
     ]
 
 
 def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """1.0 when the completion is 'STEP;...;STEP>ANSWER' and nothing else, else 0.0."""
-    return [float(_SHAPE.fullmatch(completion) is not None) for completion in completions]
+    return [float(_SHAPE.fullmatch(text_of(completion)) is not None) for completion in completions]
 
 
 def _step_rewards(prompt: str, completion: str) -> list[tuple[int, float]]:
@@ -240,7 +241,7 @@ def step_reward(
     completion with no steps gets `[(len(completion), 0.0)]`. See the module docstring.
     """
     return [
-        _step_rewards(prompt, completion)
+        _step_rewards(text_of(prompt), text_of(completion))
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
 

@@ -535,7 +535,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 batch_rows = stream.take(c.rollout.prompts_per_step)
                 ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
                 seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
-                result = train_step(e, [batch_rows[i] for i in ours], seeds)
+                result = train_step(e, [batch_rows[i] for i in ours], seeds, step=step)
                 number = completed = step + 1
                 snapshot = None
                 metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 
 import torch
@@ -95,11 +96,12 @@ def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
-def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> StepResult:
+def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> StepResult:
     """One step on `rows` (this process's share of prompts_per_step data rows): sample
     (each row's completions from its own seed, when `seeds` are given), score, baseline,
     update. Every statistic over the batch (counts, reward scaling, whitening, the metrics)
-    is one over all processes' rows."""
+    is one over all processes' rows. `step`: the steps done before this one (what reward
+    functions see as trainer_state.global_step)."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
 
@@ -114,7 +116,11 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None) -> S
     prompts = [row[e.prompt_column] for row in batch.rows]
     # A reward that fails in one process fails the step in all (each raises the same
     # UserError), so none waits for it in a collective and all can save together.
-    reward = world.checked(lambda: e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column)))
+    lengths_list = lengths.long().tolist()
+    completion_ids = [ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths_list)]  # up to and including EOS
+    trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
+    reward = world.checked(lambda: e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column),
+                                           completion_ids=completion_ids, trainer_state=trainer_state))
     steps = reward.steps if isinstance(reward, StepScores) else None
     scored = Scored(reward.total.to(batch.completion_mask.device), steps)
     scored_at = time.perf_counter()

@@ -168,7 +168,7 @@ def test_a_users_task_verifier_uses_its_verifier_threshold_and_extractor():
     assert strict.check_all(["a"], row) == [False] and strict.extract("ab") == "AB"
     renamed = task_verifier(user_task.task, prompt_column="question")
     assert renamed.check_all(["a"], {"question": "abc", "avoid": "c"}) == [True]
-    with pytest.raises(UserError, match=r"^task 'avoid' raised TypeError: "):
+    with pytest.raises(UserError, match=r"^task 'avoid': data column 'prompts' has the name of a reward-function argument"):
         verifier.check_all(["a"], {"prompt": "abc", "avoid": "c", "prompts": "x"})
 
 

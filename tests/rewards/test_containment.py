@@ -256,7 +256,7 @@ def test_a_function_that_mutates_its_arguments_breaks_nothing():
 
     def after(prompts, completions, answer, meta, **_):
         seen.update(prompts=prompts, completions=completions, answer=answer, meta=meta)
-        return [float(len(c)) for c in completions]
+        return [float(len(c[0]["content"])) for c in completions]  # conversational: TRL's message lists
 
     rewards = [_load("mutates"), WeightedReward("after", after, 1.0)]
     result = score(rewards, prompts, completions, columns)
@@ -264,7 +264,8 @@ def test_a_function_that_mutates_its_arguments_breaks_nothing():
     assert prompts == [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "ho"}]]
     assert completions == ["a", "bb"] and columns["answer"] == ["1", "2"]
     assert shared == {"tags": ["x"]}
-    assert seen == {"prompts": prompts, "completions": completions, "answer": ["1", "2"], "meta": [shared, shared]}
+    messages = [[{"role": "assistant", "content": c}] for c in completions]
+    assert seen == {"prompts": prompts, "completions": messages, "answer": ["1", "2"], "meta": [shared, shared]}
 
 
 # ---- scores beyond float32 -------------------------------------------------------------

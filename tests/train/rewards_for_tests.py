@@ -85,7 +85,8 @@ def sevens_and_vandal(prompts, completions, **columns):
     completions.clear()
     prompts.clear()
     for values in columns.values():
-        values.clear()
+        if isinstance(values, list):  # a column (trainer_state is one object for the batch)
+            values.clear()
     return scores
 
 
