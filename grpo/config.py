@@ -22,6 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
@@ -48,7 +49,7 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    function: str | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
+    function: str | Callable | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
     model: str | None = opt(None, "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.")
     weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
     normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")
@@ -188,6 +189,8 @@ def _type_name(tp: Any) -> str:
         return "null"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
+    if tp is Callable:
+        return "a function"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -241,6 +244,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     elif tp is bool or tp is str:
         if isinstance(value, tp):
             return value
+    elif tp is Callable:  # a reward function given from Python
+        if callable(value) and not isinstance(value, (str, type)):
+            return value
     raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 
@@ -293,7 +299,9 @@ def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
     """Build and validate a Config from a mapping (as read from YAML) and `key=value` overrides."""
     if not isinstance(data, dict):
         raise UserError(f"the config must be a mapping of keys to values, got {type(data).__name__}")
-    tree = copy.deepcopy(data)  # overrides must not write into the caller's mapping
+    tree = _copy_tree(data)  # overrides must not write into the caller's mapping
+    if isinstance(tree.get("rewards"), list):  # rewards: [fn, ...] from Python, short for {function: fn}
+        tree["rewards"] = [{"function": r} if callable(r) else r for r in tree["rewards"]]
     for text in overrides:
         _set_dotted(tree, *parse_override(text))
     config = _build(Config, tree)
@@ -398,8 +406,25 @@ def validate(c: Config) -> None:
 # ---- writing and documenting ----------------------------------------------------------------
 
 
+def _copy_tree(value: Any) -> Any:
+    """A deep copy of a config tree, sharing the functions in it (a reward given from Python)."""
+    if isinstance(value, dict):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(v) for v in value]
+    return value if callable(value) else copy.deepcopy(value)
+
+
 def config_to_dict(config: Config) -> dict:
-    return dataclasses.asdict(config)
+    """The config as plain data (what config.yaml and a checkpoint hold): a reward function
+    given from Python is written as its 'module:qualname'."""
+    from grpo.rewards.functions import spec_of
+
+    data = dataclasses.asdict(config)
+    for reward in data["rewards"]:
+        if callable(reward["function"]):
+            reward["function"] = spec_of(reward["function"])
+    return data
 
 
 def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -131,17 +131,20 @@ BUILTIN_REWARDS: dict[str, str] = {
 }
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """The function a spec names: a built-in name, or 'pkg.module:attr' (attr may be dotted).
+def resolve_reward(spec: str | RewardFn) -> RewardFn:
+    """The function a spec names: a built-in name, or 'pkg.module:attr' (attr may be dotted);
+    a function (from Python) is itself.
 
     A built-in name stands for the spec `BUILTIN_REWARDS` gives it, imported on use. The
     module is imported from sys.path, with the working directory tried last. Raises
     UserError (one line, naming the spec) when the name is unknown, the module cannot be
     imported, the attribute is missing, or what it names is not a function.
     """
+    if callable(spec) and not isinstance(spec, str):
+        return spec  # given from Python: the function itself
     if not isinstance(spec, str):
         raise UserError(
-            f"reward {spec!r}: expected a built-in name or 'pkg.module:function', "
+            f"reward {spec!r}: expected a built-in name, 'pkg.module:function' or a function, "
             f"got a {type(spec).__name__}"
         )
     return import_callable(_target(spec), kind="reward", form=_FORM)
@@ -188,11 +191,21 @@ def load_rewards(
         if unknown:
             raise ValueError(f"reward {spec!r}: unknown options {unknown} (known: {', '.join(_OPTIONS)})")
         fn = resolve_reward(spec)
-        seen[spec] += 1
-        name = spec if seen[spec] == 1 else f"{spec}#{seen[spec]}"
-        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(spec, weight),
-                                      spec=_target(spec), **option))
+        target = spec_of(spec)  # a callable given directly: its 'module:qualname'
+        seen[target] += 1
+        name = target if seen[target] == 1 else f"{target}#{seen[target]}"
+        importable = not callable(spec) or ("<" not in target and ":" in target)  # not a lambda or a local function
+        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(target, weight),
+                                      spec=_target(target) if importable else None, **option))
     return rewards
+
+
+def spec_of(spec: str | RewardFn) -> str:
+    """How a reward is named: a spec as written; a function given directly (from Python) as
+    'module:qualname' (what a worker process would import, and what config.yaml records)."""
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
 
 
 def _preview(completion: str) -> str:

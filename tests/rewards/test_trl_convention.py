@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import grpo
+from grpo.errors import UserError
 from grpo.rewards import load_rewards, score
 from tests.rewards import trl_style_rewards as trl
 
@@ -82,3 +83,21 @@ def test_grpo_eval_calls_a_verifier_as_training_calls_a_reward():
     assert chat.check_group(["<think>a</think><answer>1</answer>", "1"], row) == [True, False]
     legacy = reward_verifier(lambda p, c, **kw: [float(x == "1") for x in c])  # positional, plain prompts
     assert legacy.check_group(["1", "2"], {"prompt": "q"}) == [True, False]
+
+
+def test_python_functions_are_rewards_in_a_config(make_config, tmp_path):
+    """grpo.train({..., "rewards": [fn, ...]}): functions given directly (bare, or as
+    {function: fn, weight: w}), named 'module:qualname' in the metrics and config.yaml."""
+    import yaml
+
+    config = make_config(rewards=[trl.reward_len, {"function": lambda completions, **kw: [1.0] * len(completions), "weight": 0.5}],
+                         train={"steps": 2, "lr": 1e-3})
+    result = grpo.train(config, progress=False)
+    assert "reward/tests.rewards.trl_style_rewards:reward_len" in result.metrics[-1]
+    assert result.metrics[-1]["reward/tests.rewards.test_trl_convention:test_python_functions_are_rewards_in_a_config.<locals>.<lambda>"] == 1.0
+    written = yaml.safe_load((result.output_dir / "config.yaml").read_text())
+    assert [r["function"] for r in written["rewards"]][0] == "tests.rewards.trl_style_rewards:reward_len"
+    isolated = make_config(rewards=[{"function": lambda completions, **kw: [0.0] * len(completions), "isolate": True}],
+                           output_dir=str(tmp_path / "isolated"))
+    with pytest.raises(UserError, match="isolate"):
+        grpo.train(isolated, progress=False)
