@@ -250,6 +250,52 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 
+# TRL's GRPOConfig names -> ours (the key with the same meaning, never one spelt alike), or
+# None with what to do instead. Looked up by the bare name, in whatever section it was put.
+TRL_NAMES: dict[str, tuple[str | None, str]] = {
+    "num_generations": ("rollout.group_size", "G, completions per prompt"),
+    "per_device_train_batch_size": ("rollout.prompts_per_step", "prompts per step; each has rollout.group_size completions"),
+    "generation_batch_size": ("rollout.generation_batch_size", "completions per decoding call"),
+    "max_completion_length": ("rollout.max_new_tokens", "longest completion"),
+    "max_prompt_length": ("rollout.max_prompt_length", "longest prompt, cut from the left"),
+    "temperature": ("rollout.temperature", "sampling temperature"),
+    "top_p": ("rollout.top_p", "nucleus sampling"),
+    "top_k": ("rollout.top_k", "top-k sampling"),
+    "learning_rate": ("train.lr", "the policy's learning rate"),
+    "num_iterations": ("train.epochs", "mu, update epochs per batch; our train.iterations resets the reference instead"),
+    "max_steps": ("train.steps", "RL steps"),
+    "save_steps": ("train.checkpoint_every", "steps between checkpoints"),
+    "warmup_steps": ("train.warmup_steps", "learning-rate warm-up"),
+    "lr_scheduler_type": ("train.schedule", "constant, linear or cosine"),
+    "weight_decay": ("train.weight_decay", "AdamW weight decay"),
+    "max_grad_norm": ("train.max_grad_norm", "gradient clipping"),
+    "gradient_checkpointing": ("train.gradient_checkpointing", "activation checkpointing"),
+    "gradient_accumulation_steps": ("train.micro_batch_size", "rows per forward/backward pass within a minibatch"),
+    "bf16": ("train.autocast", "bfloat16 mixed precision: train.autocast: bfloat16"),
+    "epsilon": ("loss.clip_low", "the clip range's lower epsilon (and loss.clip_high); loss.eps is the std's epsilon"),
+    "epsilon_high": ("loss.clip_high", "DAPO's clip-higher"),
+    "beta": ("loss.beta", "the KL coefficient"),
+    "loss_type": ("loss.aggregation", "grpo/bnpo/dapo/dr_grpo are seq-mean-token-mean/token-mean/token-mean/seq-mean-token-sum-norm"),
+    "scale_rewards": ("loss.scale", "group, batch or none"),
+    "model_name_or_path": ("model", "the policy"),
+    "reward_funcs": ("rewards", "a list of {function: ..., weight: ...}"),
+    "reward_weights": ("rewards", "each entry's weight"),
+    "dataset_name": ("data.path", "a file, a saved datasets directory or a datasets name"),
+    "use_vllm": (None, "there is no vLLM engine; rollout.sampler chooses our decoding loop or generate"),
+}
+
+
+def _unknown_key(key: str, prefix: str, names: list[str]) -> str:
+    full = f"{prefix}.{key}" if prefix else str(key)
+    if str(key) in TRL_NAMES:
+        ours, meaning = TRL_NAMES[str(key)]
+        where = f"it is '{ours}' here ({meaning})" if ours else meaning
+        return f"unknown config key '{full}': that is TRL's GRPOConfig name; {where}"
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+    return f"unknown config key '{full}'{hint}"
+
+
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -257,9 +303,7 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in hints:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
-            raise UserError(f"unknown config key '{full}'{hint}")
+            raise UserError(_unknown_key(key, prefix, names))
         kwargs[key] = _convert(value, hints[key], full)
     return cls(**kwargs)
 

@@ -291,7 +291,8 @@ def test_yaml_exponent_without_dot_is_read_as_float():
         (minimal(algoritm="ppo"), "unknown config key 'algoritm' (did you mean 'algorithm'?)"),
         (minimal(rollout={"gropu_size": 4}), "unknown config key 'rollout.gropu_size' (did you mean 'rollout.group_size'?)"),
         (minimal(data={"path": "p", "promt_column": "q"}), "unknown config key 'data.promt_column' (did you mean 'data.prompt_column'?)"),
-        (minimal(train={"learning_rate": 1e-3}), "unknown config key 'train.learning_rate'"),
+        (minimal(train={"learning_rate": 1e-3}), "unknown config key 'train.learning_rate': that is TRL's GRPOConfig name; "
+                                                 "it is 'train.lr' here (the policy's learning rate)"),
         (minimal(loss={"kl_estimater": "k3"}), "unknown config key 'loss.kl_estimater' (did you mean 'loss.kl_estimator'?)"),
         (minimal(value={"modle": "v"}), "unknown config key 'value.modle' (did you mean 'value.model'?)"),
         (minimal(lora={"rank": 8}), "unknown config key 'lora.rank'"),
@@ -606,3 +607,34 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         loss = yaml.safe_load(path.read_text())["loss"]
         assert {"baseline", "kl_in", "kl_estimator"} <= set(loss)
         assert math.isfinite(loss["beta"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("loss.epsilon=0.3", "unknown config key 'loss.epsilon': that is TRL's GRPOConfig name; it is 'loss.clip_low' here"),
+    ("train.num_iterations=2", "it is 'train.epochs' here (mu, update epochs per batch; our train.iterations resets the reference instead)"),
+    ("train.save_steps=5", "it is 'train.checkpoint_every' here"),
+    ("num_generations=4", "unknown config key 'num_generations': that is TRL's GRPOConfig name; it is 'rollout.group_size' here"),
+    ("learning_rate=1e-6", "it is 'train.lr' here"),
+    ("train.loss_type=dapo", "it is 'loss.aggregation' here"),
+    ("use_vllm=true", "there is no vLLM engine"),
+])
+def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):
+    """A TRL user's GRPOConfig name is pointed at our key with its meaning, never at a key
+    spelt alike (loss.epsilon is the clip range, not loss.eps, the std's epsilon)."""
+    with pytest.raises(UserError) as err:
+        config_from_dict(minimal(), [override])
+    assert message in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_the_readme_table_of_trl_names_is_the_config_s():
+    from pathlib import Path
+
+    from grpo.config import TRL_NAMES
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name, (ours, _) in TRL_NAMES.items():
+        assert f"| `{name}` | " + (f"`{ours}`" if ours else "-") in readme, name
+        if ours:  # and every key it points to exists
+            node = config_from_dict(minimal())
+            for part in ours.split("."):
+                node = getattr(node, part)
