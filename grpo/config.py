@@ -92,6 +92,7 @@ class TrainConfig:
     checkpoint_minutes: float = opt(10.0, "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.")
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
     max_unscored_steps: int = opt(5, "Stop the run (with a checkpoint) after this many steps in a row where no reward scored any completion (0 = never); each such step warns.")
+    log_every: int = opt(10, "When stderr is not a terminal (a file, a cluster's log), print one plain line every N steps (step, reward, KL, length, s/step) instead of a progress bar; on a terminal the bar. --quiet prints neither.")
     sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
     tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
     device: str = opt("auto", "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.")
@@ -265,6 +266,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "num_iterations": ("train.epochs", "mu, update epochs per batch; our train.iterations resets the reference instead"),
     "max_steps": ("train.steps", "RL steps"),
     "save_steps": ("train.checkpoint_every", "steps between checkpoints"),
+    "logging_steps": ("train.log_every", "steps between log lines (when stderr is not a terminal)"),
     "warmup_steps": ("train.warmup_steps", "learning-rate warm-up"),
     "lr_scheduler_type": ("train.schedule", "constant, linear or cosine"),
     "weight_decay": ("train.weight_decay", "AdamW weight decay"),
@@ -414,6 +416,7 @@ def validate(c: Config) -> None:
     _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
     _require(len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)")
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
+    _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):
         _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
     _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")

@@ -325,6 +325,14 @@ def _save_final(e: Engine, final_dir: Path) -> None:
     e.world.barrier()
 
 
+def _log_line(metrics: dict, steps: int) -> str:
+    """One step as a plain line: what `tail -f` on a run's log shows."""
+    kl, reward = metrics.get("kl"), metrics["reward/mean"]
+    return (f"grpo: step {metrics['step']}/{steps}  reward {'-' if reward is None or reward != reward else f'{reward:.4f}'}"
+            f"  kl {'-' if kl is None else f'{kl:.4f}'}  length {metrics['completion_length/mean']:.1f}"
+            f"  {metrics['time/step']:.2f} s/step")
+
+
 def _postfix(metrics: dict) -> dict:
     kl = metrics.get("kl")
     return {
@@ -514,7 +522,12 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     saved_at, unscored = time.monotonic(), 0
     completed, last_metrics = start, None  # steps done (saved or to be saved), and the last one's metrics
 
-    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main, dynamic_ncols=True)
+    # On a terminal a progress bar; redirected to a file or a cluster's log, one plain line
+    # every train.log_every steps (a bar there is one ever-growing line).
+    terminal = sys.stderr.isatty()
+    lines = progress and world.is_main and not terminal
+    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main or not terminal,
+               dynamic_ncols=True)
     with _Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -542,6 +555,8 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 sinks.log(number, metrics)
                 bar.update(1)
                 bar.set_postfix(_postfix(metrics))
+                if lines and (number == 1 or number % c.train.log_every == 0 or number == c.train.steps):
+                    print(_log_line(metrics, c.train.steps), file=sys.stderr, flush=True)
                 if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
                     _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
                 unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0

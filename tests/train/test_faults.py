@@ -8,6 +8,7 @@ completed step with the metrics of a run never interrupted.
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -379,3 +380,17 @@ def test_chat_prompts_without_a_chat_template_are_one_line_and_no_dead_end(runs,
     err = capsys.readouterr().err.strip()
     assert err == "grpo: error: the prompts are chat messages but the model's tokenizer has no chat template"
     assert main(["train", str(path), "--quiet"]) == 0
+
+
+def test_a_run_logged_to_a_file_prints_plain_lines(runs, capsys):
+    """stderr not a terminal (here: captured): one line per train.log_every steps, no bar."""
+    import grpo
+
+    config = yaml.safe_load(runs("logged").read_text())
+    config["train"]["log_every"] = 2
+    grpo.train(config, progress=True)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("grpo: step")]
+    assert [line.split()[2] for line in lines] == ["1/5", "2/5", "4/5", "5/5"]
+    assert all(" reward " in line and " kl " in line and " length 8.0 " in line and line.endswith(" s/step") for line in lines)
+    assert not re.search(r"grpo: *\d+%\|", err)  # no progress bar of ours (transformers' loading bars are its own)
