@@ -80,10 +80,14 @@ def register(commands, *, load_task: LoadTask) -> None:
     check.add_argument("--verifier", default=None, metavar="FN",
                        help="a reward function as the checker: a built-in (exact_answer, math_answer, ...) or "
                             "'pkg.module:fn' with TRL's signature")
-    parser.add_argument("--answer", default=None, metavar="FN",
+    answer = parser.add_mutually_exclusive_group()
+    answer.add_argument("--answer", default=None, metavar="FN",
                         help="'pkg.module:fn' reading a completion's final answer (a hashable value, or None for "
                              "none): the votes of maj@k (default: the task's; with --verifier, "
                              "grpo.rewards.rules.extract_answer)")
+    answer.add_argument("--answer-pattern", default=None, metavar="REGEX",
+                        help="read the final answer with this regular expression instead: its last match in the "
+                             "completion (group 1 if it has groups, else the whole match), e.g. 'Answer: (\\S+)'")
     parser.add_argument("--threshold", type=float, default=None,
                         help="a completion is correct when its score >= this (default: the task's; with "
                              "--verifier, 0.5)")
@@ -175,6 +179,25 @@ def _check_output(option: str, path: str | None) -> None:
         raise UserError(f"{option}: {path!r} is a directory; give a file name")
 
 
+def pattern_extractor(pattern: str):
+    """--answer-pattern: a completion's final answer is the regex's last match (group 1 when
+    the pattern has groups, else the whole match); None when it does not match."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as err:
+        raise UserError(f"--answer-pattern: not a regular expression ({err})") from None
+
+    def extract(completion: str):
+        matches = list(regex.finditer(completion))
+        if not matches:
+            return None
+        last = matches[-1]
+        return (last.group(1) if regex.groups else last.group(0)).strip()
+
+    extract.__qualname__ = f"--answer-pattern {pattern!r}"
+    return extract
+
+
 def _verifier(args: argparse.Namespace, rows: list[dict], load_task: LoadTask):
     """The Verifier that --task, or --verifier with --answer and --threshold, describe; tried
     on every row (see EVAL_HELP) before it is returned."""
@@ -182,6 +205,8 @@ def _verifier(args: argparse.Namespace, rows: list[dict], load_task: LoadTask):
     from grpo.infra.imports import import_callable
 
     extract = None if args.answer is None else import_callable(args.answer, kind="--answer")
+    if args.answer_pattern is not None:
+        extract = pattern_extractor(args.answer_pattern)
     if args.verifier is not None:
         label = f"verifier {args.verifier!r}"
         threshold = 0.5 if args.threshold is None else args.threshold
@@ -277,6 +302,9 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
           f"no answer {results['no_answer']:.3f}, mean length {results['mean_length']:.1f} characters, "
           f"{results['time_s']:.1f} s")
     print(table(results))
+    if results["no_answer"] > 0.5:  # maj@k would be near 0 for want of votes, not of right answers
+        print(f"grpo eval: warning: no final answer found in {results['no_answer']:.0%} of the samples, so maj@k has "
+              "few votes to count; say how to read the answer with --answer or --answer-pattern", file=sys.stderr)
     if args.out is not None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -230,3 +230,17 @@ def test_help_explains_both_metrics(capsys):
     with pytest.raises(SystemExit):
         parser().parse_args(["eval", "--model", "m", "--data", "d", "--task", "arithmetic", "--verifier", "f"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_an_answer_pattern_reads_the_votes_and_missing_answers_are_said(tiny_model, tmp_path, capsys):
+    """Without a way to read this model's answers, maj@k has no votes: a warning line says
+    so. --answer-pattern reads them (the regex's last match); a bad pattern is one line."""
+    common = ["--model", tiny_model, "--data", "tests.tasks.user_task:task:3", "--n", "6", "--max-new-tokens", "4",
+              "--quiet", "--verifier", "tests.tasks.user_task:verify"]
+    code, _, err = run(capsys, *common, "--out", str(tmp_path / "none.json"))
+    assert code == 0 and "warning: no final answer found in 100% of the samples" in err
+    code, _, err = run(capsys, *common, "--answer-pattern", r"(\S)\S*$", "--out", str(tmp_path / "pattern.json"))
+    results = json.loads((tmp_path / "pattern.json").read_text())
+    assert code == 0 and "no final answer" not in err and results["no_answer"] < 0.5
+    code, _, err = run(capsys, *common, "--answer-pattern", "([a-")
+    assert code == 2 and err.strip().startswith("grpo: error: --answer-pattern: not a regular expression")
