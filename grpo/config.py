@@ -117,6 +117,7 @@ class LossConfig:
     clip_high: float = opt(0.2, "Upper clip range: 1 + clip_high (DAPO's clip-higher uses 0.28).")
     ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token (PPO/GRPO) or per sequence (GSPO).")
     dual_clip: float | None = opt(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (off by default).")
+    mask_truncated_completions: bool = opt(False, "Leave out of the loss the completions cut off at rollout.max_new_tokens (no EOS): their tokens get no gradient and no KL (DAPO's overlong filtering; TRL's mask_truncated_completions). They still count in their group's baseline and in the number of sequences.")
     drop_zero_std_groups: bool = opt(False, "Leave out of the update the groups whose rewards are all equal (their advantages are all 0; DAPO's dynamic sampling without the refill).")
     gamma: float = opt(1.0, "PPO: discount in GAE.")
     lam: float = opt(0.95, "PPO: GAE lambda.")
@@ -279,6 +280,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "beta": ("loss.beta", "the KL coefficient"),
     "loss_type": ("loss.aggregation", "grpo/bnpo/dapo/dr_grpo are seq-mean-token-mean/token-mean/token-mean/seq-mean-token-sum-norm"),
     "scale_rewards": ("loss.scale", "group, batch or none"),
+    "mask_truncated_completions": ("loss.mask_truncated_completions", "leave cut-off completions out of the loss"),
     "model_name_or_path": ("model", "the policy"),
     "reward_funcs": ("rewards", "a list of {function: ..., weight: ...}"),
     "reward_weights": ("rewards", "each entry's weight"),

@@ -125,6 +125,15 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     scored = Scored(reward.total.to(batch.completion_mask.device), steps)
     scored_at = time.perf_counter()
 
+    # Completions cut off at max_new_tokens (no EOS); with loss.mask_truncated_completions
+    # (DAPO's overlong filtering) their tokens leave the loss, after they were scored.
+    eos = e.tokenizer.eos_token_id
+    last = batch.completion_ids.gather(1, (lengths.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
+    truncated = (last != eos) if eos is not None else torch.ones_like(last, dtype=torch.bool)
+    if e.loss.mask_truncated_completions:
+        batch = batch.select(torch.arange(len(batch)))  # a copy: `sampled` keeps its mask
+        batch.completion_mask = batch.completion_mask * (~truncated).unsqueeze(1).to(batch.completion_mask.dtype)
+
     # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scored.scores, group_size)  # (N/G,)
     if e.loss.drop_zero_std_groups:
@@ -173,6 +182,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         "completion_length/mean": float(all_lengths.float().mean()),
         "frac_zero_std_groups": float(1.0 - world.gather(spread.float())[0].mean()),
         "frac_unscored": float(torch.isnan(total).float().mean()),
+        "frac_truncated": float(world.gather(truncated.float())[0].mean()),  # cut off at max_new_tokens
         "prompts/truncated": int(world.sum(torch.tensor(sampled.truncated_prompts))),  # cut to rollout.max_prompt_length
         "lr": e.scheduler.get_last_lr()[0],
         "time/step": updated - start,
