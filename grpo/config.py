@@ -256,7 +256,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 # None with what to do instead. Looked up by the bare name, in whatever section it was put.
 TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "num_generations": ("rollout.group_size", "G, completions per prompt"),
-    "per_device_train_batch_size": ("rollout.prompts_per_step", "prompts per step; each has rollout.group_size completions"),
+    "per_device_train_batch_size": ("rollout.prompts_per_step", "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes / num_generations"),
     "generation_batch_size": ("rollout.generation_batch_size", "completions per decoding call"),
     "max_completion_length": ("rollout.max_new_tokens", "longest completion"),
     "max_prompt_length": ("rollout.max_prompt_length", "longest prompt, cut from the left"),
@@ -273,7 +273,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "weight_decay": ("train.weight_decay", "AdamW weight decay"),
     "max_grad_norm": ("train.max_grad_norm", "gradient clipping"),
     "gradient_checkpointing": ("train.gradient_checkpointing", "activation checkpointing"),
-    "gradient_accumulation_steps": ("train.micro_batch_size", "rows per forward/backward pass within a minibatch"),
+    "gradient_accumulation_steps": ("train.micro_batch_size", "completions per forward/backward pass: a minibatch's completions / gradient_accumulation_steps"),
     "bf16": ("train.autocast", "bfloat16 mixed precision: train.autocast: bfloat16"),
     "epsilon": ("loss.clip_low", "the clip range's lower epsilon (and loss.clip_high); loss.eps is the std's epsilon"),
     "epsilon_high": ("loss.clip_high", "DAPO's clip-higher"),
