@@ -347,7 +347,7 @@ def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
     """Build and validate a Config from a mapping (as read from YAML) and `key=value` overrides."""
     if not isinstance(data, dict):
         raise UserError(f"the config must be a mapping of keys to values, got {type(data).__name__}")
-    tree = _copy_tree(data)  # overrides must not write into the caller's mapping
+    tree = copy.deepcopy(data)  # overrides must not write into the caller's mapping (functions are shared, not copied)
     if isinstance(tree.get("rewards"), list):  # rewards: [fn, ...] from Python, short for {function: fn}
         tree["rewards"] = [{"function": r} if callable(r) else r for r in tree["rewards"]]
     for text in overrides:
@@ -453,15 +453,6 @@ def validate(c: Config) -> None:
 
 
 # ---- writing and documenting ----------------------------------------------------------------
-
-
-def _copy_tree(value: Any) -> Any:
-    """A deep copy of a config tree, sharing the functions in it (a reward given from Python)."""
-    if isinstance(value, dict):
-        return {k: _copy_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy_tree(v) for v in value]
-    return value if callable(value) else copy.deepcopy(value)
 
 
 def config_to_dict(config: Config) -> dict:

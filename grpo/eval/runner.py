@@ -31,8 +31,6 @@ Choices beyond the plain description:
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import math
 import numbers
 import sys
@@ -49,8 +47,8 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, pass_at_k
 from grpo.infra.imports import describe, one_line
-from grpo.rewards.contain import arguments_for
-from grpo.rewards.functions import RESERVED_ARGUMENTS, RewardFn, as_messages, as_scores, resolve_reward
+from grpo.rewards import contain
+from grpo.rewards.functions import RESERVED_ARGUMENTS, RewardFn, WeightedReward, as_messages, as_scores, resolve_reward
 from grpo.rewards.rules import extract_answer
 
 __all__ = [
@@ -144,6 +142,7 @@ def reward_verifier(
     if isinstance(fn, str):
         name, fn = name or fn, resolve_reward(fn)
     name = name or _name_of(fn)
+    reward = WeightedReward(name=name, fn=fn, weight=1.0)
 
     def score_group(completions: list[str], row: dict) -> Tensor:
         prompt = row.get(prompt_column)
@@ -152,15 +151,10 @@ def reward_verifier(
         clash = sorted(set(columns) & set(RESERVED_ARGUMENTS))
         if clash:
             raise UserError(f"{kind} {name!r}: data column {clash[0]!r} has the name of a reward-function argument; rename the column")
-        try:  # called as in training (TRL's convention: by keyword, messages for chat prompts)
-            positional, keywords = arguments_for(fn, prompts, as_messages(prompts, list(completions)), columns)
-            values = fn(*positional, **keywords)
-            if inspect.isawaitable(values):
-                values = asyncio.run(values)
-        except UserError:
-            raise  # already one line that names its culprit, e.g. a built-in's missing column
-        except Exception as exc:
-            raise UserError(f"{kind} {name!r} raised {describe(exc)}") from exc
+        try:  # called as in training: TRL's convention, contained (a UserError passes through)
+            values = contain.call(reward, prompts, as_messages(prompts, list(completions)), columns)
+        except contain.Failed as failure:
+            raise UserError(f"{kind} {name!r} {failure.description}") from failure
         return as_scores(name, values, len(completions), kind=kind)
 
     def check_group(completions: list[str], row: dict) -> list[bool]:

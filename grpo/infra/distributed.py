@@ -104,27 +104,28 @@ class ProcessGroup:
     def _on_device(self, x: Tensor) -> Tensor:
         return x.to(self.device) if self.device.type == "cuda" else x
 
-    def sum(self, x: Tensor) -> Tensor:
-        """The sum of `x` over every process (a new tensor, on x's device)."""
+    def _all_reduce(self, x: Tensor, op: str) -> Tensor:
+        """`x` reduced by `op` ("SUM", "MAX") over every process (a new tensor, on x's device)."""
         import torch.distributed as dist
 
         out = self._on_device(x.detach().clone())
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op=getattr(dist.ReduceOp, op))
         return out.to(x.device)
+
+    def sum(self, x: Tensor) -> Tensor:
+        return self._all_reduce(x, "SUM")
 
     def max(self, x: Tensor) -> Tensor:
-        import torch.distributed as dist
-
-        out = self._on_device(x.detach().clone())
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
-        return out.to(x.device)
+        return self._all_reduce(x, "MAX")
 
     def gather(self, x: Tensor) -> tuple[Tensor, int]:
         """Every process's rows of `x` concatenated in rank order (their numbers of rows may
         differ), and the row where this process's rows start."""
         import torch.distributed as dist
 
-        sizes = self.gather_objects(x.shape[0])
+        sizes = [self._on_device(torch.zeros(1, dtype=torch.long)) for _ in range(self.world_size)]
+        dist.all_gather(sizes, self._on_device(torch.tensor([x.shape[0]])))  # a tensor, not a pickled object
+        sizes = [int(n) for n in sizes]
         width = max(sizes)
         padded = self._on_device(torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device))
         padded[: x.shape[0]] = self._on_device(x.detach())

@@ -35,14 +35,10 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(_tuples(state["python"]))
+    random.setstate(state["python"])
     kind, key, position, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.asarray(key, dtype=np.int64).astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-
-def _tuples(value):
-    """random.setstate wants tuples all the way down."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

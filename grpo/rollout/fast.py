@@ -170,7 +170,7 @@ class _Cache:
     def __init__(self, w: _Weights, rows: int, length: int):
         shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
         self.keys = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
-        self.values = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
+        self.values = torch.empty_like(self.keys)
 
     def repeat(self, counts: Tensor, filled: int) -> None:
         """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""

@@ -234,7 +234,7 @@ def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iterat
     out, keep = Path(c.output_dir), c.train.keep_checkpoints
     common = {
         "config": config_to_dict(c),  # what resume checks a new config against
-        "metrics": None if metrics is None else {k: v for k, v in metrics.items() if v is None or isinstance(v, (int, float, str))},
+        "metrics": metrics,  # numbers and None: plain data
         "reward_model_update": updater.state_dict(),
         "step": step,
         "scheduler": e.scheduler.state_dict(),
@@ -534,8 +534,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 iteration = step // steps_per_iteration
                 # What a checkpoint of the steps completed so far needs, should this step fail
                 # before it changes any weight.
-                snapshot = {"rng": rng_state(), "data": stream.state_dict(), "updates": e.scheduler.last_epoch,
-                            "iteration": (step - 1) // steps_per_iteration if step else 0}
+                snapshot = {"rng": rng_state(), "data": stream.state_dict(), "updates": e.scheduler.last_epoch}
                 if step > 0 and step % steps_per_iteration == 0:
                     # Algorithm 1, between iterations: the reward model learns from the policy's
                     # new samples (iterative RL), then the reference becomes the policy.
@@ -560,19 +559,20 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
                     _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
                 unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
+                give_up = bool(c.train.max_unscored_steps) and unscored >= c.train.max_unscored_steps
                 if unscored and world.is_main:
                     print(f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)", file=sys.stderr)
                 due = (number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0)
                        or (c.train.checkpoint_minutes and time.monotonic() - saved_at >= 60 * c.train.checkpoint_minutes))
                 # Saving and stopping are collective: every process does both at the same step.
                 stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
-                if due or stop or (c.train.max_unscored_steps and unscored >= c.train.max_unscored_steps):
+                if due or stop or give_up:
                     _save(e, c, stream, updater, number, iteration, metrics=metrics)
                     saved_at = time.monotonic()
                 if stop:
                     raise Stopped(f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
                                   f"checkpoint saved: continue with `grpo train CONFIG --resume`", 128 + stop)
-                if c.train.max_unscored_steps and unscored >= c.train.max_unscored_steps:
+                if give_up:
                     raise UserError(f"no reward scored any completion in {unscored} steps in a row (steps {number - unscored + 1}-{number}): "
                                     "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)")
         except (Stopped, KeyboardInterrupt):
@@ -583,7 +583,8 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
             # together; any other error may be one process's, and the periodic checkpoints
             # and signal stops (both collective) are what survives it.
             agreed = world.world_size == 1 or isinstance(err, UserError)
-            saved = _save_after_failure(e, c, stream, updater, completed, snapshot, last_metrics) if agreed else None
+            iteration = max(completed - 1, 0) // steps_per_iteration  # that of the last completed step
+            saved = _save_after_failure(e, c, stream, updater, completed, iteration, snapshot, last_metrics) if agreed else None
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:
@@ -601,20 +602,21 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     return TrainResult(out, out / "final", metrics, held, summary)
 
 
-def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, snapshot: dict | None,
-                        metrics: dict | None) -> str | None:
-    """After an error: a checkpoint of the last completed step, when the weights are still
-    those it ended with; what was done, in words (None when there was nothing to save)."""
+def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, iteration: int,
+                        snapshot: dict | None, metrics: dict | None) -> str | None:
+    """After an error: a checkpoint of the last completed step (of `iteration`), when the
+    weights are still those it ended with; what was done, in words (None when there was
+    nothing to save)."""
     if completed == 0:
         return None
     if snapshot is not None and snapshot["updates"] != e.scheduler.last_epoch:
         return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
-    if snapshot is None and list_checkpoints(Path(c.output_dir)) and \
-            list_checkpoints(Path(c.output_dir))[-1].name == f"step-{completed:06d}":
-        return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
+    saved = f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
+    checkpoints = list_checkpoints(Path(c.output_dir))
+    if snapshot is None and checkpoints and checkpoints[-1].name == f"step-{completed:06d}":
+        return saved  # the failure came after this step's own checkpoint
     try:
-        iteration = snapshot["iteration"] if snapshot is not None else (completed - 1) // math.ceil(c.train.steps / c.train.iterations)
         _save(e, c, stream, updater, completed, iteration, snapshot, metrics if snapshot is None else None)
     except Exception as err:  # the disk may be what failed
         return f"could not save a checkpoint of step {completed} ({first_line(err)})"
-    return f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
+    return saved

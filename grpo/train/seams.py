@@ -236,8 +236,9 @@ class Critic:
         clip_grad_norm(list(self.model.parameters()), max_norm)
 
     def metrics(self, mean_loss: float, passes: Passes, mask: Tensor, world: World = SingleProcess()) -> dict:
-        sums = world.sum(torch.stack([(passes.old_values * mask).sum(), mask.sum()]).double())  # over all processes
-        return {"value_loss": mean_loss, "value/mean": float(sums[0] / sums[1].clamp(min=1))}
+        # The token mean over every process's tokens: each process's share, summed.
+        share = aggregate(passes.old_values, mask, "token-mean", num_tokens=float(world.sum(mask.sum())))
+        return {"value_loss": mean_loss, "value/mean": float(world.sum(share))}
 
     def state_dict(self) -> dict:
         return self.model.state_dict()

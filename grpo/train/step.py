@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
@@ -116,8 +116,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     prompts = [row[e.prompt_column] for row in batch.rows]
     # A reward that fails in one process fails the step in all (each raises the same
     # UserError), so none waits for it in a collective and all can save together.
-    lengths_list = lengths.long().tolist()
-    completion_ids = [ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths_list)]  # up to and including EOS
+    completion_ids = [ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
     reward = world.checked(lambda: e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column),
                                            completion_ids=completion_ids, trainer_state=trainer_state))
@@ -169,21 +168,24 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
     updated = time.perf_counter()
 
-    total, _ = world.gather(reward.total)  # (N * world_size,) every process's rewards
+    # Every process's rows, in one collective: (N * processes, 4 + functions).
+    per_row = [reward.total, lengths, truncated, spread.repeat_interleave(group_size), *reward.per_function.values()]
+    everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
+    total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
-    all_lengths, _ = world.gather(lengths)
+    counts = world.sum(torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64))
     metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
-        **{f"reward/{name}": float(torch.nanmean(world.gather(v)[0])) for name, v in reward.per_function.items()},
+        **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(reward.per_function)},
         **stats,
-        "tokens/completion": int(world.sum(lengths.sum())),
-        "tokens/trained": int(world.sum(batch.completion_lengths.sum())),
-        "completion_length/mean": float(all_lengths.float().mean()),
-        "frac_zero_std_groups": float(1.0 - world.gather(spread.float())[0].mean()),
+        "tokens/completion": int(all_lengths.sum()),
+        "tokens/trained": int(counts[0]),
+        "completion_length/mean": float(all_lengths.mean()),
+        "frac_zero_std_groups": float(1.0 - all_spread.mean()),  # a group's G rows share its spread
         "frac_unscored": float(torch.isnan(total).float().mean()),
-        "frac_truncated": float(world.gather(truncated.float())[0].mean()),  # cut off at max_new_tokens
-        "prompts/truncated": int(world.sum(torch.tensor(sampled.truncated_prompts))),  # cut to rollout.max_prompt_length
+        "frac_truncated": float(all_truncated.mean()),  # cut off at max_new_tokens
+        "prompts/truncated": int(counts[1]),  # cut to rollout.max_prompt_length
         "lr": e.scheduler.get_last_lr()[0],
         "time/step": updated - start,
         "time/generate": generated - start,
@@ -220,14 +222,14 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
             totals = dict(num_sequences=float(world.sum(live[minibatch].sum())), num_tokens=float(world.sum(mask[minibatch].sum())),
                           max_tokens=e.rollout.max_new_tokens)
             micros = [m for m in minibatch.split(tr.micro_batch_size or max(len(minibatch), 1)) if len(m)]
-            for micro in micros + [None] * (passes_needed - len(micros)):
-                rows = float(live[micro].sum()) if micro is not None else 0.0  # sequences it counts
-                if micro is None:  # a pass that weighs nothing (row 0, its mask emptied)
-                    micro = torch.zeros(1, dtype=torch.long)
-                    part = batch.select(micro)
+            padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its mask emptied
+            for micro in micros + padding:
+                weightless = micro is None
+                micro = torch.zeros(1, dtype=torch.long) if weightless else micro
+                part = batch.select(micro)
+                if weightless:
                     part.completion_mask = torch.zeros_like(part.completion_mask)
-                else:
-                    part = batch.select(micro)
+                rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
                 m = part.completion_mask  # (n, T)
                 logits = _policy_logits(e, part)  # (n, T, V)
                 logprobs = token_logprobs(logits, part.completion_ids, temperature=e.rollout.temperature)  # (n, T)
