@@ -410,11 +410,12 @@ def _check_resume_config(c: Config, state: dict) -> None:
                         "checkpoint's values, or start afresh with --overwrite")
 
 
-def _prepare_output(out: Path, *, resume: bool, overwrite: bool, metrics_path: Path) -> bool:
-    """Check (and with `overwrite`, clear) output_dir; whether there is a checkpoint to resume."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output_dir '{out}' is a file, not a directory")
+def _prepare_output(out: Path, *, resume: bool, overwrite: bool, clear: bool, metrics_path: Path) -> bool:
+    """Check output_dir (with `overwrite`, the process that holds the lock, `clear`, empties
+    it of an earlier run's files); whether there is a checkpoint to resume."""
     if overwrite:
+        if not clear:
+            return False
         for name in RUN_FILES:
             target = out / name
             if target.is_dir():
@@ -471,8 +472,10 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
     def inputs():
         """Everything that can be wrong with the input, found before any model is loaded
         (in every process: one that fails stops them all)."""
-        resumable = _prepare_output(out, resume=resume, overwrite=overwrite and world.is_main, metrics_path=metrics_path)
-        lock.acquire()
+        if out.exists() and not out.is_dir():
+            raise UserError(f"output_dir '{out}' is a file, not a directory")
+        lock.acquire()  # before anything in the folder is read, let alone removed
+        resumable = _prepare_output(out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path)
         functions = resolve_functions(c)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None

@@ -187,6 +187,16 @@ def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(straight_tw
     assert results(tmp_path / "failed") == straight_two_process_run
 
 
+def test_overwrite_under_torchrun_starts_afresh_in_every_process(make_config, tmp_path):
+    """Only process 0 clears the folder; the others must not take the old run for a reason to stop."""
+    config = make_config(train={"steps": 1, "lr": 1e-3})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')  # an earlier run's
+    run = torchrun("-m", "grpo", "train", str(write_config(tmp_path, "again", config)), "--quiet", "--overwrite")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [m["step"] for m in metrics_of(tmp_path / "run")] == [1]
+
+
 @pytest.mark.parametrize("settings,message", [
     ({"rollout": {"prompts_per_step": 3}}, "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes"),
     ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),

@@ -394,3 +394,16 @@ def test_a_run_logged_to_a_file_prints_plain_lines(runs, capsys):
     assert [line.split()[2] for line in lines] == ["1/5", "2/5", "4/5", "5/5"]
     assert all(" reward " in line and " kl " in line and " length 8.0 " in line and line.endswith(" s/step") for line in lines)
     assert not re.search(r"grpo: *\d+%\|", err)  # no progress bar of ours (transformers' loading bars are its own)
+
+
+def test_overwrite_touches_nothing_in_a_folder_another_run_holds(finished, tmp_path, capsys):
+    from grpo.cli import main
+
+    out, path = copy_of(finished, tmp_path, "held")
+    lock = DirectoryLock(out).acquire()
+    try:
+        assert main(["train", str(path), "--quiet", "--overwrite"]) == 2
+        assert "is in use by another run" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert results(out) == finished[1] and checkpoints(out) == ["step-000004", "step-000005"]
