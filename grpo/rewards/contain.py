@@ -18,6 +18,9 @@ of a `WeightedReward` such that what the code does stays inside that call:
   business (its handlers set a flag and stop after the step). A UserError passes through.
 - Async functions (any that return an awaitable) run to completion with asyncio.run (on a
   helper thread when this thread already runs an event loop, e.g. in a notebook).
+  `call_concurrently` runs a step's `async def` functions (the ones not isolated) together
+  on one event loop, as TRL does: a batch of judge requests waits for the slowest
+  function, not for the sum of them. Each keeps its own copies, timeout and error.
 - `timeout` bounds the call (`TimedOut` past it). In the training process the call runs on
   a daemon thread, and past the limit it is abandoned, not stopped (Python cannot stop a
   thread): it keeps running in the background until it returns, perhaps beside the next
@@ -61,7 +64,7 @@ from grpo.infra.imports import describe, import_callable, one_line
 if TYPE_CHECKING:
     from grpo.rewards.functions import WeightedReward
 
-__all__ = ["Failed", "TimedOut", "call", "stop_workers"]
+__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "stop_workers"]
 
 _START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
 _STOP_SECONDS = 5.0  # for a killed worker to be reaped
@@ -103,6 +106,84 @@ def call(
         with _SigintNoted() as sigint:
             return _invoke(reward.fn, batch, sigint=sigint)
     return _on_thread(reward.fn, batch, reward.timeout)
+
+
+class Outcome:
+    """What one call came to: its values, or the UserError, Failed or TimedOut it raised
+    (raised again by `get`, where the caller handles the call's failures)."""
+
+    __slots__ = ("values", "error")
+
+    def __init__(self, values: Any = None, error: BaseException | None = None):
+        self.values, self.error = values, error
+
+    def get(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.values
+
+
+def is_async(fn) -> bool:
+    """An `async def` function, or an object whose __call__ is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def call_concurrently(
+    rewards: Sequence[WeightedReward], prompts: Sequence[Any], completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]], shared: dict[str, Any] | None = None,
+) -> dict[int, Outcome]:
+    """`call` for each of `rewards` that is async and not isolated, all on one event loop at
+    once; keyed by the reward's index in `rewards`. Empty when fewer than two qualify (one
+    call alone gains nothing from a loop of its own). Each call gets its own copies of the
+    batch and its own `timeout` (past it, the call is cancelled: TimedOut)."""
+    chosen = [i for i, r in enumerate(rewards) if not r.isolate and is_async(r.fn)]
+    if len(chosen) < 2:
+        return {}
+    shared = dict(shared or {})
+    batches = [([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
+                {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared) for _ in chosen]
+
+    def run_all(sigint: list) -> list[Outcome]:
+        async def together():
+            return await asyncio.gather(*(_one(rewards[i], batch, sigint) for i, batch in zip(chosen, batches)))
+
+        return asyncio.run(together())
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        with _SigintNoted() as sigint:
+            outcomes = run_all(sigint)
+    else:  # this thread runs a loop already (a notebook): asyncio.run needs a thread of its own
+        outcomes = _on_thread(lambda: run_all([]), ([], [], {}, {}), None)
+    return dict(zip(chosen, outcomes))
+
+
+async def _one(reward: WeightedReward, batch: Batch, sigint: list) -> Outcome:
+    """One call of an async reward inside `call_concurrently`'s loop, as `_invoke` makes it:
+    everything raised becomes the Outcome's error (a real Ctrl-C excepted), so that one
+    function's failure, sys.exit included, neither stops the others nor the loop."""
+    prompts, completions, columns, shared = batch
+    scope = asyncio.timeout(reward.timeout)
+    try:
+        positional, keywords = arguments_for(reward.fn, prompts, completions, {**columns, **shared})
+        async with scope:
+            values = reward.fn(*positional, **keywords)
+            if inspect.isawaitable(values):
+                values = await values
+        return Outcome(values)
+    except (UserError, Failed) as exc:
+        return Outcome(error=exc)
+    except KeyboardInterrupt as exc:
+        if sigint:
+            raise
+        return Outcome(error=Failed(_description(exc)))
+    except BaseException as exc:
+        if scope.expired():
+            return Outcome(error=TimedOut())
+        if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+            raise  # the loop itself is being stopped, not this call
+        return Outcome(error=Failed(_description(exc)))
 
 
 def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:

@@ -6,9 +6,10 @@ A reward function is called exactly as TRL's GRPOTrainer calls it, all by keywor
 completion, a completion is its text (or `[{"role": "assistant", "content": text}]` for a
 conversational prompt), `completion_ids` its tokens up to and including EOS,
 `trainer_state` has `global_step` (steps done) and `max_steps`, and None means "cannot
-score". Sync or async. A function without **kwargs gets only the arguments it names, and
-one that names neither `prompts` nor `completions` but takes two positional parameters
-(`lambda p, c, **kw: ...`) gets those two positionally (`contain.arguments_for`). A spec
+score". Sync or async (a step's async functions run concurrently). A function without
+**kwargs gets only the arguments it names, and one that names neither `prompts` nor
+`completions` but takes two positional parameters (`lambda p, c, **kw: ...`) gets those
+two positionally (`contain.arguments_for`). A spec
 names either a built-in (`BUILTIN_REWARDS`: a short name for a spec) or a user function as
 'pkg.module:attr', resolved by the importer every plugin shares (`grpo.infra.imports`).
 `as_scores` is the one check of what a reward returns, in training and in evaluation.
@@ -311,10 +312,12 @@ def _run(
     completions: list[str],
     columns: dict[str, Sequence[Any]],
     shared: dict[str, Any] | None = None,
+    done: contain.Outcome | None = None,
 ) -> Any:
-    """One contained call of `reward` on the batch; a failure is one UserError line."""
+    """One contained call of `reward` on the batch, or the `done` one's outcome (made by
+    `contain.call_concurrently`); a failure is one UserError line."""
     try:
-        return contain.call(reward, prompts, completions, columns, shared)
+        return contain.call(reward, prompts, completions, columns, shared) if done is None else done.get()
     except contain.TimedOut:
         limit = f"reward {reward.name!r} took longer than {reward.timeout} s (rewards[].timeout)"
         left = "its worker process was killed" if reward.isolate else "the call was abandoned and may still be running"
@@ -336,8 +339,9 @@ def _call(
     completions: list[str],
     columns: dict[str, Sequence[Any]],
     shared: dict[str, Any] | None = None,
+    done: contain.Outcome | None = None,
 ) -> Tensor:
-    return as_scores(reward.name, _run(reward, prompts, completions, columns, shared), len(completions))
+    return as_scores(reward.name, _run(reward, prompts, completions, columns, shared, done), len(completions))
 
 
 def as_messages(prompts: Sequence[Any], completions: Sequence[str]) -> list:
@@ -397,7 +401,8 @@ def score(
     _check_batch(prompts, completions, columns)
     n = len(completions)
     given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
-    per_function = {r.name: _call(r, prompts, given, columns, shared) for r in rewards}
+    done = contain.call_concurrently(rewards, prompts, given, columns, shared)  # the async ones, together
+    per_function = {r.name: _call(r, prompts, given, columns, shared, done.get(i)) for i, r in enumerate(rewards)}
     scores = torch.stack(list(per_function.values())) if rewards else torch.empty(0, n)  # (F, N)
     weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32).unsqueeze(1)  # (F, 1)
     scored = ~torch.isnan(scores)  # (F, N)
@@ -472,8 +477,9 @@ def score_steps(
     given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
     merged: list[list[tuple[int, float]]] = [[] for _ in completions]
     per_function = {}
-    for reward in rewards:
-        steps = _as_steps(reward.name, _run(reward, prompts, given, columns, shared), completions)
+    done = contain.call_concurrently(rewards, prompts, given, columns, shared)  # the async ones, together
+    for i, reward in enumerate(rewards):
+        steps = _as_steps(reward.name, _run(reward, prompts, given, columns, shared, done.get(i)), completions)
         per_function[reward.name] = torch.tensor(
             [sum(r for _, r in s) / len(s) if s else math.nan for s in steps], dtype=torch.float32
         )

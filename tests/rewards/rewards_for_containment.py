@@ -102,3 +102,26 @@ def ctrl_c(prompts, completions, **columns):
 
 def unpicklable(prompts, completions, **columns):
     return [lambda: 1.0 for _ in completions]
+
+
+ORDER = []  # what the `interleaves_*` functions did, in order, in this process
+
+
+async def interleaves_a(prompts, completions, **columns):
+    """Notes its start, yields to the event loop once, notes its end."""
+    ORDER.append("a starts")
+    await asyncio.sleep(0)
+    ORDER.append("a ends")
+    return [1.0] * len(completions)
+
+
+async def interleaves_b(prompts, completions, **columns):
+    ORDER.append("b starts")
+    await asyncio.sleep(0)
+    ORDER.append("b ends")
+    return [2.0] * len(completions)
+
+
+async def async_exits(prompts, completions, **columns):
+    await asyncio.sleep(0)
+    sys.exit(3)

@@ -333,3 +333,44 @@ def test_a_timed_out_call_is_not_rerun(tmp_path):
     with pytest.raises(UserError, match="took longer than 0.2 s"):
         score([WeightedReward("t:fn", slow, 1.0, timeout=0.2)], ["Q"] * 8, ["a"] * 8, {})
     assert calls == [8]
+
+
+# ---- async functions run together -----------------------------------------------------------
+
+
+def _both(*fns, options=None):
+    rewards = load_rewards([(f"{MODULE}:{fn}", 1.0) for fn in fns], [options or {} for _ in fns])
+    return score(rewards, ["Q", "Q"], ["x", "yy"], {})
+
+
+def test_a_steps_async_functions_run_concurrently_on_one_loop():
+    rfc.ORDER.clear()
+    result = _both("interleaves_a", "interleaves_b")
+    # One after the other would be a starts, a ends, b starts, b ends.
+    assert rfc.ORDER == ["a starts", "b starts", "a ends", "b ends"]
+    torch.testing.assert_close(result.total, torch.tensor([3.0, 3.0]))
+    torch.testing.assert_close(result.per_function[f"{MODULE}:interleaves_b"], torch.tensor([2.0, 2.0]))
+
+
+def test_concurrent_async_functions_run_under_a_running_event_loop():
+    async def in_a_notebook():
+        return _both("interleaves_a", "interleaves_b")
+
+    torch.testing.assert_close(asyncio.run(in_a_notebook()).total, torch.tensor([3.0, 3.0]))
+
+
+def test_one_concurrent_function_failing_is_its_own_one_line_error():
+    with pytest.raises(UserError) as excinfo:
+        _both("interleaves_a", "async_exits")
+    message = str(excinfo.value)
+    assert "async_exits" in message and "sys.exit(3)" in message and "\n" not in message
+
+
+def test_each_concurrent_function_keeps_its_own_timeout():
+    rfc.CANCELLED.clear()
+    rewards = load_rewards([(f"{MODULE}:async_sleeps", 1.0), (f"{MODULE}:async_length", 1.0)],
+                           [{"timeout": 0.2, "on_timeout": "none"}, {"timeout": 5.0}])
+    result = score(rewards, ["Q"], ["abc"], {"seconds": [10], "tag": ["together"]})
+    assert rfc.CANCELLED == ["together"]  # cancelled at its limit, not abandoned
+    assert math.isnan(result.per_function[f"{MODULE}:async_sleeps"][0])
+    torch.testing.assert_close(result.total, torch.tensor([3.0]))  # the other one's score
