@@ -361,12 +361,18 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    rewards: list | None = None,
 ) -> TrainResult:
     """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path).
+
+    `rewards`, when given, replaces the config's rewards (as TRL's `reward_funcs` does):
+    each a function, a spec string, or a dict as a `rewards` entry of a config.
 
     Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
     c = as_config(config, overrides)
+    if rewards is not None:
+        c = config_from_dict({**config_to_dict(c), "rewards": list(rewards)})
     device = resolve_device(c.train.device)
     backend = check_launch(launched_world_size(), c, device)
     world = init_world(device, backend)

@@ -101,3 +101,16 @@ def test_python_functions_are_rewards_in_a_config(make_config, tmp_path):
                            output_dir=str(tmp_path / "isolated"))
     with pytest.raises(UserError, match="isolate"):
         grpo.train(isolated, progress=False)
+
+
+def test_rewards_given_beside_the_config_replace_its_rewards(make_config):
+    """grpo.train(config, rewards=[fn, ...]), as TRL's reward_funcs: the config's own rewards
+    are not called."""
+    config = make_config(rewards=[{"function": lambda completions, **kw: [0.0] * len(completions)}],
+                         train={"steps": 1, "lr": 1e-3})
+    result = grpo.train(config, progress=False, rewards=[trl.reward_len, {"function": "r1_format", "weight": 0.0}])
+    names = {key for key in result.metrics[-1] if key.startswith("reward/")}
+    assert "reward/tests.rewards.trl_style_rewards:reward_len" in names
+    assert not any("lambda" in name for name in names)
+    with pytest.raises(UserError, match="rewards"):
+        grpo.train(config, progress=False, rewards=[42])
