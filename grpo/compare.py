@@ -17,7 +17,7 @@ from grpo.infra.child import train_in_child
 from grpo.tasks import Task, load_task
 
 # What the second run takes from the first: the same data and budget.
-ALIGNED = ["data.path", "data.prompt_column", "data.split", "seed", "train.steps",
+ALIGNED = ["data.path", "data.prompt_column", "data.split", "data.task_options", "seed", "train.steps",
            "rollout.prompts_per_step", "rollout.max_new_tokens"]
 
 ROWS = [

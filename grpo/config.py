@@ -41,15 +41,16 @@ def opt(default: Any, doc: str, **kw) -> Any:
 
 @dataclass
 class DataConfig:
-    path: str = opt("", "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, or a `datasets` name.")
+    path: str = opt("", "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see the README's reasoning-gym section).")
     prompt_column: str = opt("prompt", "Column holding the prompt: a string, or a list of chat messages (then the tokenizer's chat template is applied).")
     split: str = opt("train", "Split to use when `path` is a `datasets` name or a saved DatasetDict.")
     shuffle: bool = opt(True, "Shuffle the prompts by `seed`, reshuffling at each pass over the data.")
+    task_options: dict[str, Any] = opt({}, "With a reasoning_gym:NAME data.path: the task's own options (the fields of its config, e.g. {min_digits: 2}).")
 
 
 @dataclass
 class RewardConfig:
-    function: str | Callable | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
+    function: str | Callable | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
     model: str | None = opt(None, "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.")
     weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
     normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")
@@ -187,6 +188,8 @@ def _type_name(tp: Any) -> str:
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
     if tp is type(None):
         return "null"
     if dataclasses.is_dataclass(tp):
@@ -227,6 +230,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     elif dataclasses.is_dataclass(tp):
         if isinstance(value, dict):
             return _build(tp, value, key)
+    elif origin is dict:  # free-form options (data.task_options): string keys, values as given
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return dict(value)
     elif tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -9,9 +9,9 @@ from grpo.compare import aligned_configs, format_table
 
 
 def test_second_config_takes_the_first_ones_data_and_budget():
-    a = {"seed": 1, "data": {"path": "a.jsonl", "prompt_column": "q", "split": "train"},
+    a = {"seed": 1, "data": {"path": "a.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
          "train": {"steps": 10, "lr": 1.0}, "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 8}}
-    b = {"seed": 2, "data": {"path": "b.jsonl", "prompt_column": "q", "split": "train"},
+    b = {"seed": 2, "data": {"path": "b.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
          "train": {"steps": 20, "lr": 2.0}, "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 1}}
     aligned, changed = aligned_configs(a, b)
     assert aligned["data"]["path"] == "a.jsonl" and aligned["seed"] == 1 and aligned["train"]["steps"] == 10

@@ -46,8 +46,9 @@ def one_line(info) -> str:
 
 
 def leaves(tree, prefix="") -> dict:
-    """Flatten a nested dict/list into {dotted key: value} (list items by index)."""
-    if isinstance(tree, dict):
+    """Flatten a nested dict/list into {dotted key: value} (list items by index); an empty
+    mapping (data.task_options' default) is a leaf."""
+    if isinstance(tree, dict) and tree:
         items = tree.items()
     elif isinstance(tree, list) and tree and all(isinstance(v, dict) for v in tree):
         items = enumerate(tree)

@@ -129,6 +129,8 @@ BUILTIN_REWARDS: dict[str, str] = {
     "arithmetic_correct": "grpo.tasks.arithmetic:correctness_reward",
     "arithmetic_format": "grpo.tasks.arithmetic:format_reward",
     "arithmetic_steps": "grpo.tasks.arithmetic:step_reward",
+    # Rows of a reasoning_gym:NAME data path, scored by that task's own scorer (the gym extra).
+    "reasoning_gym": "grpo.tasks.reasoning_gym:reward",
 }
 
 

@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["TASKS", "Task", "load_task"]
 
 # Built-in name -> the spec it stands for.
-TASKS: dict[str, str] = {"arithmetic": "grpo.tasks.arithmetic:task"}
+TASKS: dict[str, str] = {
+    "arithmetic": "grpo.tasks.arithmetic:task",
+    # Checks rows of a reasoning_gym:NAME data path with that task's scorer (the gym extra).
+    "reasoning_gym": "grpo.tasks.reasoning_gym:task",
+}
 
 _FORM = "pkg.module:name"
 

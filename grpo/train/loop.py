@@ -485,7 +485,8 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
         functions = resolve_functions(c)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-        rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split)
+        rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split,
+                         task_options=c.data.task_options)
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
             _check_resume_config(c, state)

@@ -183,14 +183,14 @@ def bad_files(tmp_path):
         (["--data", "/no/such/data.jsonl"], "--data: no such file '/no/such/data.jsonl'"),
         (["--data", "arithmetic:0"], "--data: expected 'TASK:N' with N a positive integer"),
         (["--data", "tests.tasks.user_task:task:x"], "--data: expected 'TASK:N' with N a positive integer"),
-        (["--data", "algebra:3"], "--data: unknown task 'algebra' (built-ins: arithmetic; or give 'pkg.module:name')"),
+        (["--data", "algebra:3"], "--data: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
         (["--data", "tests.tasks.user_task:verify_only:3"], "--data: task 'avoid (verify only)' generates no rows"),
         (["--data", "{no_answer}"], "task 'arithmetic' cannot score any row of --data (None for every one, e.g. row 0, "
                                     "prompt 'what is two plus two?'); does the data have the columns it reads? "
                                     "(columns: prompt)"),
         (["--data", "{no_answer}", "--verifier", "exact_answer"], "needs an 'answer' column"),
         (["--task", "tests.tasks.user_task:task"], "task 'avoid' cannot score any row of --data"),
-        (["--task", "algebra"], "--task: unknown task 'algebra' (built-ins: arithmetic; or give 'pkg.module:name')"),
+        (["--task", "algebra"], "--task: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
         (["--task", "tests.tasks.user_task:not_a_task"], "--task: task 'tests.tasks.user_task:not_a_task': "
                                                          "'not_a_task' is not a grpo.tasks.Task"),
         (["--verifier", "tests.eval.no_such_module:fn"], "cannot import module 'tests.eval.no_such_module'"),

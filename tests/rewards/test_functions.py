@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo.errors import UserError
-from grpo.tasks import arithmetic
+from grpo.tasks import arithmetic, reasoning_gym
 from grpo.rewards import (
     BUILTIN_REWARDS,
     WeightedReward,
@@ -85,6 +85,7 @@ def test_builtins_resolve_to_their_functions():
         "arithmetic_correct": arithmetic.correctness_reward,
         "arithmetic_format": arithmetic.format_reward,
         "arithmetic_steps": arithmetic.step_reward,
+        "reasoning_gym": reasoning_gym.reward,
     }
     assert set(BUILTIN_REWARDS) == set(expected)
     for name, fn in expected.items():
@@ -124,7 +125,7 @@ def test_unknown_builtin_suggests_the_closest():
     assert message == (
         "unknown reward 'exact_anwser'; did you mean 'exact_answer'? "
         "(built-ins: arithmetic_correct, arithmetic_format, arithmetic_steps, exact_answer, "
-        "math_answer, r1_format; or give 'pkg.module:function')"
+        "math_answer, r1_format, reasoning_gym; or give 'pkg.module:function')"
     )
 
 
@@ -132,7 +133,7 @@ def test_unknown_builtin_far_from_all_lists_them():
     message = _raises_one_line(resolve_reward, "bleu")
     assert message == (
         "unknown reward 'bleu' (built-ins: arithmetic_correct, arithmetic_format, arithmetic_steps, "
-        "exact_answer, math_answer, r1_format; or give 'pkg.module:function')"
+        "exact_answer, math_answer, r1_format, reasoning_gym; or give 'pkg.module:function')"
     )
 
 
