@@ -1,4 +1,10 @@
-"""Supervised warm-up (SFT): a small Llama trained from scratch on the arithmetic task.
+"""Supervised fine-tuning (SFT) before RL: on your own rows, or from scratch on arithmetic.
+
+Two modes, one training loop (`_fit`: AdamW, warm-up then cosine, the completion-only loss):
+- `grpo sft --model M --data FILE --output DIR` (`FineTuneConfig`): fine-tune an existing
+  causal LM on the user's rows; the warm-up before `grpo train` on one's own task.
+- `grpo sft --task arithmetic`, or plain `grpo sft --output DIR` (`SFTConfig`): train a tiny
+  Llama from scratch on the built-in arithmetic task; the base model of `grpo demo`.
 
 Why a warm-up: GRPO's advantage is a reward minus the mean reward of its group, so a prompt
 whose G samples all earn the same reward (all wrong, or all right) contributes nothing. RL
@@ -6,25 +12,54 @@ only moves a policy that already solves some prompts some of the time (PAPER.md,
 "Small-scale facts"). A random model solves nothing and a perfect one leaves nothing to
 learn; `sft` stops in between, by training briefly, not to convergence.
 
-The recipe:
-- data: fresh problems every step from a private `random.Random(seed)` (no file, no epochs;
-  with 2 digits there are only 8100 problems, so later batches repeat earlier ones)
-- sequence: prompt + solution + EOS, right padded. The prompt is encoded the way the RL
-  sampler encodes it (`add_special_tokens=True`: no BOS with the character tokenizer), so
-  the model learns from exactly the context it will sample from
-- loss: next-token cross-entropy on the completion tokens (the solution and its EOS) only;
-  the prompt's and the padding's labels are -100. Mean over the batch's completion tokens
+What both modes share:
+- sequence: context + completion + EOS, right padded. The context is encoded exactly as the
+  RL sampler encodes a prompt (`grpo.rollout.sampler.prompt_text`: a plain prompt as is,
+  chat messages through the tokenizer's chat template with add_generation_prompt=True; then
+  tokenized with the tokenizer's special tokens), so the model learns from the context it
+  will sample from, and to stop with the EOS the sampler stops on
+- loss: next-token cross-entropy on the completion tokens (and their EOS) only; the
+  context's and the padding's labels are -100. Mean over the batch's completion tokens
 - optimiser: AdamW, linear warm-up then cosine decay to 0 (`grpo.train.schedule`), so the
   stopping point is a smooth end of training rather than a snapshot mid-step of a high lr
-- dropout off (`model.eval()`; a Llama built by `tiny_llama` has attention_dropout 0 anyway)
-- deterministic: the weights' initialisation and the problems both come from `seed`; the
-  global random states are neither read nor moved
+- dropout off (`model.eval()`, as in `grpo train`; gradients flow regardless of the mode)
+- deterministic: the data order (and a LoRA adapter's or a new model's initialisation) come
+  from `seed`; the global random states are neither read nor moved
 
-The default `SFTConfig` (an 85k-parameter, 2-layer model, 375 updates of 64 problems, ~9 s
-on a 2-core CPU) lands in the regime RL needs. Measured by sampling 16 completions for each
-of 100 prompts drawn with another seed (top_k off): pass@1 0.38 and pass@16 0.99 at
-temperature 0.7, 0.17 and 0.86 at temperature 1.0; over seeds 0-7, pass@1 at 0.7 spans
-0.19-0.55 and pass@16 0.92-1.0. The number of updates is the knob (temperature 0.7):
+Your own rows (`FineTuneConfig`) come from `grpo.data.load_rows`, so every format `grpo
+train` reads works (.jsonl, .json, .parquet, .csv, `datasets` directories and names). Two
+shapes:
+- prompt/completion columns (`prompt_column`, `completion_column`): the prompt a string or
+  a list of chat messages, the completion a string (or TRL's conversational
+  `[{"role": "assistant", "content": ...}]`, whose content is learned)
+- conversational `messages` (`messages_column`; used by default when the rows have no prompt
+  column): every assistant message is learned, each from the conversation before it
+  rendered as the sampler renders a prompt, followed by EOS. When the chat template does not
+  render a conversation as those pieces in a row (a template that rewrites earlier turns, or
+  ends a turn with something other than the EOS token), only its last assistant message is
+  learned, and a warning counts such rows
+The model loads as `grpo train` loads a policy (`load_causal_lm`: `dtype`; attention by
+device; no remote code) and trains on the same devices. With `lora_r` > 0 an adapter made by
+`grpo train`'s `apply_lora` trains, and is merged into the weights before saving: the output
+is a plain model directory, which `grpo train` (`model: DIR`), `grpo eval` and any
+`from_pretrained` load without peft or the base model, and which `grpo train` may give a
+fresh adapter of its own. A row longer than the model's positions is an error; with
+`max_length`, longer rows keep their last tokens (the prompt loses its start, as the sampler
+cuts a long prompt), and a warning counts them. The defaults (lr 1e-5, 3 epochs of 8 rows
+per update, 10% warm-up, gradients clipped at norm 1) are those of a light fine-tuning of a
+pretrained model: a warm-up should teach the task's format, not rewrite the model.
+
+From scratch (`SFTConfig`), the recipe:
+- data: fresh problems every step from a private `random.Random(seed)` (no file, no epochs;
+  with 2 digits there are only 8100 problems, so later batches repeat earlier ones); the
+  character tokenizer adds no BOS to the prompt
+- the weights' initialisation and the problems both come from `seed`
+
+The default `SFTConfig` (an 85k-parameter, 2-layer model, 375 updates of 64 problems) lands
+in the regime RL needs. Measured by sampling 16 completions for each of 100 prompts drawn
+with another seed (top_k off): pass@1 0.38 and pass@16 0.99 at temperature 0.7, 0.17 and
+0.86 at temperature 1.0; over seeds 0-7, pass@1 at 0.7 spans 0.19-0.55 and pass@16 0.92-1.0.
+The number of updates is the knob (temperature 0.7):
 
     steps     200    250    300    350    375    400    450    500    600
     pass@1    0.02   0.05   0.12   0.28   0.38   0.47   0.63   0.75   0.90
@@ -37,9 +72,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import math
 import random
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,14 +89,30 @@ from grpo.infra.argtypes import DEVICE_HELP, positive_float, positive_int
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["SFTConfig", "completion_batch", "completion_loss", "register", "sft", "sft_sequence_length"]
+__all__ = [
+    "FineTuneConfig",
+    "SFTConfig",
+    "completion_batch",
+    "completion_loss",
+    "conversation_pieces",
+    "encode_pieces",
+    "register",
+    "sft",
+    "sft_sequence_length",
+]
 
 IGNORE_INDEX = -100  # the label that cross_entropy skips: prompt and padding positions
+
+# A sequence to learn, as texts in order: (context, False) is read only; (completion, True) is
+# learned, with an EOS after it.
+Pieces = list[tuple[str, bool]]
+# One encoded sequence: its token ids and its labels (IGNORE_INDEX where nothing is learned).
+Example = tuple[list[int], list[int]]
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """The warm-up's settings; the defaults are the demo's (see the module docstring)."""
+    """The from-scratch warm-up's settings; the defaults are the demo's (see the module docstring)."""
 
     task: str = "arithmetic"
     """The built-in task to learn; only "arithmetic" (addition with worked column steps)."""
@@ -83,6 +138,50 @@ class SFTConfig:
     """Seeds the weights' initialisation and the stream of training problems."""
     max_positions: int = 64
     """The model's max_position_embeddings: the longest sequence it can ever handle."""
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """Fine-tuning an existing causal LM on the user's rows (see the module docstring)."""
+
+    model: str
+    """The model to start from: a Hugging Face directory or hub id (as `grpo train`'s `model`)."""
+    data: str
+    """The rows: anything `grpo train`'s data.path takes (a file, a dataset, a spec)."""
+    prompt_column: str = "prompt"
+    """The prompt/completion shape: the column of the prompts (a string or chat messages)."""
+    completion_column: str = "completion"
+    """The prompt/completion shape: the column of the completions to learn."""
+    messages_column: str | None = None
+    """The conversational shape: the column of the conversations (lists of chat messages).
+    None: the prompt/completion shape, or `messages` when the rows have no prompt column."""
+    epochs: int = 3
+    """Passes over the rows (when `steps` is None)."""
+    steps: int | None = None
+    """Optimizer updates; None: `epochs` passes over the rows."""
+    batch_size: int = 8
+    """Rows per update."""
+    lr: float = 1e-5
+    """Peak AdamW learning rate: a pretrained model needs a small one (TRL's SFT default is 2e-5)."""
+    warmup_steps: int | None = None
+    """Updates of linear warm-up, cosine decay to 0 after; None: a tenth of the updates."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this (0 = no clipping), as `grpo train` does by default."""
+    max_length: int | None = None
+    """Longest sequence in tokens: longer rows keep their last tokens. None: the model's
+    positions, and a longer row is an error."""
+    dtype: str = "float32"
+    """Dtype the model is loaded in (train.dtype's values); on a GPU the forward runs in bf16."""
+    lora_r: int = 0
+    """LoRA rank (0 = full fine-tuning); the adapter is merged into the saved weights."""
+    lora_alpha: float = 16.0
+    """LoRA alpha."""
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    """Modules to adapt (peft's target_modules)."""
+    seed: int = 0
+    """Seeds the order of the rows and a LoRA adapter's initialisation."""
 
 
 def sft_sequence_length(digits: int) -> int:
@@ -116,28 +215,108 @@ def _validate(config: SFTConfig) -> None:
         )
 
 
-def completion_batch(tokenizer, prompts: list[str], completions: list[str]) -> dict[str, Tensor]:
-    """Right-padded `input_ids`, `attention_mask` and `labels`, each (B, L), for the
-    sequences prompt + completion + EOS. `labels` is `input_ids` with IGNORE_INDEX (-100) on
-    the prompt and the padding, so only the completion and its EOS are learned."""
+def _validate_fine_tune(c: FineTuneConfig) -> None:
+    from grpo.infra.hf import torch_dtype
+
+    for name in ("model", "data"):
+        if not getattr(c, name).strip():
+            raise UserError(f"sft: {name} is empty")
+    for name in ("epochs", "batch_size", "lora_r", "steps", "warmup_steps", "max_length"):
+        value, least = getattr(c, name), 0 if name in ("lora_r", "warmup_steps") else 1
+        if value is not None and value < least:
+            raise UserError(f"sft: {name} must be {'>= 0' if least == 0 else 'a positive integer'}, got {value}")
+    for name in ("lr", "lora_alpha"):
+        if not getattr(c, name) > 0:
+            raise UserError(f"sft: {name} must be positive, got {getattr(c, name)}")
+    if c.weight_decay < 0 or c.max_grad_norm < 0:
+        raise UserError(f"sft: weight_decay and max_grad_norm must be >= 0, got {c.weight_decay} and {c.max_grad_norm}")
+    if c.max_length is not None and c.max_length < 2:
+        raise UserError(f"sft: max_length must be at least 2 (a token and the EOS), got {c.max_length}")
+    if c.prompt_column == c.completion_column:
+        raise UserError(f"sft: the prompt and completion columns are both {c.prompt_column!r}")
+    torch_dtype(c.dtype, "sft: dtype")
+
+
+# ---- sequences and the loss ------------------------------------------------------------------
+
+
+def encode_pieces(tokenizer, pieces: Pieces) -> Example:
+    """Token ids and labels of one sequence. A context piece is tokenized as the RL sampler
+    tokenizes a prompt (the tokenizer's special tokens, once, at the start of the sequence) and
+    labelled IGNORE_INDEX; a completion piece is tokenized without special tokens, followed by
+    EOS, and labelled with its own ids."""
+    ids: list[int] = []
+    labels: list[int] = []
+    for number, (text, learned) in enumerate(pieces):
+        if learned:
+            part = [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+            labels += part
+        else:
+            part = tokenizer(text, add_special_tokens=number == 0)["input_ids"]
+            labels += [IGNORE_INDEX] * len(part)
+        ids += part
+    return ids, labels
+
+
+def _pad(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded `input_ids`, `attention_mask` and `labels`, each (B, L)."""
     import torch
 
-    rows, targets = [], []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]  # as the sampler encodes it
-        completion_ids = [*tokenizer(completion, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
-        rows.append([*prompt_ids, *completion_ids])
-        targets.append([IGNORE_INDEX] * len(prompt_ids) + completion_ids)
-    width = max(len(row) for row in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, L)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, L)
-    for i, (row, target) in enumerate(zip(rows, targets)):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(row)] = torch.tensor(target)
-        attention_mask[i, : len(row)] = 1
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # (B, L)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)  # (B, L)
+    for i, (ids, target) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(ids)] = torch.tensor(target)
+        attention_mask[i, : len(ids)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def completion_batch(tokenizer, prompts: list, completions: list[str]) -> dict[str, Tensor]:
+    """Right-padded `input_ids`, `attention_mask` and `labels`, each (B, L), for the
+    sequences prompt + completion + EOS. A prompt is a string or a list of chat messages and
+    is encoded as the RL sampler encodes it. `labels` is `input_ids` with IGNORE_INDEX (-100)
+    on the prompt and the padding, so only the completion and its EOS are learned."""
+    from grpo.rollout.sampler import prompt_text
+
+    examples = [encode_pieces(tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)])
+                for prompt, completion in zip(prompts, completions, strict=True)]
+    return _pad(examples, _pad_id(tokenizer))
+
+
+def conversation_pieces(tokenizer, messages: list[dict]) -> tuple[Pieces, bool]:
+    """The pieces of a conversation whose assistant messages are learned, and whether all of
+    them are (False: only the last one).
+
+    Each assistant message (after at least one other message) is learned from the
+    conversation before it as the sampler would render it, `prompt_text` (the chat template
+    with the generation prompt), followed by EOS; the template's text between one assistant
+    message and the next context is read. That needs a template that renders a conversation
+    as its prefixes: the rendering of the messages up to a turn begins with the one up to the
+    turn before, and a turn rendered as its content and then the EOS token. Otherwise only the
+    last assistant message is learned, which is a prompt (the conversation before it) and a
+    completion."""
+    from grpo.rollout.sampler import prompt_text
+
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0]
+    last = turns[-1]
+    only_last = [(prompt_text(messages[:last], tokenizer), False), (messages[last]["content"], True)]
+    pieces: Pieces = []
+    consumed = ""  # the rendered conversation the pieces so far stand for
+    for i in turns:
+        before = prompt_text(messages[:i], tokenizer)
+        end = before + messages[i]["content"] + tokenizer.eos_token
+        after = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (before.startswith(consumed) and after.startswith(end)):
+            return only_last, len(turns) == 1
+        pieces += [(before[len(consumed) :], False), (messages[i]["content"], True)]
+        consumed = end
+    return pieces, True
 
 
 def completion_loss(logits: Tensor, labels: Tensor) -> Tensor:
@@ -150,6 +329,47 @@ def completion_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(predicted.reshape(-1, predicted.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+# ---- the training loop both modes share --------------------------------------------------------
+
+
+def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps: int, weight_decay: float,
+         device, max_grad_norm: float = 0.0, compute_dtype=None, progress: bool = True) -> list[float]:
+    """`steps` AdamW updates of `model`'s trainable parameters, one per batch of `batches`,
+    on `completion_loss`; the learning rate warms up linearly over `warmup_steps`, then
+    decays to 0 on a cosine. `compute_dtype`: the forward's autocast dtype (None: the
+    weights' own). Returns each update's loss."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from grpo.train.models import autocast, trainable_parameters
+    from grpo.train.schedule import lr_lambda
+
+    parameters = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", warmup_steps, steps))
+    losses: list[float] = []
+    bar = tqdm(total=steps, desc="sft", disable=not progress, dynamic_ncols=True)
+    try:
+        for batch in itertools.islice(batches, steps):
+            batch = {key: value.to(device) for key, value in batch.items()}
+            with autocast(model, compute_dtype):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            loss = completion_loss(logits, batch["labels"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    finally:
+        bar.close()
+        optimizer.zero_grad(set_to_none=True)
+    return losses
+
+
 def _check_output(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"output: '{out}' exists and is not a directory")
@@ -157,21 +377,31 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise UserError(f"output: '{out}' is not empty; pass --overwrite to write into it, or choose another")
 
 
-def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool = True, overwrite: bool = False,
-        device: str = "auto") -> dict:
-    """Train a tiny Llama from scratch on the task's worked solutions and save it, with its
-    character tokenizer, to `output` (a Hugging Face directory that AutoModelForCausalLM and
-    AutoTokenizer load). Refuses a non-empty `output` unless `overwrite`. Trains on `device`
-    (auto: a CUDA GPU when there is one). Checks everything before training. Returns {"output", "steps", "loss/first", "loss/last" (the first and
-    the last update's loss), "parameters", "time_s"}.
+def _save(out: Path, model, tokenizer, provenance: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "sft_config.json").write_text(json.dumps(provenance, indent=2) + "\n")  # provenance
+
+
+def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *, progress: bool = True,
+        overwrite: bool = False, device: str = "auto") -> dict:
+    """Train and save a model to `output`, a Hugging Face directory (model, tokenizer and
+    sft_config.json, the settings it was made with) that `grpo train` starts from.
+
+    `SFTConfig`: a tiny Llama from scratch on the task's worked solutions, with its character
+    tokenizer. `FineTuneConfig`: the config's model fine-tuned on its rows. Refuses a
+    non-empty `output` unless `overwrite`. Trains on `device` (auto: a CUDA GPU when there is
+    one). Checks everything before training. Returns {"output", "steps", "loss/first",
+    "loss/last" (the first and the last update's loss), "parameters", "time_s"} and, when
+    fine-tuning, "model", "rows", "epochs", "truncated" and "trainable_parameters".
     """
-    import torch
-    from tqdm.auto import tqdm
+    if isinstance(config, FineTuneConfig):
+        return _fine_tune(output, config, progress=progress, overwrite=overwrite, device=device)
 
     from grpo.infra.devices import resolve_device
     from grpo.tasks import arithmetic
     from grpo.tasks.tiny import char_tokenizer, tiny_llama
-    from grpo.train.schedule import lr_lambda
 
     c = config
     _validate(c)
@@ -184,34 +414,16 @@ def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool =
     model = tiny_llama(tokenizer, hidden_size=c.hidden_size, layers=c.layers, heads=c.heads,
                        max_positions=c.max_positions, seed=c.seed).to(where)
     model.eval()  # dropout off; gradients flow regardless of the mode
-    optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", c.warmup_steps, c.steps))
-    rng = random.Random(c.seed)  # private: the global random state is neither read nor moved
 
-    losses: list[float] = []
-    bar = tqdm(total=c.steps, desc="sft", disable=not progress, dynamic_ncols=True)
-    try:
-        for _ in range(c.steps):
-            problems = [arithmetic.make_problem(rng, c.digits) for _ in range(c.batch_size)]
-            batch = completion_batch(tokenizer, [p.prompt for p in problems], [p.solution for p in problems])
-            batch = {key: value.to(where) for key, value in batch.items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-            loss = completion_loss(logits, batch["labels"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    finally:
-        bar.close()
-        optimizer.zero_grad(set_to_none=True)
+    def problems() -> Iterator[dict]:
+        rng = random.Random(c.seed)  # private: the global random state is neither read nor moved
+        while True:
+            drawn = [arithmetic.make_problem(rng, c.digits) for _ in range(c.batch_size)]
+            yield completion_batch(tokenizer, [p.prompt for p in drawn], [p.solution for p in drawn])
 
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "sft_config.json").write_text(json.dumps(dataclasses.asdict(c), indent=2) + "\n")  # provenance
+    losses = _fit(model, problems(), steps=c.steps, lr=c.lr, warmup_steps=c.warmup_steps,
+                  weight_decay=c.weight_decay, device=where, progress=progress)
+    _save(out, model, tokenizer, dataclasses.asdict(c))
     return {
         "output": str(out),
         "steps": c.steps,
@@ -222,68 +434,340 @@ def sft(output: str | Path, config: SFTConfig = SFTConfig(), *, progress: bool =
     }
 
 
+# ---- fine-tuning on the user's rows ------------------------------------------------------------
+
+
+def _rows(path: str, column: str, option: str) -> list[dict]:
+    """load_rows(path), its errors worded with this command's options instead of config keys."""
+    from grpo.data import load_rows
+
+    try:
+        return load_rows(path, prompt_column=column)
+    except UserError as err:
+        text = str(err)
+        for key, flag in (("data.path:", "--data:"), ("data.prompt_column:", f"{option}:")):
+            if text.startswith(key):
+                raise UserError(flag + text[len(key) :]) from None
+        raise
+
+
+def _load_rows(c: FineTuneConfig) -> tuple[str, list[dict]]:
+    """The rows and their shape ("prompt" or "messages")."""
+    if c.messages_column is not None:
+        return "messages", _rows(c.data, c.messages_column, "--messages-column")
+    try:
+        return "prompt", _rows(c.data, c.prompt_column, "--prompt-column")
+    except UserError as err:
+        if c.prompt_column != FineTuneConfig.prompt_column:
+            raise
+        try:  # no prompts, but maybe conversations
+            return "messages", _rows(c.data, "messages", "--messages-column")
+        except UserError:
+            raise err from None
+
+
+def _completion_text(value) -> str | None:
+    """A completion as text: a string, a number, or TRL's [{"role": "assistant", "content": ...}]."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
+            and value[0].get("role") == "assistant" and isinstance(value[0].get("content"), str)):
+        return value[0]["content"]
+    return None
+
+
+def _row_pieces(row: dict, shape: str, c: FineTuneConfig, tokenizer, where: str) -> tuple[Pieces, bool]:
+    """The pieces of one row, and whether all its assistant messages are learned."""
+    from grpo.rollout.sampler import prompt_text
+
+    if shape == "messages":
+        column = c.messages_column or "messages"
+        messages = row[column]
+        if not isinstance(messages, list):
+            raise UserError(f"{where}: {column!r} must be a list of chat messages, got {type(messages).__name__}")
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0]
+        if not turns:
+            raise UserError(f"{where}: no assistant message after another message: nothing to learn")
+        for i in turns:
+            if not messages[i]["content"].strip():
+                raise UserError(f"{where}: message {i + 1} (the assistant's) is empty")
+        return conversation_pieces(tokenizer, messages)
+    column = c.completion_column
+    if column not in row:
+        raise UserError(f"{where}: no column {column!r} (columns: {', '.join(row)}); "
+                        "name the completions' column with --completion-column")
+    completion = _completion_text(row[column])
+    if completion is None:
+        raise UserError(f"{where}: {column!r} must be a string or an assistant message, got {type(row[column]).__name__}")
+    if not completion.strip():
+        raise UserError(f"{where}: empty completion in {column!r}")
+    return [(prompt_text(row[c.prompt_column], tokenizer), False), (completion, True)], True
+
+
+def _examples(rows: list[dict], shape: str, c: FineTuneConfig, tokenizer) -> tuple[list[Example], int]:
+    """Every row encoded, and how many conversations have only their last assistant message learned."""
+    from jinja2 import TemplateError
+
+    examples, last_only = [], 0
+    for number, row in enumerate(rows, start=1):
+        where = f"{c.data} row {number}"
+        try:
+            pieces, all_turns = _row_pieces(row, shape, c, tokenizer, where)
+        except TemplateError as err:
+            raise UserError(f"{where}: the tokenizer's chat template cannot render it ({err})") from None
+        examples.append(encode_pieces(tokenizer, pieces))
+        last_only += not all_turns
+    return examples, last_only
+
+
+def _fit_length(examples: list[Example], positions: int | None, max_length: int | None, name: str) -> tuple[list[Example], int]:
+    """The examples within `max_length` tokens (None: the model's positions), and how many
+    were cut to their last max_length tokens; a row that cannot be cut is an error."""
+    if max_length is not None and positions is not None and max_length > positions:
+        raise UserError(f"--max-length: {max_length} is more than the model's {positions} positions")
+    limit = max_length or positions
+    kept, cut = [], 0
+    for number, (ids, labels) in enumerate(examples, start=1):
+        if limit is None or len(ids) <= limit:
+            kept.append((ids, labels))
+            continue
+        where = f"{name} row {number}"
+        if max_length is None:
+            raise UserError(f"{where}: {len(ids)} tokens, more than the model's {positions} positions; "
+                            "pass --max-length N to cut long rows to their last N tokens")
+        # The learned tokens after the last read one: the final completion and its EOS.
+        completion = len(labels) - 1 - next((i for i in range(len(labels) - 1, -1, -1) if labels[i] == IGNORE_INDEX), -1)
+        if completion > max_length - 1:  # the completion needs at least one token of context before it
+            raise UserError(f"{where}: its completion and EOS alone are {completion} tokens, "
+                            f"too many for --max-length {max_length}")
+        kept.append((ids[-max_length:], labels[-max_length:]))
+        cut += 1
+    return kept, cut
+
+
+def _epochs(examples: list[Example], batch_size: int, seed: int, pad_id: int) -> Iterator[dict]:
+    """Batches of the examples, one shuffled pass after another, the order from a private
+    `random.Random(seed)` (the global random state is neither read nor moved)."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            yield _pad([examples[i] for i in order[start : start + batch_size]], pad_id)
+
+
+def _warn(message: str) -> None:
+    print(f"grpo sft: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwrite: bool, device: str) -> dict:
+    import torch
+
+    from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
+    from grpo.infra.hf import context_length, load_tokenizer
+    from grpo.train.models import apply_lora, count_parameters, load_causal_lm, trainable_parameters
+
+    _validate_fine_tune(c)
+    out = Path(output)
+    _check_output(out, overwrite)
+    where = resolve_device(device, "--device")
+
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(c.model, "--model")
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"--model: the tokenizer of '{c.model}' has no EOS token, so the end of a completion cannot be learned")
+    shape, rows = _load_rows(c)
+    examples, last_only = _examples(rows, shape, c, tokenizer)
+    longest = max(len(ids) for ids, _ in examples)
+    model = load_causal_lm(c.model, c.dtype, key="--model", device=where,
+                           attention=attention_for("auto", min(longest, c.max_length or longest), where))
+    examples, cut = _fit_length(examples, context_length(model), c.max_length, c.data)
+    if last_only:
+        _warn(f"in {last_only} of {len(rows)} rows the chat template does not render the conversation turn by turn "
+              "(it rewrites earlier turns, or ends a turn with something other than EOS): only the last assistant message is learned")
+    if cut:
+        _warn(f"{cut} of {len(rows)} rows are longer than --max-length {c.max_length} tokens: each keeps its last "
+              f"{c.max_length} (the prompt loses its start)")
+    if c.lora_r:
+        with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
+            torch.manual_seed(c.seed)  # the adapter's initialisation, without moving the global state
+            model = apply_lora(model, c.lora_r, c.lora_alpha, list(c.lora_target_modules)
+                               if isinstance(c.lora_target_modules, tuple) else c.lora_target_modules)
+
+    steps = c.steps or c.epochs * math.ceil(len(examples) / c.batch_size)
+    warmup = steps // 10 if c.warmup_steps is None else c.warmup_steps
+    trainable = sum(p.numel() for p in trainable_parameters(model))
+    losses = _fit(model, _epochs(examples, c.batch_size, c.seed, _pad_id(tokenizer)), steps=steps, lr=c.lr,
+                  warmup_steps=warmup, weight_decay=c.weight_decay, device=where, max_grad_norm=c.max_grad_norm,
+                  compute_dtype=autocast_dtype("auto", where), progress=progress)
+    if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
+        model = model.merge_and_unload()
+    _save(out, model, tokenizer, {**dataclasses.asdict(c), "shape": shape, "rows": len(rows), "steps_run": steps})
+    return {
+        "output": str(out),
+        "model": c.model,
+        "rows": len(rows),
+        "steps": steps,
+        "epochs": round(steps / math.ceil(len(rows) / c.batch_size), 2),
+        "loss/first": losses[0],
+        "loss/last": losses[-1],
+        "truncated": cut,
+        "parameters": count_parameters(model),
+        "trainable_parameters": trainable,
+        "time_s": round(time.perf_counter() - started, 2),
+    }
+
+
 # ---- the command -------------------------------------------------------------------------------
 
 SFT_HELP = """\
-Supervised warm-up: train a small Llama-style model from scratch (built from a config, no
-download) on the built-in arithmetic task, and save it as a Hugging Face model directory
-that `grpo train` can start from.
+Supervised warm-up before RL, in two modes:
+
+  grpo sft --model M --data FILE --output DIR   fine-tune your model on your rows
+  grpo sft --task arithmetic --output DIR       a tiny model from scratch (the demo's base;
+                                                --task arithmetic is the default)
 
 Why: RL only moves a policy that already solves some prompts. GRPO's advantage is a
 completion's reward minus the mean reward of its group; a group whose rewards are all equal
 (all wrong, or all right) has zero advantage and teaches nothing. A random model solves
-nothing, a perfect one leaves nothing to learn. The defaults stop training early, on
-purpose: on held-out 2-digit problems the model solves ~20-60% of samples (pass@1) and
-nearly every prompt at least once in 16 (pass@16 > 0.8). Fewer --steps: a weaker model;
-the defaults are tuned for 2 digits, and longer problems need more --steps.
+nothing, a perfect one leaves nothing to learn. Warm up until the model solves some of your
+prompts some of the time, then run `grpo train` with `model: DIR`.
 
-Each step trains on freshly drawn problems ("47+85=" -> "7+5+0=12;4+8+1=13>132" + EOS),
-with the loss on the completion tokens only. The same --seed gives the same weights. The
-last line printed is a JSON summary: output, steps, loss/first, loss/last, parameters, time_s.
+Your rows (--data: any file or dataset `grpo train` reads) come in one of two shapes:
+  {"prompt": "What is 2+3?", "completion": "5"}                  (--prompt-column, --completion-column)
+  {"prompt": [{"role": "user", "content": "What is 2+3?"}], "completion": "5"}
+  {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
+The loss is on the completion (or each assistant message) and an EOS only. A prompt is
+encoded exactly as `grpo train` samples from it: chat messages through the tokenizer's chat
+template with the generation prompt. The model loads as `grpo train` loads one and trains on
+--device. With --lora-r the adapter is merged into the saved weights: DIR is a plain model
+directory. A row longer than the model's positions stops the command, unless --max-length
+cuts long rows to their last tokens. Defaults for a pretrained model: --lr 1e-5, --epochs 3,
+--batch-size 8, warm-up over a tenth of the updates, then cosine to 0.
+
+From scratch (--task arithmetic): a small Llama-style model (built from a config, no
+download) learns addition written out digit by digit, from freshly drawn problems each step
+("47+85=" -> "7+5+0=12;4+8+1=13>132" + EOS). The defaults stop training early, on purpose:
+on held-out 2-digit problems the model solves ~20-60% of samples (pass@1) and nearly every
+prompt at least once in 16 (pass@16 > 0.8). Fewer --steps: a weaker model; the defaults are
+tuned for 2 digits, and longer problems need more --steps.
+
+The same --seed gives the same weights. DIR holds the model, its tokenizer and
+sft_config.json (the settings it was made with). The last line printed is a JSON summary:
+output, steps, loss/first, loss/last, parameters, time_s (and when fine-tuning: model, rows,
+epochs, truncated, trainable_parameters).
 """
 
+# Command-line option -> config field, for each mode; `both` are the options the two share.
+_FROM_SCRATCH = {"hidden": "hidden_size", "layers": "layers", "heads": "heads", "digits": "digits"}
+_FINE_TUNE = {"epochs": "epochs", "max_length": "max_length", "prompt_column": "prompt_column",
+              "completion_column": "completion_column", "messages_column": "messages_column", "dtype": "dtype",
+              "lora_r": "lora_r", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules"}
+_BOTH = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "seed": "seed"}
 
 
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
 
 
+def _given(args: argparse.Namespace, options: dict[str, str]) -> dict:
+    return {field: getattr(args, option) for option, field in options.items() if getattr(args, option) is not None}
 
-# Command-line option -> SFTConfig field.
-_OPTIONS = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "hidden": "hidden_size",
-            "layers": "layers", "heads": "heads", "digits": "digits", "seed": "seed"}
+
+def _config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
+    """The mode the options ask for, as its config; mixed modes are one line."""
+    if args.model is None:
+        if args.data is not None:
+            raise UserError("--data needs --model, the model to fine-tune on it (without --model, sft trains "
+                            "the built-in --task from scratch)")
+        wrong = [_flag(option) for option in _FINE_TUNE if getattr(args, option) is not None]
+        if wrong:
+            raise UserError(f"{', '.join(wrong)}: fine-tuning options, for --model and --data; "
+                            "--task trains a new model from scratch")
+        task = {} if args.task is None else {"task": args.task}
+        return dataclasses.replace(SFTConfig(), **task, **_given(args, _FROM_SCRATCH), **_given(args, _BOTH))
+    if args.task is not None:
+        raise UserError("--model and --task exclude each other: --model fine-tunes a model on --data, "
+                        "--task trains a new model from scratch on a built-in task")
+    if args.data is None:
+        raise UserError("--model needs --data, the rows to fine-tune it on (a file or dataset, as grpo train's data.path)")
+    wrong = [_flag(option) for option in _FROM_SCRATCH if getattr(args, option) is not None]
+    if wrong:
+        raise UserError(f"{', '.join(wrong)}: options of --task (a new model from scratch), not of --model")
+    given = _given(args, _FINE_TUNE)
+    if "lora_target_modules" in given and given["lora_target_modules"] != "all-linear":
+        given["lora_target_modules"] = tuple(name.strip() for name in given["lora_target_modules"].split(",") if name.strip())
+    return FineTuneConfig(model=args.model, data=args.data, **given, **_given(args, _BOTH))
 
 
 def _run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
+    config = _config(args)
     hf_logging.disable_progress_bar()  # our own bar shows the training
-    given = {field: getattr(args, option) for option, field in _OPTIONS.items() if getattr(args, option) is not None}
-    summary = sft(args.output, dataclasses.replace(SFTConfig(), **given), progress=not args.quiet,
-                  overwrite=args.overwrite, device=args.device)
+    summary = sft(args.output, config, progress=not args.quiet, overwrite=args.overwrite, device=args.device)
     print(json.dumps(summary))
     return 0
 
 
 def register(commands) -> None:
     """Add `grpo sft` to argparse's subparsers object `commands`."""
-    d = SFTConfig()
+    d, f = SFTConfig(), FineTuneConfig(model="", data="")
     parser = commands.add_parser(
         "sft",
-        help="supervised warm-up: train a small model from scratch on the arithmetic task",
+        help="supervised warm-up: fine-tune a model on your rows, or train a small one from scratch on arithmetic",
         description=SFT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
-    parser.add_argument("--steps", type=positive_int, metavar="N",
-                        help=f"optimizer updates; fewer = a weaker model (default: {d.steps})")
-    parser.add_argument("--batch-size", type=positive_int, metavar="B", help=f"problems per update (default: {d.batch_size})")
-    parser.add_argument("--lr", type=positive_float, metavar="X",
-                        help=f"peak AdamW learning rate, after {d.warmup_steps} warm-up steps, then cosine to 0 (default: {d.lr})")
-    parser.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
-    parser.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
-    parser.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
-    parser.add_argument("--digits", type=positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
-    parser.add_argument("--seed", type=int, metavar="S", help=f"seeds the weights and the problems (default: {d.seed})")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    both = parser.add_argument_group("both modes")
+    once = both.add_mutually_exclusive_group()
+    once.add_argument("--steps", type=positive_int, metavar="N",
+                      help=f"optimizer updates. With --task: fewer = a weaker model (default: {d.steps}). "
+                           "With --model: instead of --epochs")
+    once.add_argument("--epochs", type=positive_int, metavar="E",
+                      help=f"with --model: passes over the rows (default: {f.epochs})")
+    both.add_argument("--batch-size", type=positive_int, metavar="B",
+                      help=f"rows (or problems) per update (default: {f.batch_size} with --model, {d.batch_size} with --task)")
+    both.add_argument("--lr", type=positive_float, metavar="X",
+                      help=f"peak AdamW learning rate, after a linear warm-up, then cosine to 0 (default: {f.lr:g} "
+                           f"with --model, {d.lr:g} with --task)")
+    both.add_argument("--seed", type=int, metavar="S",
+                      help=f"seeds the data's order and any new weights (default: {d.seed})")
+
+    mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
+    mine.add_argument("--model", metavar="DIR_OR_HUB_ID", help="the model to fine-tune: a Hugging Face directory or hub id")
+    mine.add_argument("--data", metavar="FILE", help="the rows: .jsonl, .json, .parquet, .csv, a datasets directory "
+                                                     "or name, as grpo train's data.path")
+    mine.add_argument("--prompt-column", metavar="NAME", help=f"column of the prompts (default: {f.prompt_column})")
+    mine.add_argument("--completion-column", metavar="NAME",
+                      help=f"column of the completions to learn (default: {f.completion_column})")
+    mine.add_argument("--messages-column", metavar="NAME",
+                      help="column of conversations (lists of chat messages) whose assistant messages are learned "
+                           "(default: messages, when the rows have no prompt column)")
+    mine.add_argument("--max-length", type=positive_int, metavar="T",
+                      help="cut rows longer than T tokens to their last T, with a warning (default: none; a row "
+                           "longer than the model's positions is an error)")
+    mine.add_argument("--dtype", choices=("float32", "bfloat16"),
+                      help=f"dtype of the weights, gradients and optimizer state, as train.dtype; on a GPU the "
+                           f"forward runs in bf16 either way (default: {f.dtype})")
+    mine.add_argument("--lora-r", type=int, metavar="R",
+                      help="train a LoRA adapter of rank R (needs peft), merged into the saved weights (default: 0, "
+                           "full fine-tuning)")
+    mine.add_argument("--lora-alpha", type=positive_float, metavar="A", help=f"LoRA alpha (default: {f.lora_alpha:g})")
+    mine.add_argument("--lora-target-modules", metavar="NAMES",
+                      help=f"comma-separated modules to adapt (default: {f.lora_target_modules})")
+
+    scratch = parser.add_argument_group("from scratch (--task)")
+    scratch.add_argument("--task", metavar="NAME", help="the built-in task to learn (default: arithmetic)")
+    scratch.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
+    scratch.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
+    scratch.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
+    scratch.add_argument("--digits", type=positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
     parser.set_defaults(handler=_run)
