@@ -104,7 +104,7 @@ def _rm_train(args: argparse.Namespace) -> int:
     summary = train_reward_model(
         args.model, args.data, args.output, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
         eval_fraction=args.eval_fraction, seed=args.seed, max_length=args.max_length,
-        overwrite=args.overwrite, progress=not args.quiet, device=args.device,
+        overwrite=args.overwrite, progress=not args.quiet, log_every=args.log_every, device=args.device,
     )
     print(json.dumps(summary))
     return 0
@@ -235,7 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="tokens per text; longer texts lose their beginning (default: the model's limit)")
     rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
-    rm_train.add_argument("--quiet", action="store_true", help="no progress bar")
+    rm_train.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
+    rm_train.add_argument("--log-every", type=positive_int, default=10, metavar="N",
+                          help="when stderr is not a terminal (a file, a cluster's log), one line every N batches "
+                               "(step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always "
+                               "(default: %(default)s)")
     rm_train.set_defaults(handler=_rm_train)
 
     rm_eval = rm_commands.add_parser(
