@@ -104,7 +104,11 @@ def register(commands, *, load_task: LoadTask) -> None:
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
     parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
+    parser.add_argument("--log-every", type=positive_int, default=10, metavar="N",
+                        help="when stderr is not a terminal (a file, a cluster's log), one line every N prompts "
+                             "(completions and prompts done, running pass@1, completions/s) instead of a bar; "
+                             "the first and last always (default: %(default)s)")
     parser.set_defaults(handler=functools.partial(run, load_task=load_task))
 
 
@@ -294,7 +298,7 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
     results = evaluate(
         model, tokenizer, rows, n=args.n, ks=ks, verifier=verifier, prompt_column=args.prompt_column,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
+        batch_size=args.batch_size, seed=args.seed, progress=not args.quiet, log_every=args.log_every,
     )
     results = {"model": args.model, "data": args.data, **results}
     print(f"{args.model} on {args.data}: {results['prompts']} prompts x {results['n']} samples, "
