@@ -16,6 +16,11 @@ from tests.tasks import user_task
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def explodes(completion):
+    """An answer extractor that raises, as a user's buggy one would."""
+    raise ValueError("cannot read this")
+
+
 def parser():
     p = argparse.ArgumentParser(prog="grpo")
     register(p.add_subparsers(), load_task=load_task)
@@ -199,6 +204,8 @@ def bad_files(tmp_path):
                                                      "'tests.tasks.user_task' has no attribute 'nope'"),
         (["--answer", "tests.tasks.user_task:unhashable_answer"], "answer extractor "
                                                                   "'tests.tasks.user_task:unhashable_answer' returned a list"),
+        (["--answer", "tests.eval.test_command:explodes"], "answer extractor 'tests.eval.test_command:explodes' "
+                                                           "raised ValueError: cannot read this"),
         (["--out", "{dir}"], "--out: "),
         (["--temperature", "0"], "--temperature: must be > 0"),
         (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
