@@ -24,7 +24,8 @@ from grpo.errors import UserError
 from grpo.infra.argtypes import DEVICE_HELP, positive_int
 from grpo.infra.devices import resolve_device
 
-__all__ = ["DEFAULT_TASK", "TASK_SEED", "register", "run"]
+__all__ = ["DEFAULT_TASK", "TASK_SEED", "add_answer_options", "answer_extractor", "no_answer_warning", "register", "run",
+           "try_on_rows"]
 
 # "TASK:N" draws N rows from the task with this seed: the same rows on every run, so that
 # results of different models (and of one model before and after training) compare.
@@ -85,14 +86,7 @@ def register(commands, *, load_task: LoadTask) -> None:
     check.add_argument("--verifier", default=None, metavar="FN",
                        help="a reward function as the checker: a built-in (exact_answer, math_answer, ...) or "
                             "'pkg.module:fn' with TRL's signature")
-    answer = parser.add_mutually_exclusive_group()
-    answer.add_argument("--answer", default=None, metavar="FN",
-                        help="'pkg.module:fn' reading a completion's final answer (a hashable value, or None for "
-                             "none): the votes of maj@k (default: the task's; with --verifier, "
-                             "grpo.rewards.rules.extract_answer)")
-    answer.add_argument("--answer-pattern", default=None, metavar="REGEX",
-                        help="read the final answer with this regular expression instead: its last match in the "
-                             "completion (group 1 if it has groups, else the whole match), e.g. 'Answer: (\\S+)'")
+    add_answer_options(parser, votes="maj@k", default="the task's; with --verifier, grpo.rewards.rules.extract_answer")
     parser.add_argument("--threshold", type=float, default=None,
                         help="a completion is correct when its score >= this (default: the task's; with "
                              "--verifier, 0.5)")
@@ -109,8 +103,24 @@ def register(commands, *, load_task: LoadTask) -> None:
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
     parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
+    parser.add_argument("--log-every", type=positive_int, default=10, metavar="N",
+                        help="when stderr is not a terminal (a file, a cluster's log), one line every N prompts "
+                             "(completions and prompts done, running pass@1, completions/s) instead of a bar; "
+                             "the first and last always (default: %(default)s)")
     parser.set_defaults(handler=functools.partial(run, load_task=load_task))
+
+
+def add_answer_options(parser, *, votes: str, default: str) -> None:
+    """--answer and --answer-pattern (one or the other), for every command that counts votes:
+    `votes` is the metric they feed, `default` what reads the answers without them."""
+    answer = parser.add_mutually_exclusive_group()
+    answer.add_argument("--answer", default=None, metavar="FN",
+                        help="'pkg.module:fn' reading a completion's final answer (a hashable value, or None for "
+                             f"none): the votes of {votes} (default: {default})")
+    answer.add_argument("--answer-pattern", default=None, metavar="REGEX",
+                        help="read the final answer with this regular expression instead: its last match in the "
+                             "completion (group 1 if it has groups, else the whole match), e.g. 'Answer: (\\S+)'")
 
 
 # ---- checking the arguments -------------------------------------------------------------
@@ -202,15 +212,35 @@ def pattern_extractor(pattern: str):
     return extract
 
 
+def answer_extractor(answer: str | None, pattern: str | None):
+    """The answer extractor that --answer ('pkg.module:fn') or --answer-pattern (a regex)
+    name; None when neither does (the task's own, or extract_answer, is used). A spec that
+    does not import or names no function is a one-line UserError that starts with --answer."""
+    from grpo.infra.imports import import_callable
+
+    if answer is not None and pattern is not None:
+        raise UserError("--answer and --answer-pattern: give one of them, not both")
+    if pattern is not None:
+        return pattern_extractor(pattern)
+    return None if answer is None else import_callable(answer, kind="--answer")
+
+
+def no_answer_warning(command: str, no_answer: float, what: str = "") -> str | None:
+    """The warning line when most samples have no final answer (`no_answer`: their
+    fraction): maj@k would come out near 0 for want of votes, not of right answers. None
+    when there is nothing to say. `what` names the model ("run A: ") where there are several."""
+    if no_answer <= 0.5:
+        return None
+    return (f"grpo {command}: warning: {what}no final answer found in {no_answer:.0%} of the samples, so maj@k has "
+            "few votes to count; say how to read the answer with --answer or --answer-pattern")
+
+
 def _verifier(args: argparse.Namespace, rows: list[dict], load_task: LoadTask):
     """The Verifier that --task, or --verifier with --answer and --threshold, describe; tried
     on every row (see EVAL_HELP) before it is returned."""
     from grpo.eval.runner import reward_verifier, task_verifier
-    from grpo.infra.imports import import_callable
 
-    extract = None if args.answer is None else import_callable(args.answer, kind="--answer")
-    if args.answer_pattern is not None:
-        extract = pattern_extractor(args.answer_pattern)
+    extract = answer_extractor(args.answer, args.answer_pattern)
     if args.verifier is not None:
         label = f"verifier {args.verifier!r}"
         threshold = 0.5 if args.threshold is None else args.threshold
@@ -225,14 +255,16 @@ def _verifier(args: argparse.Namespace, rows: list[dict], load_task: LoadTask):
             raise UserError(f"--task: {err}") from err
         label = f"task {task.name!r}"
         verifier = task_verifier(task, prompt_column=args.prompt_column, threshold=args.threshold, extract=extract)
-    _try_on_rows(verifier, rows, label, args.prompt_column)
+    try_on_rows(verifier, rows, label, args.prompt_column)
     return verifier
 
 
-def _try_on_rows(verifier, rows: list[dict], label: str, prompt_column: str) -> None:
+def try_on_rows(verifier, rows: list[dict], label: str, prompt_column: str, *, command: str = "eval",
+                data_option: str = "--data") -> None:
     """A dry run on an empty completion per row: a row the verifier cannot read fails now (it
     raises: a missing column), before the model loads, not after the sampling. A verifier
-    that can score none of the rows is as sure a sign of the wrong data; some: a warning."""
+    that can score none of the rows is as sure a sign of the wrong data; some: a warning.
+    `command` and `data_option` say whose rows they are in the messages."""
     verifier.extract("")
     unscored = [i for i, row in enumerate(rows) if math.isnan(verifier.score_group([""], row)[0])]
     if not unscored:
@@ -241,10 +273,10 @@ def _try_on_rows(verifier, rows: list[dict], label: str, prompt_column: str) -> 
     example = f"row {unscored[0]}, {prompt_column} {str(first.get(prompt_column))[:40]!r}"
     if len(unscored) == len(rows):
         raise UserError(
-            f"{label} cannot score any row of --data (None for every one, e.g. {example}); "
+            f"{label} cannot score any row of {data_option} (None for every one, e.g. {example}); "
             f"does the data have the columns it reads? (columns: {', '.join(first)})"
         )
-    print(f"grpo eval: warning: {label} cannot score {len(unscored)} of {len(rows)} rows (None, e.g. {example}); "
+    print(f"grpo {command}: warning: {label} cannot score {len(unscored)} of {len(rows)} rows (None, e.g. {example}); "
           "they count as wrong", file=sys.stderr)
 
 
@@ -299,7 +331,7 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
     results = evaluate(
         model, tokenizer, rows, n=args.n, ks=ks, verifier=verifier, prompt_column=args.prompt_column,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
+        batch_size=args.batch_size, seed=args.seed, progress=not args.quiet, log_every=args.log_every,
     )
     results = {"model": args.model, "data": args.data, **results}
     print(f"{args.model} on {args.data}: {results['prompts']} prompts x {results['n']} samples, "
@@ -307,9 +339,9 @@ def run(args: argparse.Namespace, *, load_task: LoadTask) -> int:
           f"no answer {results['no_answer']:.3f}, mean length {results['mean_length']:.1f} characters, "
           f"{results['time_s']:.1f} s")
     print(table(results))
-    if results["no_answer"] > 0.5:  # maj@k would be near 0 for want of votes, not of right answers
-        print(f"grpo eval: warning: no final answer found in {results['no_answer']:.0%} of the samples, so maj@k has "
-              "few votes to count; say how to read the answer with --answer or --answer-pattern", file=sys.stderr)
+    warning = no_answer_warning("eval", results["no_answer"])
+    if warning:
+        print(warning, file=sys.stderr)
     if args.out is not None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

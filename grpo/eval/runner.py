@@ -47,6 +47,7 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, pass_at_k
 from grpo.infra.imports import describe, one_line
+from grpo.infra.progress import Progress
 from grpo.rewards import contain
 from grpo.rewards.functions import RESERVED_ARGUMENTS, RewardFn, WeightedReward, as_messages, as_scores, resolve_reward
 from grpo.rewards.rules import extract_answer
@@ -216,14 +217,19 @@ def sample_completions(
     batch_size: int = 256,
     seed: int = 0,
     progress: bool = True,
+    log_every: int = 10,
+    on_prompt: Callable[[int, list[str]], dict | None] | None = None,
 ) -> list[list[str]]:
     """n sampled completions (decoded text) for each row, [prompt][sample].
 
     Runs under `torch.random.fork_rng` seeded with `seed`: the caller's RNG state is the same
     afterwards, and the same seed and batch_size give the same completions.
+
+    `on_prompt(i, completions)`, when given, is called as soon as all n completions of row i
+    are sampled; the fields it returns (e.g. {"pass@1": ...}) are shown with the progress:
+    a bar on a terminal, else a line every `log_every` prompts (grpo.infra.progress).
     """
     import torch
-    from tqdm.auto import tqdm
 
     from grpo.config import RolloutConfig
     from grpo.rollout import Sampler
@@ -231,9 +237,11 @@ def sample_completions(
     samplers: dict[int, Sampler] = {}  # one per group size (at most two: n and a remainder)
     completions: list[list[str]] = [[] for _ in rows]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    bar = tqdm(total=len(rows) * n, desc="eval", unit="completion", disable=not progress,
-               dynamic_ncols=True, file=sys.stderr)
-    with torch.random.fork_rng(devices=devices):
+    done, fields = 0, {}  # prompts with all n completions; on_prompt's latest fields
+    # Counted in completions (a prompt's n may span calls); a line every log_every prompts.
+    bar = Progress(len(rows) * n, desc="eval", prefix="grpo eval", unit="completions", per_second=True,
+                   every=log_every * n, enabled=progress)
+    with bar, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for indices, group_size in _calls(len(rows), n, batch_size):
             if group_size not in samplers:
@@ -243,8 +251,11 @@ def sample_completions(
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
                 completions[i].extend(rollout.completions[j * group_size : (j + 1) * group_size])
-            bar.update(len(rollout))
-    bar.close()
+                if len(completions[i]) == n:
+                    done += 1
+                    if on_prompt is not None:
+                        fields = on_prompt(i, completions[i]) or fields
+            bar.update(len(rollout), prompts=f"{done}/{len(rows)}", **fields)
     return completions
 
 
@@ -309,12 +320,15 @@ def measure(
     ks: Sequence[int],
     verifier: Verifier,
     prompt_column: str = "prompt",
+    verdicts: Sequence[list[bool] | None] | None = None,
 ) -> dict:
     """The report of `evaluate` for given completions ([prompt][sample], n per prompt).
 
     Per prompt: c = completions the verifier accepts, pass@k = pass_at_k(n, c, k), maj@k =
     maj_at_k(extracted answers, per-completion verdicts, k). Reported: their means over
     prompts with 95% normal intervals (see the module docstring). No model is involved.
+    `verdicts[i]`, where given (not None), are the verifier's verdicts on prompt i's
+    completions, already known (evaluate checks while it samples): not asked again.
     """
     if len(completions) != len(rows) or not rows:
         raise ValueError(f"need one list of completions per row, got {len(completions)} for {len(rows)} rows")
@@ -325,8 +339,9 @@ def measure(
     pass_values: dict[int, list[float]] = {k: [] for k in ks}
     maj_values: dict[int, list[float]] = {k: [] for k in ks}
     per_prompt, no_answer, length = [], 0, 0
-    for group, row in zip(completions, rows):
-        flags = verifier.check_all(group, row)
+    known = list(verdicts) if verdicts is not None else [None] * len(rows)
+    for group, row, flags in zip(completions, rows, known):
+        flags = verifier.check_all(group, row) if flags is None else flags
         answers = [verifier.extract(completion) for completion in group]
         c = sum(flags)
         for k, value in _maj_at_ks(answers, flags, ks).items():
@@ -367,6 +382,7 @@ def evaluate(
     batch_size: int = 256,
     seed: int = 0,
     progress: bool = True,
+    log_every: int = 10,
 ) -> dict:
     """Sample n completions per row, check them, and report pass@k and maj@k for every k.
 
@@ -375,8 +391,13 @@ def evaluate(
     ({str(k): [lo, hi]}, normal 95% intervals over prompts clipped to [0, 1]), accuracy
     (mean fraction correct = pass@1), no_answer (fraction of completions without an
     answer), mean_length (characters), per_prompt ([{prompt, correct, answers: {answer:
-    count}, no_answer}]), time_s (all of it) and time_metrics_s (checking and metrics).
+    count}, no_answer}]), time_s (all of it) and time_metrics_s (what follows the sampling:
+    reading the answers and the metrics).
     ks beyond n are dropped with a warning on stderr.
+
+    Each prompt's completions are checked as soon as they are sampled, so that the progress
+    (`progress`: a bar on a terminal, else a line every `log_every` prompts) shows the
+    running pass@1.
     """
     ks = valid_ks(ks, n)  # fail (or warn) before sampling, not after
     if batch_size < 1:
@@ -384,12 +405,22 @@ def evaluate(
     if not rows:
         raise UserError("no rows to evaluate")
     start = time.perf_counter()
+    verdicts: list[list[bool] | None] = [None] * len(rows)
+    correct = checked = 0
+
+    def check(i: int, group: list[str]) -> dict:
+        nonlocal correct, checked
+        verdicts[i] = verifier.check_all(group, rows[i])
+        correct, checked = correct + sum(verdicts[i]), checked + len(group)
+        return {"pass@1": f"{correct / checked:.3f}"}
+
     completions = sample_completions(
         model, tokenizer, rows, n=n, prompt_column=prompt_column, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, progress=progress,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, progress=progress, log_every=log_every,
+        on_prompt=check,
     )
     sampled = time.perf_counter()
-    report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column)
+    report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column, verdicts=verdicts)
     done = time.perf_counter()
     per_prompt = report.pop("per_prompt")
     return {

@@ -49,6 +49,7 @@ from grpo.algo import bradley_terry_loss
 from grpo.data import load_rows
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
+from grpo.infra.progress import Progress
 
 __all__ = ["RewardModel", "load_pairs", "split_pairs", "train_reward_model"]
 
@@ -228,6 +229,7 @@ class RewardModel:
         weight_decay: float = 0.0,
         seed: int = 0,
         progress: bool = True,
+        log_every: int = 10,
     ) -> list[float]:
         """Train on comparisons {prompt, chosen, rejected} with the Bradley-Terry loss.
 
@@ -235,9 +237,11 @@ class RewardModel:
         from a private generator seeded with `seed` (the global RNGs are not touched). A
         batch's chosen and rejected texts go through the model in one forward pass. Returns
         the loss of every batch, in order.
-        """
-        from tqdm.auto import tqdm
 
+        With `progress`, a bar on a terminal, else a line every `log_every` batches
+        (grpo.infra.progress): the epoch, and the epoch's running loss and training
+        accuracy (pairs whose chosen scored above rejected, ties 1/2).
+        """
         if not pairs:
             raise ValueError("fit needs at least one pair")
         generator = torch.Generator().manual_seed(seed)
@@ -245,12 +249,14 @@ class RewardModel:
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         self.model.eval()  # dropout off; gradients flow regardless of the mode
         batches_per_epoch = math.ceil(len(pairs) / batch_size)
-        bar = tqdm(total=epochs * batches_per_epoch, desc="reward model", disable=not progress, dynamic_ncols=True)
+        bar = Progress(epochs * batches_per_epoch, desc="reward model", prefix="grpo rm train", every=log_every,
+                       enabled=progress)
         losses: list[float] = []
         try:
             for epoch in range(1, epochs + 1):
                 order = torch.randperm(len(pairs), generator=generator).tolist()
                 epoch_losses: list[float] = []
+                wins = 0.0  # this epoch's pairs with r(chosen) > r(rejected), ties 1/2
                 for start in range(0, len(pairs), batch_size):
                     rows = [pairs[i] for i in order[start : start + batch_size]]
                     b = len(rows)
@@ -262,8 +268,10 @@ class RewardModel:
                     loss.backward()
                     optimizer.step()
                     epoch_losses.append(loss.item())
-                    bar.update(1)
-                    bar.set_postfix(epoch=f"{epoch}/{epochs}", loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}")
+                    chosen, rejected = rewards[:b].detach(), rewards[b:].detach()
+                    wins += ((chosen > rejected).sum() + 0.5 * (chosen == rejected).sum()).item()
+                    bar.update(1, epoch=f"{epoch}/{epochs}", loss=sum(epoch_losses) / len(epoch_losses),
+                               accuracy=wins / (start + b))
                 losses.extend(epoch_losses)
         finally:
             bar.close()
@@ -333,6 +341,7 @@ def train_reward_model(
     max_length: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    log_every: int = 10,
     device: str = "auto",
 ) -> dict:
     """What `grpo rm train` does: hold out a seeded fraction of the comparisons in `data`,
@@ -355,7 +364,8 @@ def train_reward_model(
     started = time.perf_counter()
     model = RewardModel.from_base(base, seed=seed, max_length=max_length, device=where)
     before = model.evaluate(held_out) if held_out else None
-    losses = model.fit(train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress)
+    losses = model.fit(train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress,
+                       log_every=log_every)
     after = model.evaluate(held_out) if held_out else None
     model.save(out)
     none = {"accuracy": None, "margin": None}  # nothing held out

@@ -35,6 +35,7 @@ from grpo.infra.checkpoint import list_checkpoints, load_latest_checkpoint, safe
 from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics, write_atomic
+from grpo.infra.progress import Progress
 from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
@@ -325,21 +326,10 @@ def _save_final(e: Engine, final_dir: Path) -> None:
     e.world.barrier()
 
 
-def _log_line(metrics: dict, steps: int) -> str:
-    """One step as a plain line: what `tail -f` on a run's log shows."""
-    kl, reward = metrics.get("kl"), metrics["reward/mean"]
-    return (f"grpo: step {metrics['step']}/{steps}  reward {'-' if reward is None or reward != reward else f'{reward:.4f}'}"
-            f"  kl {'-' if kl is None else f'{kl:.4f}'}  length {metrics['completion_length/mean']:.1f}"
-            f"  {metrics['time/step']:.2f} s/step")
-
-
-def _postfix(metrics: dict) -> dict:
-    kl = metrics.get("kl")
-    return {
-        "reward": f"{metrics['reward/mean']:.3f}",
-        "kl": "-" if kl is None else f"{kl:.4f}",
-        "s/step": f"{metrics['time/step']:.2f}",
-    }
+def _progress_fields(metrics: dict) -> dict:
+    """What a step's progress shows (the bar's fields, a plain line's): reward, KL, length."""
+    return {"reward": metrics["reward/mean"], "kl": metrics.get("kl"),
+            "length": f"{metrics['completion_length/mean']:.1f}"}
 
 
 def unwrapped_architecture(directory: Path, model) -> None:
@@ -500,8 +490,6 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
 
 
 def _run(c: Config, world: World, device: torch.device, functions, verifier, rows, state, progress: bool) -> TrainResult:
-    from tqdm.auto import tqdm
-
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
@@ -534,10 +522,8 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
 
     # On a terminal a progress bar; redirected to a file or a cluster's log, one plain line
     # every train.log_every steps (a bar there is one ever-growing line).
-    terminal = sys.stderr.isatty()
-    lines = progress and world.is_main and not terminal
-    bar = tqdm(total=c.train.steps, initial=start, desc=c.algorithm, disable=not progress or not world.is_main or not terminal,
-               dynamic_ncols=True)
+    bar = Progress(c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every,
+                   enabled=progress and world.is_main)
     with _Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -562,10 +548,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 snapshot = None
                 metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
                 sinks.log(number, metrics)
-                bar.update(1)
-                bar.set_postfix(_postfix(metrics))
-                if lines and (number == 1 or number % c.train.log_every == 0 or number == c.train.steps):
-                    print(_log_line(metrics, c.train.steps), file=sys.stderr, flush=True)
+                bar.update(1, **_progress_fields(metrics))
                 if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
                     _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
                 unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0

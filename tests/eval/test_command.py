@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 import sys
 
 import pytest
@@ -13,6 +14,11 @@ from grpo.tasks.tiny import save_tiny_model
 from tests.tasks import user_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def explodes(completion):
+    """An answer extractor that raises, as a user's buggy one would."""
+    raise ValueError("cannot read this")
 
 
 def parser():
@@ -198,6 +204,8 @@ def bad_files(tmp_path):
                                                      "'tests.tasks.user_task' has no attribute 'nope'"),
         (["--answer", "tests.tasks.user_task:unhashable_answer"], "answer extractor "
                                                                   "'tests.tasks.user_task:unhashable_answer' returned a list"),
+        (["--answer", "tests.eval.test_command:explodes"], "answer extractor 'tests.eval.test_command:explodes' "
+                                                           "raised ValueError: cannot read this"),
         (["--out", "{dir}"], "--out: "),
         (["--temperature", "0"], "--temperature: must be > 0"),
         (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
@@ -244,3 +252,15 @@ def test_an_answer_pattern_reads_the_votes_and_missing_answers_are_said(tiny_mod
     assert code == 0 and "no final answer" not in err and results["no_answer"] < 0.5
     code, _, err = run(capsys, *common, "--answer-pattern", "([a-")
     assert code == 2 and err.strip().startswith("grpo: error: --answer-pattern: not a regular expression")
+
+
+def test_eval_logged_to_a_file_writes_a_line_every_log_every_prompts(model_dir, capsys):
+    """stderr not a terminal (captured, as `2> log` would): one readable line per --log-every
+    prompts (the first and the last always), not a bar's carriage returns."""
+    code, _, err = run(capsys, "--model", model_dir, "--data", "arithmetic:5", "--n", "2", "--batch-size", "2",
+                       "--max-new-tokens", "4", "--log-every", "2")
+    assert code == 0
+    lines = [line for line in err.splitlines() if line.startswith("grpo eval: completions")]
+    assert [line.split("  ")[1] for line in lines] == ["prompts 1/5", "prompts 2/5", "prompts 4/5", "prompts 5/5"]
+    assert all(re.search(r"  pass@1 [01]\.\d{3}  elapsed \d+:\d\d  [\d.]+ completions/s$", line) for line in lines)
+    assert "\r" not in err

@@ -2,6 +2,7 @@ import itertools
 import json
 import math
 import random
+import sys
 import time
 from collections import Counter
 
@@ -245,8 +246,9 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
     monkeypatch.setattr(runner, "sample_completions", fake_sample)
     report = evaluate(None, None, rows, n=4, ks=[1, 2, 4], verifier=task_verifier(load_task("arithmetic")), seed=7,
                       temperature=0.3, batch_size=8, progress=False)
+    assert callable(calls[0].pop("on_prompt"))  # checks each prompt as it is sampled (not called here)
     assert calls == [{"n": 4, "prompt_column": "prompt", "temperature": 0.3, "top_p": 1.0, "max_new_tokens": 64,
-                      "batch_size": 8, "seed": 7, "progress": False}]
+                      "batch_size": 8, "seed": 7, "progress": False, "log_every": 10}]
     for k in (1, 2, 4):
         want = sum(pass_at_k(4, min(i, 4), k) for i in range(5)) / 5
         assert report["pass@k"][str(k)] == pytest.approx(want)
@@ -339,3 +341,50 @@ def test_sampling_is_seeded_and_batching_keeps_n_per_prompt(tiny):
         split = sample_completions(model, tokenizer, rows, n=5, batch_size=batch_size, seed=0, **common)
         assert [len(group) for group in split] == [5, 5, 5]
         assert all(isinstance(c, str) for group in split for c in group)
+
+
+@pytest.mark.parametrize("batch_size", [2, 100])
+def test_each_prompt_is_handed_on_once_all_its_n_are_sampled(tiny, batch_size):
+    _, tokenizer = tiny
+    rows = [{"prompt": p} for p in ("12+34=", "5+67=", "89+1=")]
+    seen = []
+    completions = sample_completions(EchoModel(tokenizer.eos_token_id), tokenizer, rows, n=3, batch_size=batch_size,
+                                     progress=False, on_prompt=lambda i, group: seen.append((i, list(group))))
+    assert seen == [(i, group) for i, group in enumerate(completions)] and all(len(g) == 3 for _, g in seen)
+
+
+def test_known_verdicts_are_not_asked_again():
+    rows = [{"answer": "1"}, {"answer": "1"}]
+    report = measure([["1", "2"], ["1", "2"]], rows, ks=[1], verifier=SYNTHETIC, verdicts=[[False, False], None])
+    assert [p["correct"] for p in report["per_prompt"]] == [0, 1]  # the first as given, the second checked
+
+
+# Echoed completions: the last 3 characters of the prompt. Prompts 0, 1 and 3 are right.
+ECHO_ROWS = [{"prompt": "12+34=", "answer": "34="}, {"prompt": "5+67=", "answer": "67="},
+             {"prompt": "89+1=", "answer": "no"}, {"prompt": "2+3=", "answer": "+3="}]
+
+
+def test_evaluate_logged_to_a_file_prints_lines_with_the_running_pass_at_1(tiny, capsys):
+    """stderr not a terminal (captured): a line every log_every prompts, the first and the
+    last always, with completions and prompts done, pass@1 so far and completions/s."""
+    _, tokenizer = tiny
+    capsys.readouterr()
+    report = evaluate(EchoModel(tokenizer.eos_token_id), tokenizer, ECHO_ROWS, n=3, ks=[1], verifier=SYNTHETIC,
+                      batch_size=3, log_every=2)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("  ")[:3] for line in lines] == [
+        ["grpo eval: completions 3/12", "prompts 1/4", "pass@1 1.000"],
+        ["grpo eval: completions 6/12", "prompts 2/4", "pass@1 1.000"],
+        ["grpo eval: completions 12/12", "prompts 4/4", "pass@1 0.750"]]
+    assert all(line.endswith(" completions/s") and "  elapsed " in line for line in lines)
+    assert report["accuracy"] == 0.75
+
+
+def test_evaluate_on_a_terminal_shows_a_bar(tiny, capsys, monkeypatch):
+    _, tokenizer = tiny
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    evaluate(EchoModel(tokenizer.eos_token_id), tokenizer, ECHO_ROWS, n=3, ks=[1], verifier=SYNTHETIC, batch_size=3)
+    err = capsys.readouterr().err
+    assert "eval" in err and "\r" in err and "12/12" in err and "pass@1=0.750" in err
+    assert "grpo eval: completions" not in err

@@ -1,5 +1,6 @@
 import json
 import random
+import sys
 
 import pytest
 import torch
@@ -76,14 +77,35 @@ def test_fit_is_reproducible_and_leaves_the_global_rng_alone(base):
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_fit_shows_a_progress_bar_with_the_running_loss(base, capsys):
+def test_fit_shows_a_progress_bar_with_the_running_loss_on_a_terminal(base, capsys, monkeypatch):
     quiet, shown = RewardModel.from_base(base), RewardModel.from_base(base)
     capsys.readouterr()  # transformers' own loading bars
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     shown.fit(sevens(8, seed=4), batch_size=4, progress=True)
     err = capsys.readouterr().err
-    assert "reward model" in err and "loss=" in err and "2/2" in err
+    assert "reward model" in err and "loss=" in err and "accuracy=" in err and "2/2" in err and "\r" in err
+    assert "grpo rm train: step" not in err  # the bar, not lines
     quiet.fit(sevens(8, seed=4), batch_size=4, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_fit_logged_to_a_file_prints_a_line_every_log_every_batches(base, capsys):
+    """stderr not a terminal (captured): one plain line per log_every batches, the first and
+    the last always, each with the epoch, the epoch's running loss and accuracy, s/step."""
+    rm = RewardModel.from_base(base)
+    capsys.readouterr()
+    losses = rm.fit(sevens(20, seed=4), batch_size=4, epochs=2, log_every=3, progress=True)  # 5 batches an epoch
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("  ")[:2] for line in lines] == [
+        ["grpo rm train: step 1/10", "epoch 1/2"], ["grpo rm train: step 3/10", "epoch 1/2"],
+        ["grpo rm train: step 6/10", "epoch 2/2"], ["grpo rm train: step 9/10", "epoch 2/2"],
+        ["grpo rm train: step 10/10", "epoch 2/2"]]
+    fields = [dict(part.rsplit(" ", 1) for part in line.split("  ")[2:4]) for line in lines]
+    # The running loss is the mean of the epoch's batch losses so far (epoch 2 starts afresh).
+    for logged, batches in zip(fields, [losses[:1], losses[:3], losses[5:6], losses[5:9], losses[5:10]]):
+        assert float(logged["loss"]) == pytest.approx(sum(batches) / len(batches), abs=1e-4)
+        assert 0.0 <= float(logged["accuracy"]) <= 1.0
+    assert all(line.endswith(" s/step") and "  elapsed " in line for line in lines)
 
 
 def test_new_head_is_seeded(base):
@@ -303,6 +325,14 @@ def test_cli_trains_then_evaluates(base, tmp_path, capsys):
     # ... unless asked for.
     assert main([*args, "--overwrite", "--epochs", "1"]) == 0
     assert last_json(capsys.readouterr().out)["output"] == out
+
+
+def test_cli_log_every_sets_the_lines(base, tmp_path, capsys):
+    data = str(write_jsonl(tmp_path / "pairs.jsonl", sevens(20, seed=11)))
+    assert main(["rm", "train", "--model", base, "--data", data, "--output", str(tmp_path / "rm"),
+                 "--batch-size", "2", "--eval-fraction", "0", "--log-every", "4"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpo rm train: ")]
+    assert [line.split()[4] for line in lines] == ["1/10", "4/10", "8/10", "10/10"]
 
 
 def test_cli_missing_data_is_one_line(base, tmp_path, capsys):

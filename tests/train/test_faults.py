@@ -396,6 +396,21 @@ def test_a_run_logged_to_a_file_prints_plain_lines(runs, capsys):
     assert not re.search(r"grpo: *\d+%\|", err)  # no progress bar of ours (transformers' loading bars are its own)
 
 
+def test_a_run_on_a_terminal_shows_the_bar_and_no_plain_lines(runs, capsys, monkeypatch):
+    import sys
+
+    import grpo
+
+    config = yaml.safe_load(runs("on-a-terminal").read_text())
+    config["train"]["log_every"] = 1
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    grpo.train(config, progress=True)
+    err = capsys.readouterr().err
+    assert re.search(r"grpo: *100%\|", err) and "5/5" in err and "reward=" in err and "kl=" in err
+    assert "grpo: step" not in err
+
+
 def test_overwrite_touches_nothing_in_a_folder_another_run_holds(finished, tmp_path, capsys):
     from grpo.cli import main
 
