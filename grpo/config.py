@@ -68,8 +68,10 @@ class RolloutConfig:
     max_new_tokens: int = opt(64, "Longest completion, in tokens (generation stops earlier at EOS).")
     min_new_tokens: int = opt(0, "Shortest completion: EOS is suppressed before this many tokens.")
     temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
-    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off).")
-    top_k: int = opt(0, "Sample among the k most likely tokens (0 = off).")
+    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off). A truncation the loss does not score (README, 'Sampling').")
+    top_k: int = opt(0, "Sample among the k most likely tokens (0 = off). A truncation the loss does not score (README, 'Sampling').")
+    min_p: float = opt(0.0, "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (README, 'Sampling').")
+    repetition_penalty: float = opt(1.0, "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (README, 'Sampling').")
     max_prompt_length: int = opt(0, "Longest prompt, in tokens (0 = no limit): longer prompts keep their last max_prompt_length tokens (truncated from the left, as TRL does); the metric prompts/truncated counts them. max_prompt_length + max_new_tokens must fit the model's positions.")
     generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
     seed_per_prompt: bool = opt(False, "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).")
@@ -269,6 +271,8 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "temperature": ("rollout.temperature", "sampling temperature"),
     "top_p": ("rollout.top_p", "nucleus sampling"),
     "top_k": ("rollout.top_k", "top-k sampling"),
+    "min_p": ("rollout.min_p", "min-p sampling"),
+    "repetition_penalty": ("rollout.repetition_penalty", "the repetition penalty, which the loss scores too"),
     "learning_rate": ("train.lr", "the policy's learning rate"),
     "num_iterations": ("train.epochs", "mu, update epochs per batch; our train.iterations resets the reference instead"),
     "max_steps": ("train.steps", "RL steps"),
@@ -414,6 +418,8 @@ def validate(c: Config) -> None:
     _require(ro.temperature > 0, f"rollout.temperature: must be > 0, got {ro.temperature}")
     _require(0 < ro.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {ro.top_p}")
     _require(ro.top_k >= 0, f"rollout.top_k: must be >= 0, got {ro.top_k}")
+    _require(0 <= ro.min_p < 1, f"rollout.min_p: must be in [0, 1) (0 = off), got {ro.min_p}")
+    _require(ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}")
     _require(ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}")
     _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
     _require(1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}")

@@ -356,6 +356,10 @@ def test_optional_literal_keeps_the_hint():
         (["rollout.top_p=0"], "rollout.top_p"),
         (["rollout.top_p=1.5"], "rollout.top_p"),
         (["rollout.top_k=-1"], "rollout.top_k"),
+        (["rollout.min_p=1"], "rollout.min_p"),
+        (["rollout.min_p=-0.1"], "rollout.min_p"),
+        (["rollout.repetition_penalty=0"], "rollout.repetition_penalty"),
+        (["rollout.repetition_penalty=-1.2"], "rollout.repetition_penalty"),
         (["train.steps=0"], "train.steps"),
         (["train.iterations=101"], "train.iterations"),  # > steps (100)
         (["train.iterations=0"], "train.iterations"),
@@ -618,6 +622,7 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
     ("learning_rate=1e-6", "it is 'train.lr' here"),
     ("train.loss_type=dapo", "it is 'loss.aggregation' here"),
     ("use_vllm=true", "there is no vLLM engine"),
+    ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
 ])
 def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):
     """A TRL user's GRPOConfig name is pointed at our key with its meaning, never at a key

@@ -14,11 +14,12 @@ Python (cache objects, masks, logits processors, output dataclasses), not in ari
   scaling the model's config asks for is honoured).
 
 It reproduces `generate`'s sampling exactly: float32 logits, the same processors in the same
-order (min_new_tokens suppressing EOS, temperature, top-k, top-p), `softmax` then
+order (`process`: repetition penalty, min_new_tokens suppressing EOS, temperature, top-k,
+top-p, min-p, as transformers' `_get_logits_processor` lists them), `softmax` then
 `torch.multinomial` over all rows every step (so the random stream is consumed identically),
 padding after EOS, and stopping when every row has finished. With the same seed it draws
 the same tokens as `generate` (tests/rollout/test_fast.py checks this, with padding, groups,
-top-k/top-p and early EOS); the logits agree to float rounding.
+each sampling option alone and together, and early EOS); the logits agree to float rounding.
 
 Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`
 (SiLU MLP, RMSNorm, RoPE, grouped-query attention, optional q/k/v biases, Qwen3's per-head
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from grpo.algo.logprobs import penalize
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 
@@ -238,16 +241,19 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
 
 
-def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None,
-                 draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
-    """generate's sampling for one step: (B, V) float32 logits -> (B,) token ids. With
-    `draws` (rows per prompt, a generator per prompt), each prompt's rows are drawn from
-    its own generator."""
+def process(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, seen: Tensor | None = None) -> Tensor:
+    """generate's logits processors for one step, in generate's order: (B, V) float32 logits
+    -> the scores it samples from (softmax of them). `seen` (B, V) bool marks the tokens of
+    each row's sequence so far, prompt included (used when repetition_penalty != 1)."""
     scores = logits
+    if p.repetition_penalty != 1.0:
+        scores = penalize(scores, seen, p.repetition_penalty)
     if eos is not None and step < p.min_new_tokens:
         scores = scores.index_fill(1, eos, -math.inf)
     if p.temperature != 1.0:
@@ -260,7 +266,19 @@ def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | Non
         remove = sorted_scores.softmax(-1).cumsum(-1) <= (1 - p.top_p)
         remove[..., -1:] = False  # keep at least one token
         scores = scores.masked_fill(remove.scatter(1, order, remove), -math.inf)
-    probs = F.softmax(scores, dim=-1)
+    if p.min_p > 0.0:  # after temperature and top-p, relative to the most likely token's probability
+        probs = scores.softmax(-1)
+        # The most likely token always passes (min_p < 1), so at least one token is kept.
+        scores = scores.masked_fill(probs < p.min_p * probs.amax(-1, keepdim=True), -math.inf)
+    return scores
+
+
+def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, seen: Tensor | None = None,
+                 draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
+    """generate's sampling for one step: (B, V) float32 logits -> (B,) token ids. With
+    `draws` (rows per prompt, a generator per prompt), each prompt's rows are drawn from
+    its own generator."""
+    probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
     if draws is None:
         return torch.multinomial(probs, num_samples=1).squeeze(1)
     rows, generators = draws
@@ -318,12 +336,23 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     eos = torch.tensor(p.eos_token_ids, dtype=torch.long, device=device) if p.eos_token_ids else None
     out = torch.empty(n, p.max_new_tokens, dtype=torch.long, device=device)
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
+    # The repetition penalty's tokens: as generate counts them, every token of the prompt
+    # but its padding, then each token drawn (a finished row's padding too; its draws are discarded).
+    seen = None
+    if p.repetition_penalty != 1.0:
+        vocab = logits.shape[-1]
+        seen = torch.zeros(b, vocab + 1, dtype=torch.bool, device=device)  # column `vocab` takes the padding
+        seen.scatter_(1, prompt_ids.masked_fill(~prompt_mask.bool(), vocab), True)
+        seen = seen[:, :vocab].repeat_interleave(counts, 0)  # (N, V)
+    rows = torch.arange(n, device=device)
     generated = 0
     for step in range(p.max_new_tokens):
-        tokens = _next_tokens(logits, step, p, eos, draws)
+        tokens = _next_tokens(logits, step, p, eos, seen, draws)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)
+        if seen is not None:
+            seen[rows, tokens] = True
         out[:, step] = tokens
         generated = step + 1
         if generated == p.max_new_tokens or (eos is not None and not bool(unfinished.any())):

@@ -90,7 +90,8 @@ def _pad_cat(pieces: list[torch.Tensor], pad: int) -> torch.Tensor:
 
 class Sampler:
     """G completions per prompt, a prompt's G in contiguous rows: temperature, top-p, top-k,
-    min/max new tokens, EOS; decoded by the fast loop or by `generate` (see the module doc)."""
+    min-p, repetition penalty, min/max new tokens, EOS; decoded by the fast loop or by
+    `generate` (see the module doc)."""
 
     def __init__(
         self,
@@ -103,6 +104,8 @@ class Sampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         batch_size: int = 0,
         backend: str = "auto",
         autocast: torch.dtype | None = None,
@@ -126,6 +129,8 @@ class Sampler:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            min_p=float(min_p),
+            repetition_penalty=float(repetition_penalty),
             eos_token_ids=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         )
@@ -134,10 +139,12 @@ class Sampler:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,  # explicit: GenerationConfig's own default is 50, not off
+            min_p=float(min_p),  # 0, not None: None would be filled from the model's own generation config
             # Explicit too: generate fills values left unset from the model's own
             # generation_config.json, and chat models often set a repetition penalty there
-            # (the Qwen2.5-Instruct family does). RL must sample from the policy it scores.
-            repetition_penalty=1.0,
+            # (the Qwen2.5-Instruct family does). RL must sample from the distribution it
+            # scores: only the run's own rollout.repetition_penalty, which the loss applies too.
+            repetition_penalty=float(repetition_penalty),
             no_repeat_ngram_size=0,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
@@ -160,6 +167,8 @@ class Sampler:
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
+            min_p=rollout.min_p,
+            repetition_penalty=rollout.repetition_penalty,
             batch_size=rollout.generation_batch_size,
             backend=rollout.sampler,
             autocast=autocast,

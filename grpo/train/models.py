@@ -172,9 +172,18 @@ def no_grad_pass(forward, batch: Rollout, size: int) -> Tensor | None:
     return None if out is None else out.clone()
 
 
-def policy_logprobs(model, batch: Rollout, temperature: float) -> Tensor:
-    """(N, T) float32 log-probabilities of the completion tokens under `model`."""
-    return token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=temperature)
+def prompt_context(batch: Rollout) -> Tensor:
+    """(N, P) the prompt tokens, -1 on padding: what the repetition penalty counts as already
+    seen before the first completion token (generate counts the prompt but not its padding)."""
+    p_len = batch.input_ids.shape[1] - batch.completion_mask.shape[1]
+    return batch.input_ids[:, :p_len].masked_fill(batch.attention_mask[:, :p_len] == 0, -1)
+
+
+def policy_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0) -> Tensor:
+    """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
+    sampler's temperature and repetition penalty (see grpo.algo.logprobs)."""
+    return token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=temperature,
+                          repetition_penalty=repetition_penalty, context=prompt_context(batch))
 
 
 # ---- the reference ----------------------------------------------------------------------------
@@ -184,7 +193,7 @@ class Reference(Protocol):
     held: bool  # whether a network is held for it (for the "models held" count)
     networks: list  # the networks it holds beside the policy (for the parameter count)
 
-    def logprobs(self, batch: Rollout, temperature: float) -> Tensor | None: ...
+    def logprobs(self, batch: Rollout, temperature: float, repetition_penalty: float = 1.0) -> Tensor | None: ...
     def reset_to(self, policy) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
@@ -196,7 +205,7 @@ class NoReference:
     held = False
     networks: list = []
 
-    def logprobs(self, batch, temperature):
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
         return None
 
     def reset_to(self, policy):
@@ -231,8 +240,8 @@ class FrozenCopy:
                     module.to(matmul_dtype)
 
     @torch.no_grad()
-    def logprobs(self, batch, temperature):
-        return policy_logprobs(self.model, batch, temperature)
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
+        return policy_logprobs(self.model, batch, temperature, repetition_penalty)
 
     @torch.no_grad()
     def reset_to(self, policy):
@@ -257,9 +266,9 @@ class AdapterOff:
         self.policy = policy
 
     @torch.no_grad()
-    def logprobs(self, batch, temperature):
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
         with self.policy.disable_adapter():
-            return policy_logprobs(self.policy, batch, temperature)
+            return policy_logprobs(self.policy, batch, temperature, repetition_penalty)
 
     @torch.no_grad()
     def reset_to(self, policy):

@@ -30,6 +30,7 @@ from grpo.train.models import (
     completion_logits,
     no_grad_pass,
     policy_logprobs,
+    prompt_context,
     trainable_parameters,
 )
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
@@ -149,12 +150,14 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         # 3. The passes before the update: the reference's log-probs, the old policy's (when
         #    the policy moves before the last update) and the critic's values. In
         #    micro-batches, like the update, so that no pass holds the whole batch's activations.
-        size, temperature = e.train.micro_batch_size, e.rollout.temperature
+        #    Every log-prob is of the distribution sampled from, up to truncation: at the
+        #    rollout's temperature and repetition penalty (README, "Sampling").
+        size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
         policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
         with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
             passes = Passes(
-                ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature), batch, size),  # (N, T) or None
-                old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature), batch, size)
+                ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature, penalty), batch, size),  # (N, T) or None
+                old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature, penalty), batch, size)
                 if e.needs_old_logprobs else None,
                 old_values=e.critic.values(batch, size),  # (N, T) or None
             )
@@ -232,7 +235,9 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
                 m = part.completion_mask  # (n, T)
                 logits = _policy_logits(e, part)  # (n, T, V)
-                logprobs = token_logprobs(logits, part.completion_ids, temperature=e.rollout.temperature)  # (n, T)
+                scoring = dict(temperature=e.rollout.temperature, repetition_penalty=e.rollout.repetition_penalty,
+                               context=prompt_context(part))  # as sampled (and as the passes above scored)
+                logprobs = token_logprobs(logits, part.completion_ids, **scoring)  # (n, T)
                 old = passes.old_logprobs[micro] if passes.old_logprobs is not None else logprobs.detach()
                 ref = passes.ref_logprobs[micro] if passes.ref_logprobs is not None else None
                 advantages = targets.advantages[micro]
@@ -246,7 +251,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 if epoch == 0:  # diagnostics of the policy as sampled
                     with torch.no_grad():
                         sums["first_pass_tokens"] += float(m.sum())
-                        sums["entropy"] += float((entropy(logits.detach(), temperature=e.rollout.temperature) * m).sum())
+                        sums["entropy"] += float((entropy(logits.detach(), ids=part.completion_ids, **scoring) * m).sum())
                         if ref is not None:  # the KL the run moved, wherever its penalty goes
                             sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
                 sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * rows

@@ -18,6 +18,7 @@ import grpo
 from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
 from grpo.tasks.tiny import char_tokenizer
+from grpo.train.models import policy_logprobs
 
 TOKENIZER = char_tokenizer("0123456789abc ")
 EOS = TOKENIZER.eos_token_id
@@ -63,8 +64,12 @@ def sample_both(model, seed=1, **options):
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 @pytest.mark.parametrize(
     "options",
-    [{}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6}],
-    ids=["plain", "temperature-top-k", "top-p-min-new", "chunks"],
+    [
+        {}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6},
+        {"min_p": 0.3, "temperature": 1.5}, {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6, "batch_size": 6},
+        {"temperature": 1.4, "top_k": 4, "top_p": 0.9, "min_p": 0.2, "repetition_penalty": 1.5, "min_new_tokens": 3},
+    ],
+    ids=["plain", "temperature-top-k", "top-p-min-new", "chunks", "min-p", "repetition", "repetition-below-1", "all"],
 )
 def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options):
     out = sample_both(model_of(kind, kv_heads), **options)
@@ -159,13 +164,47 @@ def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):
 
 
 def test_a_models_own_sampling_defaults_do_not_leak_into_generate():
-    """A hub chat model's generation_config.json may set a repetition penalty; both loops sample
-    from the policy itself (the log-probs in the loss have no penalty)."""
+    """A hub chat model's generation_config.json may set a repetition penalty or min_p; both
+    loops sample with the run's own options only (those the loss scores)."""
     model = model_of()
     model.generation_config.repetition_penalty = 3.0
     model.generation_config.no_repeat_ngram_size = 2
-    out = sample_both(model)
+    model.generation_config.min_p = 0.5
+    out = sample_both(model, temperature=1.5)
     assert torch.equal(out["fast"][0].input_ids, out["hf"][0].input_ids)
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("penalty", [1.8, 0.6])
+def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, penalty, monkeypatch):
+    """With a repetition penalty, the log-prob the loss computes for each sampled token (one
+    forward pass over prompt + completion, grpo.train.models.policy_logprobs) is log softmax of
+    the scores the sampler drew that token from: the fast loop's `process`, generate's scores."""
+    model = model_of(eos_bias=1.0)  # rows end at different steps
+    steps = []  # (N, V) processed scores per decoding step
+    if backend == "fast":
+        process = fast.process
+        monkeypatch.setattr(fast, "process", lambda *a, **k: steps.append(process(*a, **k)) or steps[-1])
+    else:
+        generate = model.generate
+
+        def recording(**kwargs):
+            out = generate(**kwargs, output_scores=True, return_dict_in_generate=True)
+            steps.extend(out.scores)
+            return out.sequences
+
+        monkeypatch.setattr(model, "generate", recording)
+    sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend,
+                      temperature=0.8, repetition_penalty=penalty)
+    torch.manual_seed(1)
+    rollout = sampler.sample(model, ROWS)
+    drawn = torch.stack(steps, 1).log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    with torch.no_grad():
+        scored = policy_logprobs(model, rollout, 0.8, penalty)  # (N, T)
+        unpenalized = policy_logprobs(model, rollout, 0.8)
+    valid = rollout.completion_mask.bool()
+    torch.testing.assert_close(scored[valid], drawn[valid], atol=1e-4, rtol=0)  # the logits agree to float rounding
+    assert (unpenalized[valid] - drawn[valid]).abs().max() > 0.1  # the penalty matters here
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
