@@ -97,7 +97,10 @@ class TrainConfig:
     max_unscored_steps: int = opt(5, "Stop the run (with a checkpoint) after this many steps in a row where no reward scored any completion (0 = never); each such step warns.")
     log_every: int = opt(10, "When stderr is not a terminal (a file, a cluster's log), print one plain line every N steps (step, reward, KL, length, s/step) instead of a progress bar; on a terminal the bar. --quiet prints neither.")
     sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
-    tensorboard: bool = opt(False, "Also log the metrics to TensorBoard (output_dir/tensorboard; needs grpo[tensorboard]).")
+    report_to: list[str] | str | None = opt([], "Where the metrics go besides metrics.jsonl, from process 0 (TRL's report_to): a list of tensorboard (output_dir/tensorboard; grpo[tensorboard]), wandb (Weights & Biases; grpo[wandb]; follows WANDB_MODE, e.g. offline, and WANDB_DIR, else output_dir/wandb) and trackio (its local SQLite store under TRACKIO_DIR, no network; grpo[trackio]); one name, or several joined by commas; or none / [] for metrics.jsonl only.")
+    tensorboard: bool = opt(False, "true: the same as adding tensorboard to report_to (the older spelling).")
+    run_name: str = opt("", "The run's name in wandb and trackio (TRL's run_name); empty: output_dir's folder name.")
+    project: str = opt("", "The wandb and trackio project the run is filed under (TRL's project); empty: $WANDB_PROJECT for wandb if set, else 'grpo'.")
     device: str = opt("auto", "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.")
     backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend under torchrun: auto (NCCL on GPUs, gloo on CPUs), nccl or gloo.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in (the weights, gradients and optimizer state; see autocast for the compute dtype).")
@@ -278,6 +281,9 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "max_steps": ("train.steps", "RL steps"),
     "save_steps": ("train.checkpoint_every", "steps between checkpoints"),
     "logging_steps": ("train.log_every", "steps between log lines (when stderr is not a terminal)"),
+    "report_to": ("train.report_to", "tensorboard, wandb and/or trackio, besides metrics.jsonl"),
+    "run_name": ("train.run_name", "the run's name in wandb and trackio"),
+    "project": ("train.project", "the wandb and trackio project"),
     "warmup_steps": ("train.warmup_steps", "learning-rate warm-up"),
     "lr_scheduler_type": ("train.schedule", "constant, linear or cosine"),
     "weight_decay": ("train.weight_decay", "AdamW weight decay"),
@@ -297,6 +303,26 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "dataset_name": ("data.path", "a file, a saved datasets directory or a datasets name"),
     "use_vllm": (None, "there is no vLLM engine; rollout.sampler chooses our decoding loop or generate"),
 }
+
+
+REPORTERS = ("tensorboard", "wandb", "trackio")
+
+
+def reporters(train: TrainConfig) -> list[str]:
+    """train.report_to as a list of known names, in order and without repeats (one name, or
+    several joined by commas as `--set train.report_to=wandb,trackio` gives them; "none", []
+    and null for none), with tensorboard added by train.tensorboard: true."""
+    given = train.report_to
+    names = [] if given is None else given.split(",") if isinstance(given, str) else list(given)
+    names = [name.strip() for name in names if name.strip() != "none"]
+    for name in names:
+        if name not in REPORTERS:
+            close = difflib.get_close_matches(str(name), REPORTERS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(f"train.report_to: unknown logger {name!r}{hint}; choose among {', '.join(REPORTERS)}, or none")
+    if train.tensorboard:
+        names.append("tensorboard")
+    return list(dict.fromkeys(names))
 
 
 def _unknown_key(key: str, prefix: str, names: list[str]) -> str:
@@ -431,6 +457,7 @@ def validate(c: Config) -> None:
     _require(len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)")
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
     _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
+    reporters(tr)  # an unknown name is one line, before anything is loaded
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):
         _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
     _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")

@@ -1,16 +1,26 @@
-"""Where metrics go: metrics.jsonl always, TensorBoard when asked; behind one interface.
+"""Where metrics go: metrics.jsonl always; TensorBoard, wandb and trackio when
+train.report_to names them; behind one interface.
 
-The loop calls `log(step, metrics)` on a `Sinks` and never asks which sinks exist.
+The loop calls `log(step, metrics)` on a `Sinks` and never asks which sinks exist. The
+dashboards are started before training (a missing package or a service that refuses is one
+line, before any step), their packages are imported only when asked for (slow imports), and
+they get the finite numbers of each step. A dashboard that fails mid-run is a warning and no
+more: the run goes on, and metrics.jsonl holds every step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
+import os
+import sys
+import uuid
 from pathlib import Path
 from typing import Protocol
 
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
 
 
 class Sink(Protocol):
@@ -44,24 +54,132 @@ class JsonlSink:
         self.file.close()
 
 
+def _scalars(metrics: dict) -> dict:
+    """What a dashboard plots: the metrics that are finite numbers (no bools, strings, lists,
+    NaN or inf)."""
+    return {k: v for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+# Each dashboard's module, imported only when train.report_to names it; the extra is its name.
+PACKAGES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def _import(name: str):
+    module = PACKAGES[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        missing = err.name in (module, module.split(".")[0], name)
+        detail = "" if missing else f" ({first_line(err)})"
+        raise UserError(f"train.report_to: {name} needs the {name} package: pip install 'grpo[{name}]'{detail}") from None
+
+
 class TensorBoardSink:
     def __init__(self, directory: Path, purge_step: int | None = None):
         """`purge_step`: a resumed run's first step; TensorBoard hides the events logged at
         and after it by the run that stopped."""
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise UserError("train.tensorboard needs tensorboard: pip install 'grpo[tensorboard]'") from None
-        self.writer = SummaryWriter(str(directory), purge_step=purge_step)
+        self.writer = _import("tensorboard").SummaryWriter(str(directory), purge_step=purge_step)
 
     def log(self, step, metrics):
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                self.writer.add_scalar(key, value, step)
+        for key, value in _scalars(metrics).items():
+            self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
     def close(self):
         self.writer.close()
+
+
+class _Dashboard:
+    """A run on a dashboard service (wandb, trackio) that gets each step's finite numbers at
+    that step. One that fails to log says so in one line and is left alone from then on."""
+
+    name = ""
+
+    def __init__(self):
+        self.failed = False
+
+    def _log(self, step: int, scalars: dict) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        raise NotImplementedError
+
+    def _refused(self, err: Exception) -> UserError:
+        return UserError(f"train.report_to: {self.name} could not start a run ({first_line(err)}); "
+                         f"fix its settings, or take {self.name} out of train.report_to")
+
+    def log(self, step, metrics):
+        if self.failed:
+            return
+        scalars = _scalars(metrics)
+        scalars.pop("step", None)  # the x-axis already (a reserved name in trackio)
+        try:
+            self._log(step, scalars)
+        except Exception as err:
+            self.failed = True
+            print(f"grpo: warning: {self.name} stopped logging at step {step} ({first_line(err)}); "
+                  "the run goes on and metrics.jsonl has every step", file=sys.stderr)
+
+    def close(self):
+        try:
+            self._finish()
+        except Exception as err:
+            print(f"grpo: warning: {self.name} could not finish its run ({first_line(err)})", file=sys.stderr)
+
+
+class WandbSink(_Dashboard):
+    """A Weights & Biases run. WANDB_MODE and the other WANDB_* variables apply (offline: the
+    run is written to disk for `wandb sync`). Its files go under WANDB_DIR if set, else
+    `directory`; its id is kept in `directory/wandb_run_id`, so that --resume continues it."""
+
+    name = "wandb"
+
+    def __init__(self, directory: Path, *, project: str, run_name: str, config: dict, resume: bool):
+        super().__init__()
+        wandb = _import("wandb")
+        id_file = Path(directory) / "wandb_run_id"
+        run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
+        run_id = run_id or uuid.uuid4().hex[:12]
+        try:
+            self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "grpo", name=run_name,
+                                  id=run_id, resume="allow", config=config,
+                                  dir=None if os.environ.get("WANDB_DIR") else str(directory))
+        except Exception as err:
+            raise self._refused(err) from None
+        write_atomic(id_file, run_id + "\n")
+
+    def _log(self, step, scalars):
+        self.run.log(scalars, step=step)
+
+    def _finish(self):
+        self.run.finish()
+
+
+class TrackioSink(_Dashboard):
+    """A trackio run in its local store (one SQLite database per project under TRACKIO_DIR,
+    by default ~/.cache/huggingface/trackio, which `trackio show` reads): no network unless
+    TRACKIO_SPACE_ID or TRACKIO_SERVER_URL says where to send it. --resume continues the run
+    of the same name."""
+
+    name = "trackio"
+
+    def __init__(self, *, project: str, run_name: str, config: dict, resume: bool):
+        super().__init__()
+        self.trackio = _import("trackio")
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # its notes; grpo's stdout is the result
+                self.trackio.init(project=project or "grpo", name=run_name, config=config,
+                                  resume="allow" if resume else "never")
+        except Exception as err:
+            raise self._refused(err) from None
+
+    def _log(self, step, scalars):
+        self.trackio.log(scalars, step=step)
+
+    def _finish(self):
+        with contextlib.redirect_stdout(sys.stderr):
+            self.trackio.finish()
 
 
 class Sinks:
@@ -73,8 +191,33 @@ class Sinks:
             sink.log(step, metrics)
 
     def close(self) -> None:
-        for sink in self.sinks:
+        """Close each sink once: closing again does nothing."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
             sink.close()
+
+
+def open_dashboards(names: list[str], directory: Path, *, config: dict, run_name: str, project: str,
+                    first_step: int, resume: bool) -> Sinks:
+    """The sinks train.report_to names (grpo.config.reporters), started now. Every package is
+    imported before any service starts a run; one that cannot start closes those started
+    before it. `first_step`: the step logged next (TensorBoard hides a stopped run's events
+    from it on); `resume`: continue the services' runs of the stopped run."""
+    for name in names:
+        _import(name)
+    start = {
+        "tensorboard": lambda: TensorBoardSink(Path(directory) / "tensorboard", purge_step=first_step),
+        "wandb": lambda: WandbSink(directory, project=project, run_name=run_name, config=config, resume=resume),
+        "trackio": lambda: TrackioSink(project=project, run_name=run_name, config=config, resume=resume),
+    }
+    opened = Sinks([])
+    try:
+        for name in names:
+            opened.sinks.append(start[name]())
+    except BaseException:
+        opened.close()
+        raise
+    return opened
 
 
 def _records(path: Path) -> list[dict]:

@@ -28,13 +28,13 @@ import torch
 import yaml
 from torch import nn
 
-from grpo.config import Config, config_from_dict, config_to_dict, load_config
+from grpo.config import Config, config_from_dict, config_to_dict, load_config, reporters
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError, first_line
 from grpo.infra.checkpoint import list_checkpoints, load_latest_checkpoint, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
-from grpo.infra.logging import JsonlSink, Sinks, TensorBoardSink, read_metrics, truncate_metrics, write_atomic
+from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, truncate_metrics, write_atomic
 from grpo.infra.progress import Progress
 from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
@@ -383,7 +383,7 @@ RESUME_FIXED = (
 )
 # Files a run writes into output_dir (what --overwrite removes; nothing else is touched).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "reward_model_updates.jsonl",
-             "checkpoints", "final", "tensorboard", "reward_model")
+             "checkpoints", "final", "tensorboard", "wandb", "wandb_run_id", "reward_model")
 
 
 def _dotted(tree: dict, key: str):
@@ -482,14 +482,26 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
             _check_resume_config(c, state)
         return functions, verifier, rows, state
 
+    def dashboards(state):
+        """train.report_to's services, started by process 0 before any model is loaded: a
+        missing package or a refusal stops every process, in one line, before any step."""
+        if not world.is_main:
+            return Sinks([])
+        return open_dashboards(reporters(c.train), out, config=config_to_dict(c), run_name=c.train.run_name or out.resolve().name,
+                               project=c.train.project, first_step=int(state["step"]) + 1 if state else 1, resume=state is not None)
+
+    opened = Sinks([])
     try:
         functions, verifier, rows, state = world.checked(inputs)
-        return _run(c, world, device, functions, verifier, rows, state, progress)
+        opened = world.checked(lambda: dashboards(state))
+        return _run(c, world, device, functions, verifier, rows, state, opened, progress)
     finally:
+        opened.close()  # when the run stopped before its loop (which closes them)
         lock.release()
 
 
-def _run(c: Config, world: World, device: torch.device, functions, verifier, rows, state, progress: bool) -> TrainResult:
+def _run(c: Config, world: World, device: torch.device, functions, verifier, rows, state, dashboards: Sinks,
+         progress: bool) -> TrainResult:
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
@@ -512,8 +524,7 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 JsonlSink(metrics_path).log(start, state["metrics"])  # its write had failed; the checkpoint kept it
             truncate_metrics(out / "samples.jsonl", start)
             truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
-    tensorboard = [TensorBoardSink(out / "tensorboard", purge_step=start + 1)] if c.train.tensorboard else []
-    sinks = Sinks([JsonlSink(metrics_path), *tensorboard] if world.is_main else [])
+    sinks = Sinks([JsonlSink(metrics_path), dashboards] if world.is_main else [])
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
     share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
