@@ -333,13 +333,16 @@ def completion_loss(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps: int, weight_decay: float,
-         device, max_grad_norm: float = 0.0, compute_dtype=None, progress: bool = True) -> list[float]:
+         device, max_grad_norm: float = 0.0, compute_dtype=None, progress: bool = True,
+         log_every: int = 10) -> list[float]:
     """`steps` AdamW updates of `model`'s trainable parameters, one per batch of `batches`,
     on `completion_loss`; the learning rate warms up linearly over `warmup_steps`, then
     decays to 0 on a cosine. `compute_dtype`: the forward's autocast dtype (None: the
-    weights' own). Returns each update's loss."""
+    weights' own). Progress: a bar on a terminal, else a line every `log_every` updates
+    (`grpo.infra.progress`). Returns each update's loss."""
     import torch
-    from tqdm.auto import tqdm
+
+    from grpo.infra.progress import Progress
 
     from grpo.train.models import autocast, trainable_parameters
     from grpo.train.schedule import lr_lambda
@@ -348,7 +351,7 @@ def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps:
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", warmup_steps, steps))
     losses: list[float] = []
-    bar = tqdm(total=steps, desc="sft", disable=not progress, dynamic_ncols=True)
+    bar = Progress(steps, desc="sft", prefix="grpo sft", every=log_every, enabled=progress)
     try:
         for batch in itertools.islice(batches, steps):
             batch = {key: value.to(device) for key, value in batch.items()}
@@ -362,8 +365,7 @@ def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps:
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.update(1, loss=losses[-1])
     finally:
         bar.close()
         optimizer.zero_grad(set_to_none=True)
@@ -385,19 +387,20 @@ def _save(out: Path, model, tokenizer, provenance: dict) -> None:
 
 
 def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *, progress: bool = True,
-        overwrite: bool = False, device: str = "auto") -> dict:
+        overwrite: bool = False, device: str = "auto", log_every: int = 10) -> dict:
     """Train and save a model to `output`, a Hugging Face directory (model, tokenizer and
     sft_config.json, the settings it was made with) that `grpo train` starts from.
 
     `SFTConfig`: a tiny Llama from scratch on the task's worked solutions, with its character
     tokenizer. `FineTuneConfig`: the config's model fine-tuned on its rows. Refuses a
     non-empty `output` unless `overwrite`. Trains on `device` (auto: a CUDA GPU when there is
-    one). Checks everything before training. Returns {"output", "steps", "loss/first",
+    one). Progress: a bar on a terminal, else a line every `log_every` updates. Checks
+    everything before training. Returns {"output", "steps", "loss/first",
     "loss/last" (the first and the last update's loss), "parameters", "time_s"} and, when
     fine-tuning, "model", "rows", "epochs", "truncated" and "trainable_parameters".
     """
     if isinstance(config, FineTuneConfig):
-        return _fine_tune(output, config, progress=progress, overwrite=overwrite, device=device)
+        return _fine_tune(output, config, progress=progress, overwrite=overwrite, device=device, log_every=log_every)
 
     from grpo.infra.devices import resolve_device
     from grpo.tasks import arithmetic
@@ -422,7 +425,7 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
             yield completion_batch(tokenizer, [p.prompt for p in drawn], [p.solution for p in drawn])
 
     losses = _fit(model, problems(), steps=c.steps, lr=c.lr, warmup_steps=c.warmup_steps,
-                  weight_decay=c.weight_decay, device=where, progress=progress)
+                  weight_decay=c.weight_decay, device=where, progress=progress, log_every=log_every)
     _save(out, model, tokenizer, dataclasses.asdict(c))
     return {
         "output": str(out),
@@ -562,7 +565,8 @@ def _warn(message: str) -> None:
     print(f"grpo sft: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwrite: bool, device: str) -> dict:
+def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwrite: bool, device: str,
+               log_every: int = 10) -> dict:
     import torch
 
     from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
@@ -601,7 +605,7 @@ def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwri
     trainable = sum(p.numel() for p in trainable_parameters(model))
     losses = _fit(model, _epochs(examples, c.batch_size, c.seed, _pad_id(tokenizer)), steps=steps, lr=c.lr,
                   warmup_steps=warmup, weight_decay=c.weight_decay, device=where, max_grad_norm=c.max_grad_norm,
-                  compute_dtype=autocast_dtype("auto", where), progress=progress)
+                  compute_dtype=autocast_dtype("auto", where), progress=progress, log_every=log_every)
     if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
         model = model.merge_and_unload()
     _save(out, model, tokenizer, {**dataclasses.asdict(c), "shape": shape, "rows": len(rows), "steps_run": steps})
@@ -707,7 +711,8 @@ def _run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     hf_logging.disable_progress_bar()  # our own bar shows the training
-    summary = sft(args.output, config, progress=not args.quiet, overwrite=args.overwrite, device=args.device)
+    summary = sft(args.output, config, progress=not args.quiet, overwrite=args.overwrite, device=args.device,
+                  log_every=args.log_every)
     print(json.dumps(summary))
     return 0
 
@@ -724,7 +729,10 @@ def register(commands) -> None:
     parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--log-every", type=positive_int, default=10, metavar="N",
+                        help="when stderr is not a terminal (a file, a cluster's log), a plain line every N updates "
+                             "(update, loss, elapsed, s/step) instead of a bar (default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
 
     both = parser.add_argument_group("both modes")
     once = both.add_mutually_exclusive_group()

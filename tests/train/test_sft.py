@@ -207,6 +207,17 @@ def test_command_prints_json_last_and_refuses_to_overwrite(tmp_path, capsys):
     assert (out / "model.safetensors").read_bytes() != before
 
 
+def test_logged_to_a_file_it_prints_a_line_every_log_every_updates(tmp_path, capsys):
+    """stderr not a terminal (pytest's capture): plain lines, the first, every 2nd, the last."""
+    argv = ["sft", "--output", str(tmp_path / "warm"), "--steps", "5", "--batch-size", "4", "--hidden", "32",
+            "--layers", "1", "--heads", "2", "--log-every", "2"]
+    args = parser().parse_args(argv)
+    assert args.handler(args) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpo sft:")]
+    assert [line.split()[3] for line in lines] == ["1/5", "2/5", "4/5", "5/5"]
+    assert all("loss" in line and "s/step" in line and "\r" not in line for line in lines)
+
+
 def test_output_that_is_a_file_is_refused(tmp_path):
     path = tmp_path / "file"
     path.write_text("x")
