@@ -101,6 +101,8 @@ def copy_of(finished, tmp_path, name):
 def test_a_signal_saves_the_step_in_progress_and_resume_continues(runs, finished, capsys, name, code):
     path = runs("signalled", reward="tests.train.rewards_for_tests:sevens_then_signal")
     out = yaml.safe_load(path.read_text())["output_dir"]
+    # What the handlers were (SIG_IGN, not Python's default, in a shell's background job).
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     status, err = train(path, env={"GRPO_TEST_SIGNAL_AT": "3", "GRPO_TEST_SIGNAL": name}, capsys=capsys)
     assert status == code, err
     assert "after step 3; checkpoint saved: continue with `grpo train CONFIG --resume`" in our_lines(err)[-1]
@@ -108,7 +110,7 @@ def test_a_signal_saves_the_step_in_progress_and_resume_continues(runs, finished
     status, err = train(path, "--resume", capsys=capsys)
     assert status == 0, err
     assert results(out) == finished[1]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # the handlers are put back
 
 
 def test_a_reward_that_fails_mid_run_keeps_the_completed_steps(runs, finished, capsys):
