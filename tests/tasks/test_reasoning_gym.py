@@ -216,3 +216,18 @@ def test_a_short_grpo_run_on_the_spec_with_the_reward(make_config, tmp_path):
     for sample in samples:
         expected = scores([rows[sample["prompt"]]], [sample["completion"]])[0]
         assert math.isclose(sample["reward"], expected), sample
+
+
+def test_sft_data_takes_the_spec_and_learns_its_answers(tmp_path, capsys):
+    """grpo sft --data 'reasoning_gym:...' warms up on the task's answers as completions."""
+    model = str(save_tiny_model(tmp_path / "model", "0123456789+-*/=. abcdefghijklmnopqrstuvwxyz:S", hidden_size=32,
+                                layers=1, heads=2))
+    spec = "reasoning_gym:chain_sum?size=16&seed=0&max_terms=2&max_digits=1"
+    out = tmp_path / "warm"
+    code = main(["sft", "--model", model, "--data", spec, "--output", str(out), "--steps", "20", "--batch-size", "8",
+                 "--lr", "3e-3", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rows"] == 16 and summary["steps"] == 20
+    assert summary["loss/last"] < 0.8 * summary["loss/first"]  # it learns the answers
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
