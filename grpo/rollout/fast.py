@@ -11,15 +11,20 @@ Python (cache objects, masks, logits processors, output dataclasses), not in ari
   the sampler does so once per `sample` call, i.e. once per policy update, and passes them
   to every decoding call of that sample);
 - the rotary tables computed once per call by the model's own rotary module (so any RoPE
-  scaling the model's config asks for is honoured).
+  scaling the model's config asks for is honoured);
+- rows that have emitted EOS leave the loop: the LM head and the sampling processors run on
+  the unfinished rows only, and the KV cache drops finished rows in batches (`COMPACT_AT`),
+  so a batch whose completions end at very different lengths stops paying for the short ones.
 
 It reproduces `generate`'s sampling exactly: float32 logits, the same processors in the same
 order (`process`: repetition penalty, min_new_tokens suppressing EOS, temperature, top-k,
 top-p, min-p, as transformers' `_get_logits_processor` lists them), `softmax` then
-`torch.multinomial` over all rows every step (so the random stream is consumed identically),
+`torch.multinomial` over all rows every step (so the random stream is consumed identically;
+a finished row still takes part in the draw, from a distribution whose outcome is discarded),
 padding after EOS, and stopping when every row has finished. With the same seed it draws
 the same tokens as `generate` (tests/rollout/test_fast.py checks this, with padding, groups,
-each sampling option alone and together, and early EOS); the logits agree to float rounding.
+each sampling option alone and together, early EOS, and rows ending at very different lengths,
+which leave the loop as they finish); the logits agree to float rounding.
 
 Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`
 (SiLU MLP, RMSNorm, RoPE, grouped-query attention, optional q/k/v biases, Qwen3's per-head
@@ -40,6 +45,16 @@ from torch import Tensor
 from grpo.algo.logprobs import penalize
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
+
+# When finished rows leave the KV cache: at a step where the finished rows still in the cache
+# make up at least this fraction of the rows it holds, its unfinished rows are copied to the
+# front and the rest dropped. Between copies, finished rows still run through the layers (their
+# outputs unused) but never through the LM head or the processors. A copy moves only the
+# surviving rows' filled prefix; at 1/4 a batch of N rows is copied O(log N) times, and the
+# layers never run more than 4/3 of the rows still decoding. 0: copy at every step where a row
+# finishes; 1: never copy. None: no row leaves the loop (every row runs to the end, as in
+# generate; tests compare the two).
+COMPACT_AT: float | None = 0.25
 
 
 def supported(model, total_length: int) -> str | None:
@@ -184,6 +199,14 @@ class _Cache:
         values[:, :, :, :filled] = self.values[:, :, :, :filled].repeat_interleave(counts, 1)
         self.keys, self.values = keys, values
 
+    def keep(self, rows: Tensor, filled: int) -> None:
+        """Keep cache rows `rows` only (in that order), moved to the front of the same buffers
+        (their first `filled` positions): no second cache is allocated."""
+        k = len(rows)
+        self.keys[:, :k, :, :filled] = self.keys[:, rows, :, :filled]
+        self.values[:, :k, :, :filled] = self.values[:, rows, :, :filled]
+        self.keys, self.values = self.keys[:, :k], self.values[:, :k]
+
 
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """Attention of one new query per row over the cache: (B, heads, 1, D). Two batched
@@ -199,8 +222,10 @@ def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) ->
     return torch.matmul(weights, values).view(b, heads, 1, d)
 
 
-def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, start: int, mask: Tensor | None) -> Tensor:
-    """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits (B, V)."""
+def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, start: int, mask: Tensor | None,
+             heads: Tensor | None = None) -> Tensor:
+    """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits
+    (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V)."""
     b, s = ids.shape
     q_width, kv_width = w.heads * w.head_dim, w.kv_heads * w.head_dim
     end = start + s
@@ -230,8 +255,8 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
         x = _rms_norm(h, layer.norm_mlp, w.eps)
         gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, -1)
         h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
-    last = _rms_norm(h[:, -1], w.norm, w.eps)
-    return F.linear(last, w.head, w.head_bias)  # (B, V)
+    last = h[:, -1] if heads is None else h[heads, -1]
+    return F.linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias)  # (B or len(heads), V)
 
 
 @dataclass
@@ -273,12 +298,10 @@ def process(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, se
     return scores
 
 
-def _next_tokens(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, seen: Tensor | None = None,
-                 draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
-    """generate's sampling for one step: (B, V) float32 logits -> (B,) token ids. With
-    `draws` (rows per prompt, a generator per prompt), each prompt's rows are drawn from
-    its own generator."""
-    probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
+def _draw(probs: Tensor, draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
+    """generate's draw for one step: (B, V) probabilities -> (B,) token ids, one
+    `torch.multinomial` over every row. With `draws` (rows per prompt, a generator per
+    prompt), each prompt's rows are drawn from its own generator."""
     if draws is None:
         return torch.multinomial(probs, num_samples=1).squeeze(1)
     rows, generators = draws
@@ -334,8 +357,7 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     n = int(counts.sum())
 
     eos = torch.tensor(p.eos_token_ids, dtype=torch.long, device=device) if p.eos_token_ids else None
-    out = torch.empty(n, p.max_new_tokens, dtype=torch.long, device=device)
-    unfinished = torch.ones(n, dtype=torch.bool, device=device)
+    out = torch.full((n, p.max_new_tokens), p.pad_token_id, dtype=torch.long, device=device)
     # The repetition penalty's tokens: as generate counts them, every token of the prompt
     # but its padding, then each token drawn (a finished row's padding too; its draws are discarded).
     seen = None
@@ -344,21 +366,55 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
         seen = torch.zeros(b, vocab + 1, dtype=torch.bool, device=device)  # column `vocab` takes the padding
         seen.scatter_(1, prompt_ids.masked_fill(~prompt_mask.bool(), vocab), True)
         seen = seen[:, :vocab].repeat_interleave(counts, 0)  # (N, V)
+
+    # Which rows go where. `rows` (original indices, ascending): the rows that get logits,
+    # processors and a token of their own; `logits`, `seen` and `unfinished` are aligned to it.
+    # Without compaction every row, to the end (a finished row's token becomes padding, as in
+    # generate); with it, the unfinished rows. The cache holds `held` rows, a superset of
+    # `rows` (finished rows wait there for the next copy, `COMPACT_AT`); `pick` says where
+    # each of `rows` sits in it (None: the cache holds exactly `rows`).
+    compact = COMPACT_AT is not None and eos is not None
     rows = torch.arange(n, device=device)
+    unfinished = torch.ones(n, dtype=torch.bool, device=device)
+    held, pick = n, None
+    everyone = None  # (N, V): the last distribution of each row, for the full-batch draw
     generated = 0
     for step in range(p.max_new_tokens):
-        tokens = _next_tokens(logits, step, p, eos, seen, draws)
+        probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
+        if len(rows) < n:
+            # generate draws over the whole batch, finished rows included, and the random
+            # numbers a draw takes depend on its shape: draw over all N rows, finished ones
+            # from their last distribution (any valid one would do: their tokens are dropped).
+            everyone.index_copy_(0, rows, probs)
+            tokens = _draw(everyone, draws)[rows]
+        else:
+            everyone = probs
+            tokens = _draw(probs, draws)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)
         if seen is not None:
-            seen[rows, tokens] = True
-        out[:, step] = tokens
+            seen[torch.arange(len(rows), device=device), tokens] = True
+        out[rows, step] = tokens
         generated = step + 1
-        if generated == p.max_new_tokens or (eos is not None and not bool(unfinished.any())):
+        left = int(unfinished.sum()) if eos is not None else len(rows)  # one host sync per step
+        if generated == p.max_new_tokens or left == 0:
             break
-        position = next_position + step  # (N,)
-        at = prompt_len + step
+        at = prompt_len + step  # the cache's filled length; this step's token goes there
+        if compact and left < len(rows):
+            keep = unfinished.nonzero().squeeze(1)
+            rows, tokens, unfinished = rows[keep], tokens[keep], unfinished[keep]
+            seen = seen[keep] if seen is not None else None
+            pick = keep if pick is None else pick[keep]
+            if held - len(rows) >= COMPACT_AT * held:
+                cache.keep(pick, at)
+                next_position, valid = next_position[pick], valid[pick]
+                padded = not bool(valid[:, :prompt_len].all())
+                held, pick = len(rows), None
+        if pick is not None:  # finished rows still in the cache get padding (their outputs are not used)
+            tokens = tokens.new_full((held,), p.pad_token_id).index_copy_(0, pick, tokens)
+        position = next_position + step  # (held,)
         step_mask = valid[:, None, None, : at + 1] if padded else None
-        logits = _forward(w, tokens[:, None], cos[position][:, None, None], sin[position][:, None, None], cache, at, step_mask).float()
+        logits = _forward(w, tokens[:, None], cos[position][:, None, None], sin[position][:, None, None], cache, at,
+                          step_mask, heads=pick).float()
     return out[:, :generated]

@@ -24,6 +24,13 @@ TOKENIZER = char_tokenizer("0123456789abc ")
 EOS = TOKENIZER.eos_token_id
 # Prompts of different lengths, so the batch is left-padded.
 ROWS = [{"prompt": p} for p in ["a", "bc1", "cab 7", "9"]]
+# Every sampling option a run can set, alone and together, and chunked sampling.
+OPTIONS = [
+    {}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6},
+    {"min_p": 0.3, "temperature": 1.5}, {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6, "batch_size": 6},
+    {"temperature": 1.4, "top_k": 4, "top_p": 0.9, "min_p": 0.2, "repetition_penalty": 1.5, "min_new_tokens": 3},
+]
+OPTION_IDS = ["plain", "temperature-top-k", "top-p-min-new", "chunks", "min-p", "repetition", "repetition-below-1", "all"]
 
 
 def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
@@ -62,15 +69,7 @@ def sample_both(model, seed=1, **options):
 
 
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 2)])
-@pytest.mark.parametrize(
-    "options",
-    [
-        {}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6},
-        {"min_p": 0.3, "temperature": 1.5}, {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6, "batch_size": 6},
-        {"temperature": 1.4, "top_k": 4, "top_p": 0.9, "min_p": 0.2, "repetition_penalty": 1.5, "min_new_tokens": 3},
-    ],
-    ids=["plain", "temperature-top-k", "top-p-min-new", "chunks", "min-p", "repetition", "repetition-below-1", "all"],
-)
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options):
     out = sample_both(model_of(kind, kv_heads), **options)
     (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
@@ -181,10 +180,10 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
     forward pass over prompt + completion, grpo.train.models.policy_logprobs) is log softmax of
     the scores the sampler drew that token from: the fast loop's `process`, generate's scores."""
     model = model_of(eos_bias=1.0)  # rows end at different steps
-    steps = []  # (N, V) processed scores per decoding step
-    if backend == "fast":
-        process = fast.process
-        monkeypatch.setattr(fast, "process", lambda *a, **k: steps.append(process(*a, **k)) or steps[-1])
+    steps = []  # (N, V) processed scores (or their log-softmax) per decoding step
+    if backend == "fast":  # the probabilities of the full-batch draw (finished rows' are stale, and masked out below)
+        draw = fast._draw
+        monkeypatch.setattr(fast, "_draw", lambda probs, *a: steps.append(probs.log()) or draw(probs, *a))
     else:
         generate = model.generate
 
@@ -232,3 +231,108 @@ def test_seeded_prompts_draw_the_same_completions_whatever_is_sampled_beside_the
         assert sample([ROWS[i]], [seeds[i]]) == [together[i]]
     assert together != sample(ROWS, [s + 1 for s in seeds])  # the seed is what decides
     assert any(len(set(group)) > 1 for group in together)  # a group's completions differ from each other
+
+
+# eos_bias per model (test_fast_draws_the_same_tokens_as_generate's four) under which, at 24
+# new tokens, most completions end within a few tokens and a few run to (or near) the limit.
+SPREAD = {("llama", 4): 0.0, ("llama", 2): 0.5, ("qwen2", 2): -0.5, ("qwen3", 2): 1.0}
+
+
+def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **options):
+    """Sample ROWS (G = 4, up to 24 new tokens) with fast.COMPACT_AT = `compact_at` (None: every row decoded to the end).
+    Returns the rollout, the probabilities of each full-batch draw (N, V) per step (fast only),
+    and a draw from the global stream after."""
+    draws = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fast, "COMPACT_AT", compact_at)
+        draw = fast._draw
+        mp.setattr(fast, "_draw", lambda probs, *a: draws.append(probs.clone()) or draw(probs, *a))
+        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options)
+        torch.manual_seed(1)
+        rollout = sampler.sample(model, ROWS, seeds)
+    return rollout, draws, torch.rand(3)
+
+
+def assert_same_samples(got, expected, compare_draws=True):
+    (rollout, draws, after), (expected_rollout, expected_draws, expected_after) = got, expected
+    assert torch.equal(rollout.input_ids, expected_rollout.input_ids)
+    assert torch.equal(rollout.completion_mask, expected_rollout.completion_mask)
+    assert torch.equal(after, expected_after)  # the random stream was consumed identically
+    if compare_draws:  # each row's distribution while it decodes, to float rounding (finished rows' are stale)
+        assert len(draws) == len(expected_draws)
+        for step, (probs, expected_probs) in enumerate(zip(draws, expected_draws)):
+            live = rollout.completion_mask[:, step].bool()  # one call (no batch_size): rows are in order
+            torch.testing.assert_close(probs[live], expected_probs[live], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,kv_heads", list(SPREAD))
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_heads, options):
+    """Completions ending at very different lengths: the loop that drops finished rows (the
+    cache copied at every finish, at the default fraction, never) draws the tokens generate
+    and the loop that decodes every row to the end draw, and consumes the same random numbers."""
+    model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
+    hf = sample_compacting(model, "hf", **options)
+    every_row = sample_compacting(model, compact_at=None, **options)
+    assert_same_samples(every_row, hf, compare_draws=False)
+    lengths = hf[0].completion_mask.sum(1)
+    assert lengths.max() >= 3 * lengths.min()  # rows end at very different lengths
+    assert (lengths <= lengths.max() / 2).sum() >= len(lengths) // 4
+    assert len(set(hf[0].completions)) > len(ROWS)
+    for compact_at in (0.0, fast.COMPACT_AT, 1.0):
+        assert_same_samples(sample_compacting(model, compact_at=compact_at, **options), every_row,
+                            compare_draws="batch_size" not in options)
+
+
+@pytest.mark.parametrize("compact_at", [0.0, 0.25, 1.0])
+def test_seeded_prompts_draw_the_same_tokens_when_finished_rows_leave(compact_at):
+    """rollout.seed_per_prompt: each prompt's generator still draws over all its rows, finished
+    ones included, in one call and in chunks of whole prompts."""
+    model = model_of("qwen3", 2, eos_bias=1.0)
+    seeds = [11, 22, 33, 44]
+    for options in ({"temperature": 1.3}, {"batch_size": 8, "repetition_penalty": 1.5}):
+        hf = sample_compacting(model, "hf", seeds=seeds, **options)
+        every_row = sample_compacting(model, compact_at=None, seeds=seeds, **options)
+        dropping = sample_compacting(model, compact_at=compact_at, seeds=seeds, **options)
+        assert_same_samples(every_row, hf, compare_draws=False)
+        assert_same_samples(dropping, every_row, compare_draws="batch_size" not in options)
+        lengths = hf[0].completion_mask.sum(1)
+        assert lengths.max() >= 3 * lengths.min() and (lengths <= lengths.max() / 2).sum() >= len(lengths) // 4
+
+
+@pytest.mark.parametrize("compact_at", [None, 0.0, 0.25, 1.0])
+def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, monkeypatch):
+    """The rows each decoding step's forward runs through the layers (the cache's rows) and
+    through the LM head: after a row's EOS the head never sees it; the cache drops it at the
+    next copy, which comes once finished rows make up COMPACT_AT of the cache's rows."""
+    model = model_of("qwen2", 2, eos_bias=1.0)  # 8 of 16 rows end at once, the rest one by one
+    calls = []  # (rows through the layers, rows through the head) per forward
+    forward = fast._forward
+
+    def counting(w, ids, *args, heads=None):
+        calls.append((ids.shape[0], ids.shape[0] if heads is None else len(heads)))
+        return forward(w, ids, *args, heads=heads)
+
+    monkeypatch.setattr(fast, "_forward", counting)
+    rollout, _, _ = sample_compacting(model, compact_at=compact_at)
+    lengths = rollout.completion_mask.sum(1).long()
+    n, steps = rollout.completion_mask.shape
+    assert calls[0] == (len(ROWS), len(ROWS))  # the prefill: once per distinct prompt
+    decoding = calls[1:]
+    assert len(decoding) == steps - 1
+    # Decoding call k computes the logits of step k: the rows still decoding then.
+    running = [int((lengths > k).sum()) for k in range(1, steps)]
+    assert running[0] <= n / 2 and running[-1] <= n / 4  # most rows finished well before the last step
+    layers, head = zip(*decoding)
+    if compact_at is None:
+        assert layers == head == (n,) * (steps - 1)
+        return
+    assert list(head) == running
+    if compact_at == 0.0:
+        assert list(layers) == running
+    elif compact_at == 1.0:
+        assert layers == (n,) * (steps - 1)
+    else:
+        assert all(held - live < compact_at * held for held, live in zip(layers, running))
+        assert list(layers) == sorted(layers, reverse=True) and layers[-1] < n / 2
+        assert len(set(layers)) < len(set(running))  # fewer copies than steps where rows finish
