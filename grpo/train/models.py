@@ -124,7 +124,7 @@ def completion_hidden(model, batch: Rollout, share_prompts: bool = True) -> Tens
     """What the LM head receives at the positions that predict each completion token:
     (N, T, H), from the same passes as `completion_logits` (prompts shared alike), with the
     head computing nothing (`_head_inputs`)."""
-    with _head_inputs(model.get_output_embeddings()) as read:
+    with _head_inputs(model) as read:
         return _completion_positions(model, batch, share_prompts, read)
 
 
@@ -186,7 +186,7 @@ def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor
 
 
 @contextlib.contextmanager
-def _head_inputs(head: nn.Module):
+def _head_inputs(model):
     """For the duration, the LM head computes nothing: a pre-hook keeps the input of each call
     (the final hidden states at the kept positions, (N, k, H)) and hands the head an empty
     slice of it, so the model's logits come out (N, 0, V). Yields `read(output)`, which
@@ -199,14 +199,17 @@ def _head_inputs(head: nn.Module):
 
     def read(output) -> Tensor:
         if len(kept) != 1:
-            raise RuntimeError(f"the LM head ran {len(kept)} times in one forward pass; set train.chunked_head: false")
+            raise UserError(f"train.chunked_head: {type(model).__name__} ran its LM head {len(kept)} times in one forward pass; set it to false")
         return kept.pop()
 
-    handle = head.register_forward_pre_hook(keep)
+    handle = model.get_output_embeddings().register_forward_pre_hook(keep)
     try:
         yield read
     finally:
         handle.remove()
+
+
+_VERDICT = "_grpo_logits_are_the_heads"  # the attribute chunkable_head keeps its verdict in
 
 
 def chunkable_head(model) -> nn.Linear | None:
@@ -223,9 +226,6 @@ def chunkable_head(model) -> nn.Linear | None:
     if not hasattr(model, _VERDICT):
         setattr(model, _VERDICT, _logits_are_the_heads(model, head))
     return head if getattr(model, _VERDICT) else None
-
-
-_VERDICT = "_grpo_logits_are_the_heads"  # the attribute chunkable_head keeps its verdict in
 
 
 def _logits_are_the_heads(model, head: nn.Linear) -> bool:

@@ -198,9 +198,12 @@ def logprobs_and_grads(model, batch, chunked, share_prompts, weights, **scoring)
     return logprobs.detach(), ent, grads
 
 
+@pytest.mark.parametrize("chunk_rows", [3, None])  # ragged chunks; one chunk (the default size)
 @pytest.mark.parametrize("share_prompts", [True, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(name, share_prompts):
+def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(name, share_prompts, chunk_rows, monkeypatch):
+    if chunk_rows:
+        monkeypatch.setattr(models, "head_logprobs", functools.partial(head_logprobs, chunk_elements=chunk_rows * 41))  # V + 1
     model = MODELS[name]()
     head = chunkable_head(model)
     assert head is not None  # the chunked path runs
@@ -302,6 +305,29 @@ def test_a_head_that_is_not_a_plain_linear_layer_runs_the_plain_path():
     model = apply_lora(tiny_lm("llama"), r=4, alpha=8.0, target_modules=["q_proj", "lm_head"])  # LoRA on the head
     assert chunkable_head(model) is None
     assert chunkable_head(tiny_lm("llama")) is not None
+
+
+def test_a_model_that_runs_its_head_twice_per_pass_runs_the_plain_path():
+    """Which call's input would be the hidden states is ambiguous: the probe says no, and
+    reading the head's input directly is a one-line error."""
+    from grpo.errors import UserError
+
+    class Twice(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def forward(self, **kwargs):
+            self.inner(**kwargs)
+            return self.inner(**kwargs)
+
+    model = Twice(tiny_lm("llama"))
+    assert chunkable_head(model) is None
+    with pytest.raises(UserError, match="ran its LM head 2 times in one forward pass"):
+        models.completion_hidden(model, batch_of(40), share_prompts=False)
 
 
 # ---- whole runs -----------------------------------------------------------------------------
