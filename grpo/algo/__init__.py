@@ -6,7 +6,7 @@ tokens, V vocabulary. Every function documents its formula and its source.
 
 from grpo.algo.advantages import ADVANTAGE_SCALES, gae, group_advantages, process_advantages, whiten
 from grpo.algo.kl import KL_ESTIMATORS, kl_estimate, kl_penalized_rewards
-from grpo.algo.logprobs import entropy, token_logprobs
+from grpo.algo.logprobs import entropy, head_logprobs, token_logprobs
 from grpo.algo.losses import (
     AGGREGATIONS,
     aggregate,
@@ -27,6 +27,7 @@ __all__ = [
     "entropy",
     "gae",
     "group_advantages",
+    "head_logprobs",
     "kl_estimate",
     "kl_penalized_rewards",
     "policy_loss",

@@ -14,6 +14,13 @@ With a repetition penalty (`penalize`, rollout.repetition_penalty) the scores at
 are first penalised on the tokens before t (the context, i.e. the prompt, and the sampled
 tokens 0..t-1), exactly as the sampler penalised them when it drew token t; the mask of those
 tokens is built per chunk too (one (rows, V) bool at a time), and a penalty of 1 costs nothing.
+
+`head_logprobs` goes one step further back: it takes the LM head's input (the last hidden
+states, (N, T, H)) and the head's weight (V, H), and computes each chunk's logits itself, so
+that no (N, T, V) tensor exists at all, not even in the logits' dtype; its backward
+recomputes each chunk's logits and returns the gradients with respect to the hidden states
+and the head's weight (and bias). Both paths share the per-chunk code below (`_scores`,
+`_chunk_grad`), so they compute the same numbers.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
 
-__all__ = ["token_logprobs", "entropy", "penalize"]
+__all__ = ["token_logprobs", "entropy", "head_logprobs", "penalize"]
 
 # Elements of float32 scratch per chunk: 2**24 = 64 MiB.
 _CHUNK_ELEMENTS = 1 << 24
@@ -64,13 +72,49 @@ class _History:
         return seen[:, : self.vocab]
 
 
-class _TokenLogprobs(torch.autograd.Function):
-    """logp(id) = x'_id / tau - logsumexp(x' / tau), chunked over rows, x' = penalize(x) (x
-    itself when there is no history).
+def _scores(x: Tensor, start: int, temperature: float, penalty: float, history: _History | None) -> Tensor:
+    """penalize(x) / tau for the flat positions start..start+m-1: the scores the sampler drew
+    from. `x` (m, V) float32 is not modified."""
+    if history is not None:
+        x = penalize(x, history.seen(start, start + len(x)), penalty)
+    if temperature != 1.0:
+        x = x / temperature
+    return x
+
+
+def _entropy(scores: Tensor, lse: Tensor) -> Tensor:
+    """(m,) H = logsumexp(x) - sum_v softmax(x)_v x_v of scores (m, V)."""
+    return lse - (torch.softmax(scores, dim=-1) * scores).sum(-1)
+
+
+def _chunk_grad(x: Tensor, ids: Tensor, lse: Tensor, grad_out: Tensor, start: int, temperature: float,
+                penalty: float, history: _History | None) -> Tensor:
+    """(m, V) float32: d(sum_i grad_out_i * logp_i) / dx for one chunk of raw scores `x` (m, V)
+    float32, which this edits in place (pass a copy). `lse` (m,) is the forward's logsumexp of
+    the chunk's scores.
 
     d logp / d x_v = ([v == id] - softmax(x' / tau)_v) / tau * dx'_v/dx_v, where dx'/dx is
-    1/penalty on a seen token with x >= 0, penalty on a seen one with x < 0, else 1.
-    """
+    1/penalty on a seen token with x >= 0, penalty on a seen one with x < 0, else 1."""
+    if history is not None:
+        seen = history.seen(start, start + len(x))  # (m, V)
+        negative = x < 0
+        x = penalize(x, seen, penalty)
+    if temperature != 1.0:
+        x.div_(temperature)
+    probs = x.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place
+    g = grad_out.float().unsqueeze(-1)  # (m, 1)
+    grad = probs.mul_(-g)  # -p_v * g
+    grad.scatter_add_(-1, ids.unsqueeze(-1), g)  # + g at the sampled id
+    if temperature != 1.0:
+        grad.div_(temperature)
+    if history is not None:  # through the penalty: its slope on each seen token
+        grad = torch.where(seen, torch.where(negative, grad * penalty, grad / penalty), grad)
+    return grad
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """logp(id) = x'_id / tau - logsumexp(x' / tau), chunked over rows, x' = penalize(x) (x
+    itself when there is no history); the gradient is `_chunk_grad`'s."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, ids: Tensor, temperature: float, chunk_elements: int,
@@ -80,13 +124,9 @@ class _TokenLogprobs(torch.autograd.Function):
         out = torch.empty(rows, dtype=torch.float32, device=logits.device)  # (M,)
         lse = torch.empty(rows, dtype=torch.float32, device=logits.device)  # (M,)
         for start in range(0, rows, step):
-            chunk = logits[start : start + step].float()  # (m, V); a view when already fp32
-            if history is not None:
-                chunk = penalize(chunk, history.seen(start, start + len(chunk)), penalty)
-            if temperature != 1.0:
-                chunk = chunk / temperature
-            lse[start : start + step] = torch.logsumexp(chunk, dim=-1)
-            picked = chunk.gather(-1, ids[start : start + step].unsqueeze(-1)).squeeze(-1)
+            scores = _scores(logits[start : start + step].float(), start, temperature, penalty, history)  # (m, V)
+            lse[start : start + step] = torch.logsumexp(scores, dim=-1)
+            picked = scores.gather(-1, ids[start : start + step].unsqueeze(-1)).squeeze(-1)
             out[start : start + step] = picked - lse[start : start + step]
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature
@@ -98,27 +138,13 @@ class _TokenLogprobs(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         logits, ids, lse = ctx.saved_tensors
-        temperature, penalty, history = ctx.temperature, ctx.penalty, ctx.history
         grad_logits = torch.empty_like(logits)  # (M, V), in the logits' dtype
-        step = _rows_per_chunk(history.width if history else logits.shape[1], ctx.chunk_elements)
+        step = _rows_per_chunk(ctx.history.width if ctx.history else logits.shape[1], ctx.chunk_elements)
         for start in range(0, logits.shape[0], step):
             stop = start + step
             chunk = logits[start:stop].to(torch.float32, copy=True)  # (m, V) scratch, ours to edit
-            if history is not None:
-                seen = history.seen(start, start + len(chunk))  # (m, V)
-                negative = chunk < 0
-                chunk = penalize(chunk, seen, penalty)
-            if temperature != 1.0:
-                chunk.div_(temperature)
-            probs = chunk.sub_(lse[start:stop].unsqueeze(-1)).exp_()  # softmax, in place
-            g = grad_out[start:stop].float().unsqueeze(-1)  # (m, 1)
-            grad = probs.mul_(-g)  # -p_v * g
-            grad.scatter_add_(-1, ids[start:stop].unsqueeze(-1), g)  # + g at the sampled id
-            if temperature != 1.0:
-                grad.div_(temperature)
-            if history is not None:  # through the penalty: its slope on each seen token
-                grad = torch.where(seen, torch.where(negative, grad * penalty, grad / penalty), grad)
-            grad_logits[start:stop] = grad
+            grad_logits[start:stop] = _chunk_grad(chunk, ids[start:stop], lse[start:stop], grad_out[start:stop], start,
+                                                  ctx.temperature, ctx.penalty, ctx.history)
         return grad_logits, None, None, None, None, None
 
 
@@ -183,13 +209,110 @@ def entropy(
     step = _rows_per_chunk(history.width if history else flat.shape[1], chunk_elements)
     parts = []
     for start in range(0, flat.shape[0], step):
-        x = flat[start : start + step].float()  # (m, V)
-        if history is not None:
-            x = penalize(x, history.seen(start, start + len(x)), repetition_penalty)
-        x = x / temperature
-        lse = torch.logsumexp(x, dim=-1)  # (m,)
-        probs = torch.softmax(x, dim=-1)
-        parts.append(lse - (probs * x).sum(-1))
+        x = _scores(flat[start : start + step].float(), start, temperature, repetition_penalty, history)  # (m, V)
+        parts.append(_entropy(x, torch.logsumexp(x, dim=-1)))
     if not parts:
         return torch.zeros(lead, dtype=torch.float32, device=logits.device)
     return torch.cat(parts).view(lead)
+
+
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """(m, V) float32 logits of one chunk of hidden states (m, H), computed in the head's
+    compute dtype (the operands' dtype; a fresh tensor, ours to edit)."""
+    return F.linear(hidden, weight, bias).float()
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """token_logprobs(linear(hidden, weight, bias), ids) and, optionally, entropy(...), with
+    each chunk's logits computed from the hidden states and dropped; the backward recomputes
+    them. The entropy is a metric: it is returned without a gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, temperature: float,
+                chunk_elements: int, penalty: float, history: _History | None, with_entropy: bool,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        rows, vocab = hidden.shape[0], weight.shape[0]  # hidden (M, H), weight (V, H)
+        step = _rows_per_chunk(history.width if history else vocab, chunk_elements)
+        out = torch.empty(rows, dtype=torch.float32, device=hidden.device)  # (M,)
+        lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)  # (M,)
+        ent = torch.empty(rows if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's, once
+            w = weight.to(dtype)  # (V, H): the same tensor unless autocast's dtype differs from the head's
+            b = None if bias is None else bias.to(dtype)
+            for start in range(0, rows, step):
+                stop = start + step
+                x = _head_logits(hidden[start:stop].to(dtype), w, b)  # (m, V)
+                scores = _scores(x, start, temperature, penalty, history)
+                lse[start:stop] = torch.logsumexp(scores, dim=-1)
+                out[start:stop] = scores.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1) - lse[start:stop]
+                if with_entropy:
+                    ent[start:stop] = _entropy(scores, lse[start:stop])
+        ctx.save_for_backward(hidden, w, b, ids, lse)
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
+        ctx.temperature, ctx.chunk_elements, ctx.penalty, ctx.history, ctx.dtype = temperature, chunk_elements, penalty, history, dtype
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor, _grad_entropy: Tensor | None):
+        hidden, w, b, ids, lse = ctx.saved_tensors
+        dtype = ctx.dtype
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None  # (M, H)
+        # The head's gradient sums over every chunk: accumulated in float32, returned in its dtype.
+        grad_weight = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_weight else None  # (V, H)
+        grad_bias = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_bias else None  # (V,)
+        step = _rows_per_chunk(ctx.history.width if ctx.history else w.shape[0], ctx.chunk_elements)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], step):
+                stop = start + step
+                h = hidden[start:stop].to(dtype)  # (m, H)
+                grad = _chunk_grad(_head_logits(h, w, b), ids[start:stop], lse[start:stop], grad_out[start:stop], start,
+                                   ctx.temperature, ctx.penalty, ctx.history)  # (m, V) float32
+                g = grad.to(dtype)  # what the logits' gradient is in the plain path (their dtype)
+                if need_hidden:
+                    grad_hidden[start:stop] = g @ w  # (m, H)
+                if need_weight:
+                    if dtype == torch.float32:
+                        grad_weight.addmm_(g.T, h)
+                    else:
+                        grad_weight += (g.T @ h).float()
+                if need_bias:
+                    grad_bias += grad.sum(0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+                None if grad_bias is None else grad_bias.to(ctx.bias_dtype), None, None, None, None, None, None, None)
+
+
+def head_logprobs(
+    hidden: Tensor, weight: Tensor, ids: Tensor, *, bias: Tensor | None = None, temperature: float = 1.0,
+    repetition_penalty: float = 1.0, context: Tensor | None = None, chunk_elements: int = _CHUNK_ELEMENTS,
+    with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs` (and `entropy`) of the logits `linear(hidden, weight, bias)`, without
+    ever holding them: (N, T) float32 log-probabilities, and the (N, T) entropy when
+    `with_entropy` (else None).
+
+    `hidden` (N, T, H): the LM head's input at the positions that predict `ids` (N, T);
+    `weight` (V, H) and `bias` (V,): the head's. Each chunk of rows gets its logits computed,
+    reduced and dropped (chunk_elements / V rows at a time, as token_logprobs), and the
+    backward recomputes them: the largest vocabulary-sized tensor is one chunk's. The
+    log-probs are differentiable with respect to `hidden`, `weight` and `bias` (a weight tied
+    to the input embeddings gets its gradient like any other use of the parameter); the
+    entropy, a metric, is not. Under torch.autocast the logits are computed in its dtype, as
+    the head's own forward would; temperature, `repetition_penalty` and `context` as in
+    `token_logprobs`.
+    """
+    if hidden.shape[:-1] != ids.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"head weight {tuple(weight.shape)} does not take hidden states of size {hidden.shape[-1]}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    history = _history(context, ids, weight.shape[0], float(repetition_penalty))
+    out, ent = _HeadLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(),
+                                   float(temperature), int(chunk_elements), float(repetition_penalty), history,
+                                   bool(with_entropy), dtype)
+    return out.view(ids.shape), ent.view(ids.shape) if with_entropy else None

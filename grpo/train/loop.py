@@ -46,6 +46,7 @@ from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.train.models import (
     build_reference,
     apply_lora,
+    chunkable_head,
     enable_checkpointing,
     load_causal_lm,
     count_parameters,
@@ -116,8 +117,10 @@ def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device 
         enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
+    if c.train.chunked_head:
+        chunkable_head(policy)  # its one probe pass, whole (before sharding), inherited by the reference's copy
     reference = build_reference(policy, beta=c.loss.beta, lora=bool(c.lora.r), dtype=compute_dtype,
-                                full_state_dict=world.full_state_dict)  # copied before sharding
+                                full_state_dict=world.full_state_dict, chunked_head=c.train.chunked_head)  # copied before sharding
     critic = build_critic(c, attention, compute_dtype, device)
     policy = world.shard(policy)
     for network in critic.networks:

@@ -5,6 +5,17 @@ model); PPO holds four (plus the critic, a value model). The reference is a froz
 the policy, or, with LoRA, the same weights with the adapter switched off (no second copy).
 With beta = 0 there is no reference at all. Dropout is off in every model: they all stay in
 eval mode for the whole run (gradients flow regardless of the mode).
+
+Log-probabilities come from the last hidden states through the LM head chunk by chunk
+(train.chunked_head, grpo.algo.head_logprobs): the forward passes keep the head's input and
+let the head itself compute nothing, so no (N, T, V) logits exist in any pass. The hidden
+states are taken where the head receives them (a hook on `get_output_embeddings()`), through
+the model's own forward: whatever it does before its head (final norm, scaling, a PEFT
+wrapper, FSDP2's hooks on the root module) runs as always. A model whose logits are not its
+head's output (Gemma 2/3's final_logit_softcapping, Cohere's logit_scale, Granite's
+logits_scaling, Chameleon's masked image tokens) or whose head is not a plain nn.Linear (a
+LoRA-adapted or quantized head) is detected once (`chunkable_head`) and runs the plain path:
+full logits, then token_logprobs.
 """
 
 from __future__ import annotations
@@ -12,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from grpo.algo import token_logprobs
+from grpo.algo import entropy, head_logprobs, token_logprobs
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
@@ -105,11 +117,25 @@ def completion_logits(model, batch: Rollout, share_prompts: bool = True) -> Tens
     turns into a sum of the rows' gradients), and the completions run on top of it. The same
     numbers as one pass over every full row (tests/train/test_models.py), with G - 1 fewer
     passes over each prompt."""
+    return _completion_positions(model, batch, share_prompts, lambda out: out.logits)
+
+
+def completion_hidden(model, batch: Rollout, share_prompts: bool = True) -> Tensor:
+    """What the LM head receives at the positions that predict each completion token:
+    (N, T, H), from the same passes as `completion_logits` (prompts shared alike), with the
+    head computing nothing (`_head_inputs`)."""
+    with _head_inputs(model) as read:
+        return _completion_positions(model, batch, share_prompts, read)
+
+
+def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor:
+    """(N, T, ...) `read(output)` of the passes at the positions that predict completion tokens:
+    the logits, or the head's input."""
     groups = prompt_groups(batch) if share_prompts else None
     if groups is not None:
-        logits = _shared_prompt_logits(model, batch, *groups)
-        if logits is not None:
-            return logits
+        out = _shared_prompt_positions(model, batch, *groups, read)
+        if out is not None:
+            return out
     t_len = batch.completion_mask.shape[1]
     out = model(
         input_ids=batch.input_ids,
@@ -118,7 +144,7 @@ def completion_logits(model, batch: Rollout, share_prompts: bool = True) -> Tens
         logits_to_keep=t_len + 1,  # only the positions that predict completion tokens
         use_cache=False,
     )
-    return out.logits[:, :-1]  # position P-1+t predicts completion token t
+    return read(out)[:, :-1]  # position P-1+t predicts completion token t
 
 
 def _cache_argument(model) -> str:
@@ -127,7 +153,7 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -> Tensor | None:
+def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor, read: Callable) -> Tensor | None:
     """None when the model returns no KV cache that rows can be selected from (then the caller
     runs every row in full)."""
     t_len = batch.completion_mask.shape[1]
@@ -140,9 +166,9 @@ def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -
         logits_to_keep=1,
         use_cache=True,
     )  # the distinct prompts: (B, P)
-    first_logits = prompt.logits[:, -1][group].unsqueeze(1)  # (N, 1, V): predicts completion token 0
+    first_out = read(prompt)[:, -1][group].unsqueeze(1)  # (N, 1, ...): predicts completion token 0
     if t_len == 1:
-        return first_logits
+        return first_out
     cache = getattr(prompt, "cache", None)  # the name depends on the transformers version
     if cache is None:
         cache = getattr(prompt, "past_key_values", None)
@@ -156,7 +182,88 @@ def _shared_prompt_logits(model, batch: Rollout, first: Tensor, group: Tensor) -
         use_cache=True,
         **{_cache_argument(model): cache},
     )
-    return torch.cat([first_logits, rest.logits], 1)
+    return torch.cat([first_out, read(rest)], 1)
+
+
+@contextlib.contextmanager
+def _head_inputs(model):
+    """For the duration, the LM head computes nothing: a pre-hook keeps the input of each call
+    (the final hidden states at the kept positions, (N, k, H)) and hands the head an empty
+    slice of it, so the model's logits come out (N, 0, V). Yields `read(output)`, which
+    returns the input kept by the forward that made `output`."""
+    kept = []
+
+    def keep(module, args):
+        kept.append(args[0])
+        return (args[0][..., :0, :], *args[1:])
+
+    def read(output) -> Tensor:
+        if len(kept) != 1:
+            raise UserError(f"train.chunked_head: {type(model).__name__} ran its LM head {len(kept)} times in one forward pass; set it to false")
+        return kept.pop()
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(keep)
+    try:
+        yield read
+    finally:
+        handle.remove()
+
+
+_VERDICT = "_grpo_logits_are_the_heads"  # the attribute chunkable_head keeps its verdict in
+
+
+def chunkable_head(model) -> nn.Linear | None:
+    """The model's LM head when its logits are exactly `head(hidden)` for a plain nn.Linear
+    head (then grpo.algo.head_logprobs computes them chunk by chunk); None otherwise (the
+    plain path). Decided once per model, by one forward pass over two tokens: the model's
+    logits must be the very tensor its head returned, with no soft-capping, scaling or
+    masking after it. The verdict is kept on the model, so that a copy of it (the frozen
+    reference) inherits it; build_engine asks before the first step."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not (isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward and head.weight.is_floating_point()):
+        return None
+    if not hasattr(model, _VERDICT):
+        setattr(model, _VERDICT, _logits_are_the_heads(model, head))
+    return head if getattr(model, _VERDICT) else None
+
+
+def _logits_are_the_heads(model, head: nn.Linear) -> bool:
+    outputs = []
+    handle = head.register_forward_hook(lambda module, args, output: outputs.append(output))
+    device = next(model.parameters()).device
+    ids = torch.arange(2, device=device).remainder(head.out_features).unsqueeze(0)  # (1, 2)
+    try:
+        with torch.no_grad():  # under the caller's autocast: a bf16 reference copy needs it
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    finally:
+        handle.remove()
+    return len(outputs) == 1 and torch.equal(outputs[0].float(), logits.float())
+
+
+def completion_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0, *,
+                        share_prompts: bool = True, chunked_head: bool = True,
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
+    sampler's temperature and repetition penalty, and with `with_entropy` the (N, T) entropy
+    of each position's distribution (a metric, without a gradient; else None).
+
+    With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
+    from the hidden states through the head chunk by chunk; else from the full logits. The
+    same numbers either way (tests/algo/test_chunked_head.py)."""
+    scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=prompt_context(batch))
+    ids = batch.completion_ids
+    head = chunkable_head(model) if chunked_head else None
+    if head is not None:
+        hidden = completion_hidden(model, batch, share_prompts)  # (N, T, H)
+        # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
+        return head_logprobs(hidden, head.weight, ids, bias=head.bias, with_entropy=with_entropy, **scoring)
+    logits = completion_logits(model, batch, share_prompts)  # (N, T, V)
+    logprobs = token_logprobs(logits, ids, **scoring)
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        return logprobs, entropy(logits, ids=ids, **scoring)
 
 
 def no_grad_pass(forward, batch: Rollout, size: int) -> Tensor | None:
@@ -179,11 +286,11 @@ def prompt_context(batch: Rollout) -> Tensor:
     return batch.input_ids[:, :p_len].masked_fill(batch.attention_mask[:, :p_len] == 0, -1)
 
 
-def policy_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0) -> Tensor:
+def policy_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0,
+                    chunked_head: bool = True) -> Tensor:
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
-    sampler's temperature and repetition penalty (see grpo.algo.logprobs)."""
-    return token_logprobs(completion_logits(model, batch), batch.completion_ids, temperature=temperature,
-                          repetition_penalty=repetition_penalty, context=prompt_context(batch))
+    sampler's temperature and repetition penalty (see `completion_logprobs`)."""
+    return completion_logprobs(model, batch, temperature, repetition_penalty, chunked_head=chunked_head)[0]
 
 
 # ---- the reference ----------------------------------------------------------------------------
@@ -228,8 +335,9 @@ class FrozenCopy:
 
     held = True
 
-    def __init__(self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None):
+    def __init__(self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.chunked_head = chunked_head
         # The policy's whole weights (sharded under FSDP, the reference is a full replica).
         self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
         self.networks = [self.model]
@@ -241,7 +349,7 @@ class FrozenCopy:
 
     @torch.no_grad()
     def logprobs(self, batch, temperature, repetition_penalty=1.0):
-        return policy_logprobs(self.model, batch, temperature, repetition_penalty)
+        return policy_logprobs(self.model, batch, temperature, repetition_penalty, self.chunked_head)
 
     @torch.no_grad()
     def reset_to(self, policy):
@@ -262,13 +370,14 @@ class AdapterOff:
     held = True
     networks: list = []  # the policy's own weights
 
-    def __init__(self, policy):
+    def __init__(self, policy, chunked_head: bool = True):
         self.policy = policy
+        self.chunked_head = chunked_head
 
     @torch.no_grad()
     def logprobs(self, batch, temperature, repetition_penalty=1.0):
         with self.policy.disable_adapter():
-            return policy_logprobs(self.policy, batch, temperature, repetition_penalty)
+            return policy_logprobs(self.policy, batch, temperature, repetition_penalty, self.chunked_head)
 
     @torch.no_grad()
     def reset_to(self, policy):
@@ -286,13 +395,15 @@ class AdapterOff:
         pass
 
 
-def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None) -> Reference:
+def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None,
+                    chunked_head: bool = True) -> Reference:
     """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
     off; else a frozen copy (its linear weights in `dtype` under train.autocast), reset from
-    `full_state_dict(policy)` (default: the policy's own state dict)."""
+    `full_state_dict(policy)` (default: the policy's own state dict). `chunked_head`:
+    train.chunked_head, for its log-probs."""
     if beta == 0:
         return NoReference()
-    return AdapterOff(policy) if lora else FrozenCopy(policy, dtype, full_state_dict)
+    return AdapterOff(policy, chunked_head) if lora else FrozenCopy(policy, dtype, full_state_dict, chunked_head)
 
 
 # ---- the critic -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from grpo.algo import aggregate, clipped_fraction, entropy, kl_estimate, policy_loss, token_logprobs
+from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
@@ -27,10 +27,9 @@ from grpo.train.models import (
     Reference,
     activation_checkpointing,
     autocast,
-    completion_logits,
+    completion_logprobs,
     no_grad_pass,
     policy_logprobs,
-    prompt_context,
     trainable_parameters,
 )
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
@@ -157,8 +156,8 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
             passes = Passes(
                 ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature, penalty), batch, size),  # (N, T) or None
-                old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature, penalty), batch, size)
-                if e.needs_old_logprobs else None,
+                old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
+                                          batch, size) if e.needs_old_logprobs else None,
                 old_values=e.critic.values(batch, size),  # (N, T) or None
             )
 
@@ -234,10 +233,8 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                     part.completion_mask = torch.zeros_like(part.completion_mask)
                 rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
                 m = part.completion_mask  # (n, T)
-                logits = _policy_logits(e, part)  # (n, T, V)
-                scoring = dict(temperature=e.rollout.temperature, repetition_penalty=e.rollout.repetition_penalty,
-                               context=prompt_context(part))  # as sampled (and as the passes above scored)
-                logprobs = token_logprobs(logits, part.completion_ids, **scoring)  # (n, T)
+                # As sampled (and as the passes above scored); the entropy, a metric, on the first epoch.
+                logprobs, entropy = _policy_logprobs(e, part, with_entropy=epoch == 0)  # (n, T), (n, T) or None
                 old = passes.old_logprobs[micro] if passes.old_logprobs is not None else logprobs.detach()
                 ref = passes.ref_logprobs[micro] if passes.ref_logprobs is not None else None
                 advantages = targets.advantages[micro]
@@ -251,7 +248,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 if epoch == 0:  # diagnostics of the policy as sampled
                     with torch.no_grad():
                         sums["first_pass_tokens"] += float(m.sum())
-                        sums["entropy"] += float((entropy(logits.detach(), ids=part.completion_ids, **scoring) * m).sum())
+                        sums["entropy"] += float((entropy * m).sum())
                         if ref is not None:  # the KL the run moved, wherever its penalty goes
                             sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
                 sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * rows
@@ -274,13 +271,16 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     }
 
 
-def _policy_logits(e: Engine, part: Rollout) -> Tensor:
-    """The policy's forward for the update: in bf16 under train.autocast (the backward follows
-    its dtypes); with checkpointing, in training mode and one pass per row (a checkpointed
-    layer recomputes its forward and takes no cache, so the prompts cannot be shared)."""
+def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """The policy's forward for the update, to its log-probs at the rollout's temperature and
+    repetition penalty (and the entropy, when asked): in bf16 under train.autocast (the
+    backward follows its dtypes); through the head chunk by chunk (train.chunked_head); with
+    checkpointing, in training mode and one pass per row (a checkpointed layer recomputes its
+    forward and takes no cache, so the prompts cannot be shared)."""
     checkpointing = e.train.gradient_checkpointing
     # Sharded, the policy's forward passes are collectives: every process must run as many,
     # and sharing prompts makes their number depend on the rows.
     share_prompts = not checkpointing and e.world.world_size == 1
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, checkpointing):
-        return completion_logits(e.policy, part, share_prompts=share_prompts)
+        return completion_logprobs(e.policy, part, e.rollout.temperature, e.rollout.repetition_penalty,
+                                   share_prompts=share_prompts, chunked_head=e.train.chunked_head, with_entropy=with_entropy)

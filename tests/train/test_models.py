@@ -75,20 +75,15 @@ def test_bf16_reference_copy_gives_what_autocast_gives_from_float32():
 def test_a_run_is_the_same_with_plain_passes_and_either_attention(make_config, tmp_path, monkeypatch):
     """Whole steps: shared prompt passes + eager attention (the defaults) against one pass per
     row with SDPA: the same rewards, losses, KL and gradient norms."""
-    import functools
-
     import grpo
     import grpo.train.models as models
-    import grpo.train.step as step
 
     def run(name, attention):
         config = make_config(output_dir=str(tmp_path / name), train={"steps": 3, "lr": 1e-3, "attention": attention})
         return grpo.train(config, progress=False).metrics
 
     fast = run("fast", "eager")
-    plain_logits = functools.partial(models.completion_logits, share_prompts=False)
-    monkeypatch.setattr(models, "completion_logits", plain_logits)
-    monkeypatch.setattr(step, "completion_logits", plain_logits)
+    monkeypatch.setattr(models, "prompt_groups", lambda batch: None)  # no prompt is shared: every row in full
     plain = run("plain", "sdpa")
     for ours, reference in zip(fast, plain, strict=True):
         for key in ("reward/mean", "loss", "kl", "entropy", "grad_norm"):
