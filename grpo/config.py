@@ -86,6 +86,7 @@ class TrainConfig:
     epochs: int = opt(1, "mu: update epochs over each step's batch. With 1 the old policy is the current one: no extra forward pass, the ratio is 1.")
     minibatches: int = opt(1, "Optimizer steps per epoch: the batch of completions is split into this many minibatches.")
     micro_batch_size: int = opt(0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch.")
+    length_grouping: bool = opt(True, "Order a minibatch's completions by length before splitting it into micro-batches (micro_batch_size), so that each micro-batch holds completions of similar length; a prompt's completions stay together while the update shares their prompt pass. Every pass is cut to its micro-batch's longest completion either way; this makes that cut deeper. The same gradient as false (only which completions share a pass changes); also orders the reference, old-policy and critic passes.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")

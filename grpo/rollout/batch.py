@@ -55,10 +55,10 @@ class Rollout:
         keys = [k for k in self.rows[0] if k != exclude] if self.rows else []
         return {k: [row.get(k) for row in self.rows] for k in keys}
 
-    def select(self, index: Tensor) -> Rollout:
-        """The rows in `index` (a 1-D long tensor), e.g. a minibatch."""
+    def select(self, index: Tensor, trim: bool = False) -> Rollout:
+        """The rows in `index` (a 1-D long tensor), e.g. a minibatch; with `trim`, `trimmed()`."""
         picked = index.tolist()
-        return Rollout(
+        part = Rollout(
             input_ids=self.input_ids[index],
             attention_mask=self.attention_mask[index],
             completion_mask=self.completion_mask[index],
@@ -68,6 +68,42 @@ class Rollout:
             group_size=self.group_size,
             prompt_truncated=self.prompt_truncated[index],
         )
+        return part.trimmed() if trim else part
+
+    def trimmed(self) -> Rollout:
+        """These rows without the columns that are padding in every row: the prompt's leading
+        columns outside every attention mask and the completion's trailing columns outside
+        every completion mask (at least one column of each is kept). What a forward pass of
+        these rows needs, at no more width than its longest completion and prompt: causal
+        attention lets no token see a later column, and positions count only real tokens
+        (`position_ids`), so every kept position computes what it computes at full width.
+        The completion columns kept are the first T' of T: `fit` cuts a per-token tensor of
+        these rows to them."""
+        t_len = self.completion_mask.shape[1]
+        p_len = self.input_ids.shape[1] - t_len
+        real = self.attention_mask[:, :p_len].bool().any(0)  # (P,)
+        start = min(int(real.long().argmax()) if bool(real.any()) else p_len, max(p_len - 1, 0))
+        scored = self.completion_mask.bool().any(0)  # (T,)
+        keep = max(t_len - int(scored.flip(0).long().argmax()) if bool(scored.any()) else 0, min(t_len, 1))
+        if start == 0 and keep == t_len:
+            return self
+        stop = p_len + keep
+        return Rollout(
+            input_ids=self.input_ids[:, start:stop],
+            attention_mask=self.attention_mask[:, start:stop],
+            completion_mask=self.completion_mask[:, :keep],
+            prompts=self.prompts,
+            completions=self.completions,
+            rows=self.rows,
+            group_size=self.group_size,
+            prompt_truncated=self.prompt_truncated,
+        )
+
+    def fit(self, x: Tensor) -> Tensor:
+        """A per-token tensor of these rows, (n, T) at the untrimmed width, cut to this
+        rollout's completion columns (the first T' of them, see `trimmed`); a per-sequence (n,)
+        tensor as it is."""
+        return x[:, : self.completion_mask.shape[1]] if x.dim() > 1 else x
 
     @property
     def completion_lengths(self) -> Tensor:  # (N,)

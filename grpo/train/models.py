@@ -266,17 +266,45 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
         return logprobs, entropy(logits, ids=ids, **scoring)
 
 
-def no_grad_pass(forward, batch: Rollout, size: int) -> Tensor | None:
-    """forward(batch) without autograd, `size` rows at a time (all at once when size is 0), so
-    that no pass holds a whole large batch's activations. In inference mode (no autograd
+def micro_batches(batch: Rollout, rows: Tensor, size: int, *, by_length: bool = False,
+                  whole_groups: bool = True) -> list[Tensor]:
+    """`rows` (indices of `batch`) split into micro-batches of `size` (0 = all in one).
+
+    With `by_length` (train.length_grouping), ordered by completion length first, longest
+    first, so that each micro-batch holds rows of similar length and trims (`Rollout.trimmed`)
+    to little padding. With `whole_groups`, the rows of a group (a prompt's G completions,
+    rows g*G .. g*G+G-1) stay together, the groups ordered by their longest completion and
+    the rows within a group by theirs: a micro-batch that holds a group's rows side by side
+    runs its prompt once (`prompt_groups`). The number of micro-batches is the same either
+    way; only which rows share one changes."""
+    if by_length and len(rows) > 1:
+        lengths = batch.completion_lengths.cpu()  # the completion columns each row needs
+        rows = rows[torch.sort(lengths[rows], descending=True, stable=True).indices]
+        if whole_groups:  # stable sorts, least significant key first
+            rows = rows[torch.sort(rows // batch.group_size, stable=True).indices]
+            group = rows // batch.group_size
+            longest = lengths.new_zeros(int(group.max()) + 1).scatter_reduce(0, group, lengths[rows], "amax")
+            rows = rows[torch.sort(longest[group], descending=True, stable=True).indices]
+    return [m for m in rows.split(size or max(len(rows), 1)) if len(m)]
+
+
+def no_grad_pass(forward, batch: Rollout, size: int, *, by_length: bool = False, whole_groups: bool = True) -> Tensor | None:
+    """forward(rows) of `batch` without autograd, `size` rows at a time (all at once when size
+    is 0), so that no pass holds a whole large batch's activations. Each micro-batch
+    (`micro_batches`: ordered by length with `by_length`) is trimmed to its own longest
+    completion and prompt (`Rollout.trimmed`); its (n, T') result is put back at its rows and
+    padded with zeros to T, past every row's completion mask. In inference mode (no autograd
     bookkeeping per op); the result is copied out of it, since the update's graph uses it."""
     with torch.inference_mode():
-        if not size or size >= len(batch):
-            out = forward(batch)
-        else:
-            parts = [forward(batch.select(rows)) for rows in torch.arange(len(batch)).split(size)]
-            out = None if parts[0] is None else torch.cat(parts)
-    return None if out is None else out.clone()
+        parts = [(rows, forward(batch.select(rows, trim=True)))
+                 for rows in micro_batches(batch, torch.arange(len(batch)), size, by_length=by_length, whole_groups=whole_groups)]
+        if not parts or parts[0][1] is None:
+            return None
+        first = parts[0][1]
+        out = first.new_zeros((len(batch), *batch.completion_mask.shape[1:], *first.shape[2:]))
+        for rows, part in parts:
+            out[rows.to(out.device), : part.shape[1]] = part
+    return out.clone()
 
 
 def prompt_context(batch: Rollout) -> Tensor:

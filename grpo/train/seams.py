@@ -220,16 +220,19 @@ class Critic:
     def param_groups(self, lr: float) -> list[dict]:
         return [{"params": list(self.model.parameters()), "lr": lr}]
 
-    def values(self, batch: Rollout, micro_batch_size: int) -> Tensor:
-        """(N, T) V(state before each completion token), without autograd."""
+    def values(self, batch: Rollout, micro_batch_size: int, by_length: bool = False) -> Tensor:
+        """(N, T) V(state before each completion token), without autograd (micro-batches
+        ordered by length with `by_length`; the critic shares no prompt pass, so rows are
+        ordered one by one)."""
         with autocast(self.model, self.dtype):
-            return no_grad_pass(self.model, batch, micro_batch_size)
+            return no_grad_pass(self.model, batch, micro_batch_size, by_length=by_length, whole_groups=False)
 
     def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:
-        """The value loss of the micro-batch `part` (the batch's `rows`), scaled for accumulation."""
+        """The value loss of the micro-batch `part` (the batch's `rows`, maybe trimmed: the
+        per-token tensors are cut to its width), scaled for accumulation."""
         with autocast(self.model, self.dtype):
-            values = self.model(part)  # (n, T)
-        return value_loss(values, passes.old_values[rows], targets.returns[rows], part.completion_mask,
+            values = self.model(part)  # (n, T')
+        return value_loss(values, part.fit(passes.old_values[rows]), part.fit(targets.returns[rows]), part.completion_mask,
                           clip=self.value_clip, num_tokens=num_tokens)
 
     def clip_grad(self, max_norm: float) -> None:
@@ -256,7 +259,7 @@ class NoCritic:
     def param_groups(self, lr: float) -> list[dict]:
         return []
 
-    def values(self, batch: Rollout, micro_batch_size: int) -> None:
+    def values(self, batch: Rollout, micro_batch_size: int, by_length: bool = False) -> None:
         return None
 
     def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:

@@ -28,6 +28,7 @@ from grpo.train.models import (
     activation_checkpointing,
     autocast,
     completion_logprobs,
+    micro_batches,
     no_grad_pass,
     policy_logprobs,
     trainable_parameters,
@@ -151,14 +152,18 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         #    micro-batches, like the update, so that no pass holds the whole batch's activations.
         #    Every log-prob is of the distribution sampled from, up to truncation: at the
         #    rollout's temperature and repetition penalty (README, "Sampling").
+        #    Each micro-batch is cut to its longest completion (and ordered by length first,
+        #    with train.length_grouping); the passes' (N, T) results are 0 past every mask.
         size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
+        by_length = e.train.length_grouping
         policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
         with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
             passes = Passes(
-                ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature, penalty), batch, size),  # (N, T) or None
+                ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature, penalty), batch, size,
+                                          by_length=by_length),  # (N, T) or None
                 old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
-                                          batch, size) if e.needs_old_logprobs else None,
-                old_values=e.critic.values(batch, size),  # (N, T) or None
+                                          batch, size, by_length=by_length) if e.needs_old_logprobs else None,
+                old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
             )
 
         # 4. Advantages: from the group (GRPO) or from the critic (PPO).
@@ -223,7 +228,10 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
         for minibatch, passes_needed in zip(torch.tensor_split(order, tr.minibatches), plan):
             totals = dict(num_sequences=float(world.sum(live[minibatch].sum())), num_tokens=float(world.sum(mask[minibatch].sum())),
                           max_tokens=e.rollout.max_new_tokens)
-            micros = [m for m in minibatch.split(tr.micro_batch_size or max(len(minibatch), 1)) if len(m)]
+            # Similar lengths side by side (train.length_grouping), each process its own rows:
+            # the number of micro-batches, and so of passes, does not change.
+            micros = micro_batches(batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping,
+                                   whole_groups=_shares_prompts(e))
             padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its mask emptied
             for micro in micros + padding:
                 weightless = micro is None
@@ -231,14 +239,17 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 part = batch.select(micro)
                 if weightless:
                     part.completion_mask = torch.zeros_like(part.completion_mask)
+                # Cut to its longest completion (and prompt): T' <= T columns; every per-token
+                # tensor of these rows is cut alike (`fit`), so the loss sees the same tokens.
+                part = part.trimmed()
                 rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
-                m = part.completion_mask  # (n, T)
+                m = part.completion_mask  # (n, T')
                 # As sampled (and as the passes above scored); the entropy, a metric, on the first epoch.
-                logprobs, entropy = _policy_logprobs(e, part, with_entropy=epoch == 0)  # (n, T), (n, T) or None
-                old = passes.old_logprobs[micro] if passes.old_logprobs is not None else logprobs.detach()
-                ref = passes.ref_logprobs[micro] if passes.ref_logprobs is not None else None
-                advantages = targets.advantages[micro]
-                per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip)  # (n, T)
+                logprobs, entropy = _policy_logprobs(e, part, with_entropy=epoch == 0)  # (n, T'), (n, T') or None
+                old = part.fit(passes.old_logprobs[micro]) if passes.old_logprobs is not None else logprobs.detach()
+                ref = part.fit(passes.ref_logprobs[micro]) if passes.ref_logprobs is not None else None
+                advantages = part.fit(targets.advantages[micro])  # (n,) or (n, T')
+                per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip)  # (n, T')
                 per_token = per_token + e.kl.loss_term(logprobs, ref, m)  # GRPO: + beta * KL; PPO: 0 (it is in the reward)
                 value_loss = e.critic.loss(part, micro, passes, targets, totals["num_tokens"])  # 0 without a critic
                 loss = aggregate(per_token, m, lo.aggregation, **totals) + value_loss
@@ -271,16 +282,20 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     }
 
 
+def _shares_prompts(e: Engine) -> bool:
+    """Whether the update's forward runs a group's prompt once for its rows in a micro-batch.
+    Not with checkpointing (a checkpointed layer recomputes its forward and takes no cache);
+    not sharded (the policy's forward passes are collectives: every process must run as many,
+    and sharing prompts makes their number depend on the rows)."""
+    return not e.train.gradient_checkpointing and e.world.world_size == 1
+
+
 def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """The policy's forward for the update, to its log-probs at the rollout's temperature and
     repetition penalty (and the entropy, when asked): in bf16 under train.autocast (the
     backward follows its dtypes); through the head chunk by chunk (train.chunked_head); with
     checkpointing, in training mode and one pass per row (a checkpointed layer recomputes its
     forward and takes no cache, so the prompts cannot be shared)."""
-    checkpointing = e.train.gradient_checkpointing
-    # Sharded, the policy's forward passes are collectives: every process must run as many,
-    # and sharing prompts makes their number depend on the rows.
-    share_prompts = not checkpointing and e.world.world_size == 1
-    with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, checkpointing):
+    with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.train.gradient_checkpointing):
         return completion_logprobs(e.policy, part, e.rollout.temperature, e.rollout.repetition_penalty,
-                                   share_prompts=share_prompts, chunked_head=e.train.chunked_head, with_entropy=with_entropy)
+                                   share_prompts=_shares_prompts(e), chunked_head=e.train.chunked_head, with_entropy=with_entropy)
