@@ -107,13 +107,14 @@ def test_a_trimmed_pass_gives_the_full_width_log_probs_and_gradients(share_promp
 
 
 def test_a_trimmed_critic_pass_gives_the_full_width_values_and_gradients():
-    model = model_of(eos_bias=1.5)
-    batch = rollout(model, ["a", "cab 7"], max_new_tokens=8)
+    model = model_of(eos_bias=0.8)
+    batch = rollout(model, ["cab 7", "ab"], max_new_tokens=8)
     critic = ValueModel(model.model.double(), 64)  # the backbone in float64; the head reads float32
     torch.nn.init.normal_(critic.head.weight)
-    part = batch.select(batch.completion_lengths.argsort()[:3])
+    part = batch.select(torch.arange(3, 6))  # the short prompt's group
     trimmed = part.trimmed()
-    assert trimmed.input_ids.shape[1] < part.input_ids.shape[1]
+    p_len, t_len = part.input_ids.shape[1] - part.completion_mask.shape[1], part.completion_mask.shape[1]
+    assert trimmed.completion_mask.shape[1] < t_len and trimmed.input_ids.shape[1] - trimmed.completion_mask.shape[1] == 2 < p_len
     results = []
     for b in (part, trimmed):
         critic.zero_grad()
