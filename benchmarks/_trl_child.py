@@ -3,7 +3,9 @@
 Usage (the benchmark writes the spec): python benchmarks/_trl_child.py SPEC.json RESULT.json
 
 The spec names the model directory, the prompts JSONL, the reward function
-("module:function", importable from `spec["pythonpath"]`) and the settings to match. The
+("module:function", importable from `spec["pythonpath"]`; it gets the completions' token ids
+as `completion_ids`, as TRL passes them) and the settings to match; a setting given as null
+(gradient_checkpointing) or 0 (min_new_tokens) is left to TRL's default. The
 result is one JSON object: TRL's version, the resolved settings that matter, and per step
 the wall-clock time from `on_step_begin` to `on_step_end` (generation, scoring, reference
 log-probs, loss, backward, clipping and the optimizer step: TRL's whole step), the
@@ -52,11 +54,14 @@ def main(spec_path: str, result_path: str) -> None:
         # generated tokens here, without touching the trainer.
         if completion_ids is not None:
             counter["completion_tokens"] += sum(len(ids) for ids in completion_ids)
-        return reward_fn(prompts, completions, **columns)
+        return reward_fn(prompts, completions, completion_ids=completion_ids, **columns)
 
     rows = [json.loads(line) for line in Path(spec["prompts"]).read_text().splitlines() if line.strip()]
     dataset = datasets.Dataset.from_list(rows)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
+    # Activation checkpointing: as the spec says, or TRL's default (on) when it says null.
+    checkpointing = {} if spec.get("gradient_checkpointing", False) is None else {
+        "gradient_checkpointing": spec.get("gradient_checkpointing", False)}
 
     config = GRPOConfig(
         output_dir=spec["output_dir"],
@@ -69,9 +74,10 @@ def main(spec_path: str, result_path: str) -> None:
         num_generations=spec["group_size"],
         num_iterations=1,  # mu = 1: one update per batch, old log-probs = current (no extra pass)
         max_steps=spec["steps"],
-        # Sampling: fixed length. min_new_tokens suppresses EOS for the first 64 tokens.
+        # Sampling: min_new_tokens suppresses EOS for the first 64 tokens (the fixed-length
+        # workloads); without it completions end where the model puts EOS.
         max_completion_length=spec["max_new_tokens"],
-        generation_kwargs={"min_new_tokens": spec["min_new_tokens"]},
+        generation_kwargs={"min_new_tokens": spec["min_new_tokens"]} if spec["min_new_tokens"] else None,
         temperature=spec["temperature"],
         top_p=1.0,
         top_k=0,
@@ -88,7 +94,7 @@ def main(spec_path: str, result_path: str) -> None:
         use_cpu=True,
         bf16=spec.get("precision") == "bf16",  # accelerate's bf16 autocast; the weights stay fp32
         fp16=False,
-        gradient_checkpointing=spec.get("gradient_checkpointing", False),
+        **checkpointing,
         model_init_kwargs={"dtype": "float32"},
         dataloader_num_workers=0,
         # No evaluation, no saving, no reporting; log every step.
@@ -175,6 +181,7 @@ def main(spec_path: str, result_path: str) -> None:
             "bf16": config.bf16,
             "gradient_checkpointing": config.gradient_checkpointing,
             "mask_truncated_completions": config.mask_truncated_completions,
+            "max_grad_norm": config.max_grad_norm,
             "model_dtype": str(trainer.model.dtype),
             "reference_model": trainer.ref_model is not None,
         },
