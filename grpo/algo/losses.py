@@ -27,6 +27,7 @@ __all__ = [
     "policy_ratio",
     "policy_loss",
     "clipped_fraction",
+    "pairwise_wins",
     "aggregate",
     "value_loss",
     "AGGREGATIONS",
@@ -205,3 +206,9 @@ def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tens
     """
     margin = chosen_rewards - rejected_rewards  # (N,)
     return -F.logsigmoid(margin).mean()
+
+
+def pairwise_wins(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
+    """(N,) float64: 1 where r(chosen) > r(rejected), 1/2 on a tie, else 0; its mean is a
+    reward model's pairwise accuracy."""
+    return (chosen_rewards > rejected_rewards).double() + 0.5 * (chosen_rewards == rejected_rewards).double()

@@ -100,8 +100,7 @@ def call(
     if reward.isolate:
         batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()}, shared)
         return _in_worker(reward.spec, batch, reward.timeout)
-    batch = ([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
-             {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared)
+    batch = _copies(prompts, completions, columns, shared)
     if reward.timeout is None:
         with _SigintNoted() as sigint:
             return _invoke(reward.fn, batch, sigint=sigint)
@@ -140,8 +139,7 @@ def call_concurrently(
     if len(chosen) < 2:
         return {}
     shared = dict(shared or {})
-    batches = [([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
-                {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared) for _ in chosen]
+    batches = [_copies(prompts, completions, columns, shared) for _ in chosen]
 
     def run_all(sigint: list) -> list[Outcome]:
         async def together():
@@ -206,6 +204,13 @@ def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) 
         return (), {**given, **extras}
     extras = {k: v for k, v in extras.items() if k not in {positional[0].name, positional[1].name}}
     return (prompts, completions), extras
+
+
+def _copies(prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]],
+            shared: dict[str, Any]) -> Batch:
+    """The batch one call gets: its lists and dicts fresh at every depth (`_fresh`)."""
+    return ([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
+            {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared)
 
 
 def _fresh(value: Any) -> Any:

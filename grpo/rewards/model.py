@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.algo import bradley_terry_loss
+from grpo.algo import bradley_terry_loss, pairwise_wins
 from grpo.data import load_rows
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
@@ -269,7 +269,7 @@ class RewardModel:
                     optimizer.step()
                     epoch_losses.append(loss.item())
                     chosen, rejected = rewards[:b].detach(), rewards[b:].detach()
-                    wins += ((chosen > rejected).sum() + 0.5 * (chosen == rejected).sum()).item()
+                    wins += pairwise_wins(chosen, rejected).sum().item()
                     bar.update(1, epoch=f"{epoch}/{epochs}", loss=sum(epoch_losses) / len(epoch_losses),
                                accuracy=wins / (start + b))
                 losses.extend(epoch_losses)
@@ -287,7 +287,7 @@ class RewardModel:
         prompts = [row["prompt"] for row in pairs]
         chosen = self.scores(prompts, [row["chosen"] for row in pairs], batch_size=batch_size)  # (n,)
         rejected = self.scores(prompts, [row["rejected"] for row in pairs], batch_size=batch_size)  # (n,)
-        wins = (chosen > rejected).double() + 0.5 * (chosen == rejected).double()
+        wins = pairwise_wins(chosen, rejected)
         margin = (chosen - rejected).double().mean()
         return {"accuracy": wins.mean().item(), "margin": margin.item(), "pairs": len(pairs)}
 

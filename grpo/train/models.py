@@ -251,7 +251,8 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
     With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
     from the hidden states through the head chunk by chunk; else from the full logits. The
     same numbers either way (tests/algo/test_chunked_head.py)."""
-    scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=prompt_context(batch))
+    context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
+    scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
     ids = batch.completion_ids
     head = chunkable_head(model) if chunked_head else None
     if head is not None:

@@ -304,8 +304,6 @@ def conversation_pieces(tokenizer, messages: list[dict]) -> tuple[Pieces, bool]:
     from grpo.rollout.sampler import prompt_text
 
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0]
-    last = turns[-1]
-    only_last = [(prompt_text(messages[:last], tokenizer), False), (messages[last]["content"], True)]
     pieces: Pieces = []
     consumed = ""  # the rendered conversation the pieces so far stand for
     for i in turns:
@@ -313,6 +311,8 @@ def conversation_pieces(tokenizer, messages: list[dict]) -> tuple[Pieces, bool]:
         end = before + messages[i]["content"] + tokenizer.eos_token
         after = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if not (before.startswith(consumed) and after.startswith(end)):
+            last = turns[-1]
+            only_last = [(prompt_text(messages[:last], tokenizer), False), (messages[last]["content"], True)]
             return only_last, len(turns) == 1
         pieces += [(before[len(consumed) :], False), (messages[i]["content"], True)]
         consumed = end
@@ -405,6 +405,7 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
     from grpo.infra.devices import resolve_device
     from grpo.tasks import arithmetic
     from grpo.tasks.tiny import char_tokenizer, tiny_llama
+    from grpo.train.models import count_parameters
 
     c = config
     _validate(c)
@@ -432,7 +433,7 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
         "steps": c.steps,
         "loss/first": losses[0],
         "loss/last": losses[-1],
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": count_parameters(model),
         "time_s": round(time.perf_counter() - started, 2),
     }
 
