@@ -30,7 +30,7 @@ import numpy as np
 
 from grpo.errors import UserError, first_line
 
-__all__ = ["REASONING_GYM", "is_reasoning_gym", "load_rows", "PromptStream"]
+__all__ = ["REASONING_GYM", "is_reasoning_gym", "load_rows", "load_rows_for_options", "PromptStream"]
 
 # A data path that starts with this names rows a reasoning-gym task generates.
 REASONING_GYM = "reasoning_gym:"
@@ -75,6 +75,19 @@ def load_rows(
         raise UserError(f"data.path: {path} has no rows")
     _check_prompts(located, path, prompt_column)
     return [row for _, row in located]
+
+
+def load_rows_for_options(path: str, *, prompt_column: str = "prompt", column_option: str = "--prompt-column") -> list[dict]:
+    """`load_rows` for a command's options: its errors name `--data` and `column_option`
+    where they would name the config keys data.path and data.prompt_column."""
+    try:
+        return load_rows(path, prompt_column=prompt_column)
+    except UserError as err:
+        text = str(err)
+        for key, flag in (("data.path:", "--data:"), ("data.prompt_column:", f"{column_option}:")):
+            if text.startswith(key):
+                raise UserError(flag + text[len(key) :]) from None
+        raise
 
 
 # --- reading ---------------------------------------------------------------------------------

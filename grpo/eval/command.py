@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo.data import is_reasoning_gym, load_rows
+from grpo.data import is_reasoning_gym, load_rows_for_options
 from grpo.errors import UserError
 from grpo.infra.argtypes import DEVICE_HELP, positive_int
 from grpo.infra.devices import resolve_device
@@ -169,12 +169,7 @@ def load_data(spec: str, prompt_column: str, load_task: LoadTask) -> list[dict]:
         if prompt_column != "prompt":
             rows = [{prompt_column: row["prompt"], **{k: v for k, v in row.items() if k != "prompt"}} for row in rows]
         return rows
-    try:
-        return load_rows(spec, prompt_column=prompt_column)
-    except UserError as err:  # load_rows speaks of the config key; here it is an option
-        message = str(err)
-        message = message.replace("data.prompt_column:", "--prompt-column:", 1)
-        raise UserError(message.replace("data.path:", "--data:", 1)) from err
+    return load_rows_for_options(spec, prompt_column=prompt_column)
 
 
 def _check_model(path: str) -> None:

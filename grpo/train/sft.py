@@ -441,31 +441,19 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
 # ---- fine-tuning on the user's rows ------------------------------------------------------------
 
 
-def _rows(path: str, column: str, option: str) -> list[dict]:
-    """load_rows(path), its errors worded with this command's options instead of config keys."""
-    from grpo.data import load_rows
-
-    try:
-        return load_rows(path, prompt_column=column)
-    except UserError as err:
-        text = str(err)
-        for key, flag in (("data.path:", "--data:"), ("data.prompt_column:", f"{option}:")):
-            if text.startswith(key):
-                raise UserError(flag + text[len(key) :]) from None
-        raise
-
-
 def _load_rows(c: FineTuneConfig) -> tuple[str, list[dict]]:
     """The rows and their shape ("prompt" or "messages")."""
+    from grpo.data import load_rows_for_options
+
     if c.messages_column is not None:
-        return "messages", _rows(c.data, c.messages_column, "--messages-column")
+        return "messages", load_rows_for_options(c.data, prompt_column=c.messages_column, column_option="--messages-column")
     try:
-        return "prompt", _rows(c.data, c.prompt_column, "--prompt-column")
+        return "prompt", load_rows_for_options(c.data, prompt_column=c.prompt_column)
     except UserError as err:
         if c.prompt_column != FineTuneConfig.prompt_column:
             raise
         try:  # no prompts, but maybe conversations
-            return "messages", _rows(c.data, "messages", "--messages-column")
+            return "messages", load_rows_for_options(c.data, prompt_column="messages", column_option="--messages-column")
         except UserError:
             raise err from None
 
