@@ -19,9 +19,10 @@ Python (cache objects, masks, logits processors, output dataclasses), not in ari
 It reproduces `generate`'s sampling exactly: float32 logits, the same processors in the same
 order (`process`: repetition penalty, min_new_tokens suppressing EOS, temperature, top-k,
 top-p, min-p, as transformers' `_get_logits_processor` lists them), `softmax` then
-`torch.multinomial` over all rows every step (so the random stream is consumed identically;
-a finished row still takes part in the draw, from a distribution whose outcome is discarded),
-padding after EOS, and stopping when every row has finished. With the same seed it draws
+`torch.multinomial`'s draw over all rows every step (so the random stream is consumed
+identically: on the CPU the unfinished rows' draws are computed as multinomial computes them,
+and the finished rows' share of the stream is skipped at a fifth of the cost of drawing it,
+`_draw`), padding after EOS, and stopping when every row has finished. With the same seed it draws
 the same tokens as `generate` (tests/rollout/test_fast.py checks this, with padding, groups,
 each sampling option alone and together, early EOS, and rows ending at very different lengths,
 which leave the loop as they finish); the logits agree to float rounding.
@@ -298,14 +299,76 @@ def process(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, se
     return scores
 
 
-def _draw(probs: Tensor, draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
-    """generate's draw for one step: (B, V) probabilities -> (B,) token ids, one
-    `torch.multinomial` over every row. With `draws` (rows per prompt, a generator per
-    prompt), each prompt's rows are drawn from its own generator."""
+_LOW_53 = (1 << 53) - 1  # the bits of a 64-bit draw that make a float64 uniform
+
+
+def _skip(count: int, generator: torch.Generator | None) -> None:
+    """Advance the CPU generator past `count` exponential draws without making them: on the
+    CPU, Tensor.exponential_ takes one 64-bit number per element from the generator (and
+    nothing else), as int64 random_ does, at a fifth of the cost (no logarithm)."""
+    if count:
+        torch.empty(count, dtype=torch.int64).random_(generator=generator)
+
+
+def _exponential_argmax(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """(k,) argmax_v probs[:, v] / q_v with q ~ Exp(1): torch.multinomial's one-sample draw
+    on the CPU (q = Tensor.exponential_ over the (k, V) probabilities, then argmax(p / q)),
+    number for number, with the logarithm vectorised. exponential_ takes u = the low 53
+    bits of one 64-bit draw / 2**53 per element and returns float32(-log1p(-u)) (`_exponential`;
+    checked bit for bit against it, tests/rollout/test_fast.py)."""
+    return probs.div(_exponential(probs.shape, generator)).argmax(-1)
+
+
+def _exponential(shape, generator: torch.Generator | None) -> Tensor:
+    """torch.empty(shape).exponential_(generator=generator), float32, computed vectorised."""
+    bits = torch.empty(shape, dtype=torch.int64).random_(generator=generator)
+    u = bits.bitwise_and_(_LOW_53).to(torch.float64).mul_(2.0**-53)
+    return u.neg_().log1p_().mul_(-1.0).to(torch.float32)  # -1 * log1p(-u): +0.0 at u = 0, as exponential_
+
+
+def _cpu_draw(probs: Tensor, rows: list[int], start: int, stop: int, generator: torch.Generator | None) -> list[Tensor]:
+    """The tokens of the unfinished `rows` (ascending, in start..stop-1; `probs` (len(rows), V)
+    their distributions) drawn as one multinomial over rows start..stop-1 draws them: runs of
+    unfinished rows are drawn, the finished rows between them skipped."""
+    vocab, out, at, i = probs.shape[1], [], start, 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
+            j += 1
+        _skip((rows[i] - at) * vocab, generator)
+        out.append(_exponential_argmax(probs[i : j + 1], generator))
+        at, i = rows[j] + 1, j + 1
+    _skip((stop - at) * vocab, generator)
+    return out
+
+
+def _draw(probs: Tensor, rows: Tensor, n: int, draws: tuple[list[int], list[torch.Generator]] | None = None,
+          everyone: Tensor | None = None) -> Tensor:
+    """generate's draw for one step: the (L, V) probabilities of the unfinished `rows` (of n,
+    ascending) -> their (L,) tokens, as one `torch.multinomial` over all n rows would draw
+    them (generate's draw covers finished rows too, and the random numbers a draw takes
+    depend on its shape). With `draws` (rows per prompt, a generator per prompt), each
+    prompt's rows are drawn from its own generator.
+
+    On the CPU, finished rows cost a skip of the stream, not a draw (`_cpu_draw`). Elsewhere
+    the multinomial runs over `everyone` (n, V): the rows' last distributions, updated here."""
+    if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    segments = [(0, n, None)] if draws is None else [
+        (start, start + count, g) for start, count, g in zip(torch.tensor([0, *draws[0]]).cumsum(0).tolist(), draws[0], draws[1])]
+    if probs.device.type == "cpu":
+        live, parts, i = rows.tolist(), [], 0
+        for start, stop, generator in segments:
+            j = i
+            while j < len(live) and live[j] < stop:
+                j += 1
+            parts += _cpu_draw(probs[i:j], live[i:j], start, stop, generator)
+            i = j
+        return torch.cat(parts)
+    everyone.index_copy_(0, rows, probs)
     if draws is None:
-        return torch.multinomial(probs, num_samples=1).squeeze(1)
-    rows, generators = draws
-    return torch.cat([torch.multinomial(part, 1, generator=g) for part, g in zip(probs.split(rows), generators)]).squeeze(1)
+        return torch.multinomial(everyone, num_samples=1).squeeze(1)[rows]
+    return torch.cat([torch.multinomial(everyone[a:b], 1, generator=g) for a, b, g in segments]).squeeze(1)[rows]
 
 
 def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype=None,
@@ -377,19 +440,13 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     rows = torch.arange(n, device=device)
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     held, pick = n, None
-    everyone = None  # (N, V): the last distribution of each row, for the full-batch draw
+    everyone = None  # (N, V) off the CPU: the last distribution of each row, for the full-batch draw
     generated = 0
     for step in range(p.max_new_tokens):
         probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
-        if len(rows) < n:
-            # generate draws over the whole batch, finished rows included, and the random
-            # numbers a draw takes depend on its shape: draw over all N rows, finished ones
-            # from their last distribution (any valid one would do: their tokens are dropped).
-            everyone.index_copy_(0, rows, probs)
-            tokens = _draw(everyone, draws)[rows]
-        else:
-            everyone = probs
-            tokens = _draw(probs, draws)
+        if everyone is None and probs.device.type != "cpu":
+            everyone = probs.clone()  # (N, V): each row's last distribution, for a draw over all rows
+        tokens = _draw(probs, rows, n, draws, everyone)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)

@@ -181,9 +181,14 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
     the scores the sampler drew that token from: the fast loop's `process`, generate's scores."""
     model = model_of(eos_bias=1.0)  # rows end at different steps
     steps = []  # (N, V) processed scores (or their log-softmax) per decoding step
-    if backend == "fast":  # the probabilities of the full-batch draw (finished rows' are stale, and masked out below)
+    if backend == "fast":  # the unfinished rows' probabilities at each draw (finished rows get ones, masked out below)
         draw = fast._draw
-        monkeypatch.setattr(fast, "_draw", lambda probs, *a: steps.append(probs.log()) or draw(probs, *a))
+
+        def recording(probs, rows, n, *a):
+            steps.append(probs.new_ones(n, probs.shape[1]).index_copy_(0, rows, probs).log())
+            return draw(probs, rows, n, *a)
+
+        monkeypatch.setattr(fast, "_draw", recording)
     else:
         generate = model.generate
 
@@ -246,7 +251,11 @@ def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **opti
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fast, "COMPACT_AT", compact_at)
         draw = fast._draw
-        mp.setattr(fast, "_draw", lambda probs, *a: draws.append(probs.clone()) or draw(probs, *a))
+        def recording(probs, rows, n, *a):  # each draw's distributions, at their rows of the batch
+            draws.append(probs.new_zeros(n, probs.shape[1]).index_copy_(0, rows, probs))
+            return draw(probs, rows, n, *a)
+
+        mp.setattr(fast, "_draw", recording)
         sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options)
         torch.manual_seed(1)
         rollout = sampler.sample(model, ROWS, seeds)
@@ -336,3 +345,47 @@ def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, mo
         assert all(held - live < compact_at * held for held, live in zip(layers, running))
         assert list(layers) == sorted(layers, reverse=True) and layers[-1] < n / 2
         assert len(set(layers)) < len(set(running))  # fewer copies than steps where rows finish
+
+
+def test_the_vectorised_exponential_draws_exponential_s_numbers_and_consumes_as_much():
+    """fast._exponential against Tensor.exponential_ (the draw inside torch.multinomial), bit
+    for bit over 4M numbers, and the stream left in the same place; a skip of k numbers leaves
+    it where k exponential draws do."""
+    for seed in (0, 1234):
+        g, expected_g = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        got = fast._exponential((32, 131072), g)
+        expected = torch.empty(32, 131072).exponential_(generator=expected_g)
+        assert torch.equal(got, expected)
+        fast._skip(1000, g)
+        torch.empty(1000).exponential_(generator=expected_g)
+        assert torch.equal(g.get_state(), expected_g.get_state())
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
+    """fast._draw given the unfinished rows only: the tokens torch.multinomial draws for them
+    over the whole batch, and the stream (global, or each prompt's generator) left where
+    multinomial leaves it, for every pattern of finished rows, with runs of both kinds."""
+    n, vocab = 12, 1000
+    counts = [3, 5, 4]
+    probs = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 3, -1)
+    patterns = [list(range(n)), [0], [n - 1], [2, 3, 4, 9], [1, 5, 6, 7, 11], [4]]
+    patterns += [torch.randperm(n, generator=torch.Generator().manual_seed(s))[: 1 + s % n].sort().values.tolist() for s in range(8)]
+    for rows in patterns:
+        rows = torch.tensor(rows)
+        if seeded:
+            gens, expected_gens = ([torch.Generator().manual_seed(7 + i) for i in range(3)] for _ in range(2))
+            got = fast._draw(probs[rows], rows, n, (counts, gens))
+            expected = torch.cat([torch.multinomial(part, 1, generator=g).squeeze(1)
+                                  for part, g in zip(probs.split(counts), expected_gens)])[rows]
+            assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(gens, expected_gens))
+        else:
+            torch.manual_seed(3)
+            got = fast._draw(probs[rows], rows, n)
+            after = torch.rand(2)
+            torch.manual_seed(3)
+            expected = torch.multinomial(probs, 1).squeeze(1)[rows]
+            assert torch.equal(after, torch.rand(2))
+        assert torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match="nan"):
+        fast._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), 2)
