@@ -54,8 +54,9 @@ class _History:
     prompt; negative = padding, not counted) and `ids` (N, T), position (n, t) having seen
     context[n] and ids[n, :t]. Positions are the rows of the flattened (N * T, V) logits."""
 
-    def __init__(self, context: Tensor, ids: Tensor, vocab: int):
+    def __init__(self, context: Tensor, ids: Tensor, vocab: int, positions: Tensor | None = None):
         self.vocab = vocab
+        self.positions = positions  # (M,) the flat positions the rows are, when not all of them in order
         self.t_len = ids.shape[1]
         self.context = context.long().masked_fill(context < 0, vocab)  # (N, P); padding -> the spare column
         self.ids = ids.long()  # (N, T)
@@ -63,7 +64,7 @@ class _History:
 
     def seen(self, start: int, stop: int) -> Tensor:
         """(stop - start, V) bool: the tokens seen before flat positions start..stop-1."""
-        flat = torch.arange(start, stop, device=self.ids.device)
+        flat = torch.arange(start, stop, device=self.ids.device) if self.positions is None else self.positions[start:stop]
         row, t = flat // self.t_len, flat % self.t_len  # (m,), (m,)
         seen = torch.zeros(len(flat), self.vocab + 1, dtype=torch.bool, device=self.ids.device)
         seen.scatter_(1, self.context[row], True)
@@ -148,15 +149,17 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad_logits, None, None, None, None, None
 
 
-def _history(context: Tensor | None, ids: Tensor, vocab: int, repetition_penalty: float) -> _History | None:
-    """The penalty's history, or None when the penalty is off (1)."""
+def _history(context: Tensor | None, ids: Tensor, vocab: int, repetition_penalty: float,
+             positions: Tensor | None = None) -> _History | None:
+    """The penalty's history, or None when the penalty is off (1). `positions`: which flat
+    positions of `ids` the rows to score are (default: all, in order)."""
     if repetition_penalty <= 0:
         raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
     if repetition_penalty == 1.0:
         return None
     if context is None or context.shape[0] != ids.shape[0]:
         raise ValueError("a repetition penalty needs the context (N, P): the tokens before the first position, e.g. the prompt")
-    return _History(context, ids, vocab)
+    return _History(context, ids, vocab, positions)
 
 
 def token_logprobs(
@@ -287,7 +290,7 @@ class _HeadLogprobs(torch.autograd.Function):
 def head_logprobs(
     hidden: Tensor, weight: Tensor, ids: Tensor, *, bias: Tensor | None = None, temperature: float = 1.0,
     repetition_penalty: float = 1.0, context: Tensor | None = None, chunk_elements: int = _CHUNK_ELEMENTS,
-    with_entropy: bool = False
+    with_entropy: bool = False, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` (and `entropy`) of the logits `linear(hidden, weight, bias)`, without
     ever holding them: (N, T) float32 log-probabilities, and the (N, T) entropy when
@@ -302,6 +305,11 @@ def head_logprobs(
     entropy, a metric, is not. Under torch.autocast the logits are computed in its dtype, as
     the head's own forward would; temperature, `repetition_penalty` and `context` as in
     `token_logprobs`.
+
+    With `mask` (N, T) bool, only the positions it marks are computed (their hidden states
+    gathered first; the others, e.g. the padding after each completion, get 0 log-prob, 0
+    entropy and no gradient): a batch of completions of varying length pays for its tokens,
+    not for its longest row times its rows. The marked positions' numbers are unchanged.
     """
     if hidden.shape[:-1] != ids.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and ids {tuple(ids.shape)} disagree")
@@ -311,8 +319,16 @@ def head_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-    history = _history(context, ids, weight.shape[0], float(repetition_penalty))
-    out, ent = _HeadLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(),
-                                   float(temperature), int(chunk_elements), float(repetition_penalty), history,
-                                   bool(with_entropy), dtype)
+    flat_hidden, flat_ids, index = hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1).long(), None
+    if mask is not None:
+        if mask.shape != ids.shape:
+            raise ValueError(f"mask {tuple(mask.shape)} and ids {tuple(ids.shape)} disagree")
+        index = mask.reshape(-1).nonzero().squeeze(1)  # (M,) the positions computed
+        flat_hidden, flat_ids = flat_hidden[index], flat_ids[index]
+    history = _history(context, ids, weight.shape[0], float(repetition_penalty), index)
+    out, ent = _HeadLogprobs.apply(flat_hidden, weight, bias, flat_ids, float(temperature), int(chunk_elements),
+                                   float(repetition_penalty), history, bool(with_entropy), dtype)
+    if index is not None:  # back to every position, 0 where nothing was computed
+        out = out.new_zeros(ids.numel()).index_copy(0, index, out)
+        ent = ent.new_zeros(ids.numel() if with_entropy else 0).index_copy(0, index, ent) if with_entropy else ent
     return out.view(ids.shape), ent.view(ids.shape) if with_entropy else None

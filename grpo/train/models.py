@@ -249,8 +249,10 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
     of each position's distribution (a metric, without a gradient; else None).
 
     With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
-    from the hidden states through the head chunk by chunk; else from the full logits. The
-    same numbers either way (tests/algo/test_chunked_head.py)."""
+    from the hidden states through the head chunk by chunk, at the completion tokens only
+    (`completion_mask`; the padding after a row's end gets 0, which no loss or metric reads);
+    else from the full logits. The same numbers at every completion token either way
+    (tests/algo/test_chunked_head.py)."""
     context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
     scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
     ids = batch.completion_ids
@@ -258,7 +260,8 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
     if head is not None:
         hidden = completion_hidden(model, batch, share_prompts)  # (N, T, H)
         # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
-        return head_logprobs(hidden, head.weight, ids, bias=head.bias, with_entropy=with_entropy, **scoring)
+        return head_logprobs(hidden, head.weight, ids, bias=head.bias, with_entropy=with_entropy,
+                             mask=batch.completion_mask.bool(), **scoring)
     logits = completion_logits(model, batch, share_prompts)  # (N, T, V)
     logprobs = token_logprobs(logits, ids, **scoring)
     if not with_entropy:

@@ -66,6 +66,18 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
     # Without with_entropy there is none; the log-probs are the same.
     alone, none = head_logprobs(hidden, weight, ids, bias=b, chunk_elements=chunk_elements, **scoring)
     assert none is None and torch.equal(alone, got)
+    # Only the masked positions (ragged rows: a completion's padding, an empty row): their
+    # numbers and gradients are the plain path's; the others are 0 and pass no gradient.
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    part, part_entropy = head_logprobs(hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True,
+                                       mask=mask, **scoring)
+    torch.testing.assert_close(part[mask], want[mask])
+    torch.testing.assert_close(part_entropy[mask], want_entropy[mask])
+    assert not part[~mask].any() and not part_entropy[~mask].any()
+    grads_part = torch.autograd.grad((part * weights).sum(), leaves)
+    grads_plain = torch.autograd.grad((plain(hidden, weight, ids, b, **scoring)[0] * weights * mask).sum(), leaves)
+    for name, x, y in zip(("hidden", "weight", "bias"), grads_part, grads_plain):
+        torch.testing.assert_close(x, y, msg=lambda m, name=name: f"masked, gradient to the {name}: {m}")
 
 
 def test_every_row_is_computed_once_in_chunks_of_the_given_size(monkeypatch):
@@ -87,6 +99,11 @@ def test_every_row_is_computed_once_in_chunks_of_the_given_size(monkeypatch):
     assert rows_seen == [3, 3, 3, 3, 2]  # 14 rows
     out.sum().backward()
     assert rows_seen == [3, 3, 3, 3, 2] * 2
+    rows_seen.clear()  # with a mask, its positions only: 5 + 2 of 14
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    out, _ = head_logprobs(hidden, weight, ids, chunk_elements=3 * vocab + 2, mask=mask)
+    out.sum().backward()
+    assert rows_seen == [3, 3, 1] * 2
 
 
 def test_under_autocast_the_logits_are_computed_in_its_dtype_as_the_heads_own_forward():
@@ -240,7 +257,9 @@ def test_the_reference_passes_use_the_chunked_head_and_give_the_plain_numbers():
         got = no_grad_pass(lambda b: reference.logprobs(b, 0.8, 1.2), batch, 4)  # two micro-batches
         reference.chunked_head = False
         want = no_grad_pass(lambda b: reference.logprobs(b, 0.8, 1.2), batch, 4)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        mask = batch.completion_mask.bool()  # the chunked head computes the completion tokens only
+        assert (~mask).any() and not got[~mask].any()
+        torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_no_pass_makes_a_tensor_of_vocabulary_size_times_positions(monkeypatch):
