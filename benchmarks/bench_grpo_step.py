@@ -345,10 +345,11 @@ def read_lengths(path: Path) -> list[dict]:
 
 
 def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto",
-             checkpointing: bool | None = False) -> dict:
+             checkpointing: bool | None = False, overrides: list[str] | None = None) -> dict:
     """`grpo train` on the workload in a child process; its metrics.jsonl, and on the realistic
     workload the completions' lengths and the resolved settings. `checkpointing` None: ours'
-    default for train.gradient_checkpointing."""
+    default for train.gradient_checkpointing. `overrides`: `grpo train --set` arguments
+    (SECTION.KEY=VALUE), e.g. to measure what one lever buys."""
     s = w.get("settings", SETTINGS)
     out = root / f"ours-{w['name']}-{precision}"
     config = {
@@ -385,6 +386,8 @@ def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: 
     config_path = root / f"ours-{w['name']}-{precision}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "grpo.cli", "train", str(config_path), "--quiet"]
+    for override in overrides or []:
+        command += ["--set", override]
     lengths = _fresh(root / f"lengths-ours-{w['name']}-{precision}.jsonl") if w.get("record_lengths") else None
     load = _load()
     t0 = time.perf_counter()
@@ -694,7 +697,7 @@ def run_pair(w: dict, root: Path, args, precision: str, flops: dict | None, trl_
         checkpointing = False  # the fixed workloads: off in both unless asked
     entry: dict = {"precision": precision, "ours": None, "ours_note": None}
     try:
-        ours_run = run_ours(w, root, steps, precision, args.sampler, checkpointing)
+        ours_run = run_ours(w, root, steps, precision, args.sampler, checkpointing, overrides=args.ours_set)
         entry["ours"] = summarize(ours_run, flops, w)
         print(f"[{name} {precision}] ours: {entry['ours']['median_step_s']:.3f} s/step{_brief(entry['ours'])}", flush=True)
     except RuntimeError as error:
@@ -804,6 +807,21 @@ def mem_available_gb() -> float | None:
         return None
 
 
+def cpu_model() -> dict:
+    """The CPU's name and the vector extensions that decide matmul speed (bf16 above all: AVX2
+    alone has no bf16 arithmetic, AVX512-BF16 and AMX do), from /proc/cpuinfo; {} elsewhere.
+    Runs on different hosts are only comparable when these agree."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]  # the first processor's block
+        fields = {key.strip(): value for key, value in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+    except OSError:
+        return {}
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"cpu_model": fields.get("model name", "").strip(), "cpu_flags": [f for f in wanted if f in flags]}
+
+
 def run_sweep(w: dict, key: str, values: list[int], root: Path, args, precision: str, trl_note: str | None,
               results: dict) -> list[dict]:
     """The realistic workload at each value of `key`, both tools, --sweep-steps steps a point."""
@@ -876,6 +894,9 @@ def main(argv: list[str] | None = None) -> int:
                              "on tiny and small, fp32 on realistic and in the sweep")
     parser.add_argument("--sampler", choices=["auto", "fast", "hf"], default="auto",
                         help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama and Qwen2 models)")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting of ours for every run, as `grpo train --set` takes it (repeatable), e.g. "
+                             "train.chunked_head=false to measure what a lever buys")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for the peak and both runs (OMP_NUM_THREADS); default 0 = torch's default")
     parser.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KEY=V1,V2,...",
@@ -923,7 +944,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     busy = busy_cpus()
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+    cpu = cpu_model()
+    print(f"machine: {cpu.get('cpu_model') or platform.processor() or platform.machine()} "
+          f"({', '.join(cpu.get('cpu_flags', [])) or 'no AVX2'}), {os.cpu_count()} CPUs, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
           f"load average {', '.join(f'{x:.2f}' for x in load) if load else '-'}, "
           f"CPUs busy with other work now: {_fmt(busy, '.2f')}", flush=True)
@@ -944,11 +967,11 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load_average_at_start": load,
                     "busy_cpus_at_start": busy,
-                    "platform": platform.platform()},
+                    "platform": platform.platform(), **cpu},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {**SETTINGS, "steps": args.steps, "prompt_tokens": PROMPT_LENGTH, "threads": args.threads or None,
                      "gradient_checkpointing": args.gradient_checkpointing,
-                     "precision": args.precision, "sampler": args.sampler},
+                     "precision": args.precision, "sampler": args.sampler, "ours_set": args.ours_set},
         "trl_note": trl_note,
         "workloads": {},
     }

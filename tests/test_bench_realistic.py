@@ -87,6 +87,17 @@ def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
     flops = bench.lengths_flops(w, w["prompt_tokens"], record["lengths"])
     assert summary["achieved_gflops"] == pytest.approx(flops["total"] / metrics["time/step"] / 1e9)
 
+    # --ours-set reaches the run's config, as `grpo train --set` takes it.
+    (tmp_path / "set").mkdir()
+    bench.run_ours(w, tmp_path / "set", 1, "fp32", "auto", None, overrides=["train.chunked_head=false"])
+    resolved = (tmp_path / "set" / f"ours-{w['name']}-fp32" / "config.yaml").read_text()
+    assert "chunked_head: false" in resolved
+
+    # bench_sampling.py on the same build: every sampling variant draws the same tokens.
+    from benchmarks import bench_sampling
+
+    assert bench_sampling.main(["--shape", "tiny", "--cache-dir", str(cache), "--repeats", "1"]) == 0
+
     printed = bench.table(w, summary, None, "skipped", 100.0, None)
     assert f"{stats['mean']:.1f} / {stats['p50']} / {stats['p90']} / {stats['max']}" in printed
     assert "ours step 1 (warm-up)" in printed and "train.gradient_checkpointing False" in printed

@@ -1,0 +1,110 @@
+"""One GRPO step's sampling on the realistic workload, lever by lever, in one process.
+
+    .venv/bin/python benchmarks/bench_sampling.py [--repeats 2] [--cache-dir DIR] [--threads N]
+
+The realistic workload of `bench_grpo_step.py` (`_realistic.py`: Qwen2 shape, vocabulary
+151,936, completions that end with EOS at lengths that vary several-fold) samples 4 prompts x
+G=8 completions, up to 256 new tokens, temperature 1, from the same seed, with:
+
+1. `generate` (rollout.sampler: hf);
+2. our decoding loop with every row decoded to the end and the draw over every row as
+   `generate` makes it (torch.multinomial over all 32 rows each step): the loop before the
+   levers below;
+3. + finished rows leave the LM head at once and the KV cache in batches (`fast.COMPACT_AT`);
+4. + the finished rows' share of each step's draw is skipped, not drawn (`fast._draw`): today.
+
+Every variant must draw the same tokens (the script checks it and says so); the table gives
+the median seconds over `--repeats` runs of each. Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
+
+
+def full_draw(fast):
+    """fast._draw as it was: one torch.multinomial over all n rows (the finished rows given any
+    valid distribution), then the unfinished rows' tokens. Consumes the stream as `generate`."""
+    import torch
+
+    def draw(probs, rows, n, draws=None, everyone=None):
+        full = probs.new_full((n, probs.shape[1]), 1.0 / probs.shape[1]).index_copy_(0, rows, probs)
+        if draws is None:
+            return torch.multinomial(full, 1).squeeze(1)[rows]
+        counts, generators = draws
+        return torch.cat([torch.multinomial(part, 1, generator=g) for part, g in zip(full.split(counts), generators)]).squeeze(1)[rows]
+
+    return draw
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant (the median is reported)")
+    parser.add_argument("--cache-dir", default=str(ROOT / "benchmarks" / ".cache"),
+                        help="where the realistic workload is built once (shared with bench_grpo_step.py)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--shape", choices=["full", "tiny"], default="full",
+                        help="the realistic workload's model: full (the measurement) or tiny (seconds: the code paths only)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks import _realistic
+    from grpo.rollout import Sampler, fast
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    built = _realistic.cached(Path(args.cache_dir), args.shape)
+    tokenizer = AutoTokenizer.from_pretrained(built["model_dir"])
+    model = AutoModelForCausalLM.from_pretrained(built["model_dir"]).eval()
+    rows = [json.loads(line) for line in Path(built["prompts"]).read_text().splitlines()[:4]]
+    today = fast._draw
+    variants = [
+        ("generate (rollout.sampler: hf)", "hf", None, today),
+        ("our loop, every row to the end, draw over every row", "fast", None, full_draw(fast)),
+        ("+ finished rows leave the head and the KV cache", "fast", fast.COMPACT_AT, full_draw(fast)),
+        ("+ finished rows' draws skipped (today)", "fast", fast.COMPACT_AT, today),
+    ]
+    times = {name: [] for name, *_ in variants}
+    tokens = {}
+    compact_at_today = fast.COMPACT_AT
+    try:
+        for _ in range(args.repeats):
+            for name, backend, compact_at, draw in variants:
+                fast.COMPACT_AT, fast._draw = compact_at, draw
+                sampler = Sampler(tokenizer, prompt_column="prompt", group_size=8, max_new_tokens=256, backend=backend)
+                torch.manual_seed(0)
+                start = time.perf_counter()
+                rollout = sampler.sample(model, rows)
+                times[name].append(time.perf_counter() - start)
+                tokens.setdefault(name, rollout.input_ids)
+                print(f"{name}: {times[name][-1]:.2f} s", flush=True)
+    finally:
+        fast.COMPACT_AT, fast._draw = compact_at_today, today
+    lengths = rollout.completion_mask.sum(1)
+    reference = tokens[variants[0][0]]
+    same = all(torch.equal(t, reference) for t in tokens.values())
+    print(f"\n32 completions, {int(lengths.sum())} tokens; lengths mean {float(lengths.mean()):.1f}, max {int(lengths.max())} "
+          f"(decoding steps); torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"every variant drew the same tokens: {'yes' if same else 'NO'}\n")
+    print("| sampling one step | median s | vs generate |")
+    print("|---|---|---|")
+    base = statistics.median(times[variants[0][0]])
+    for name, *_ in variants:
+        t = statistics.median(times[name])
+        print(f"| {name} | {t:.2f} | {t / base:.2f} |")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
