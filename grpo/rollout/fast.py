@@ -57,6 +57,11 @@ ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 # generate; tests compare the two).
 COMPACT_AT: float | None = 0.25
 
+# On the CPU, a step's draw computes the unfinished rows' tokens and skips the finished rows'
+# share of the random stream (`_draw`). False: one torch.multinomial over every row, as off
+# the CPU (whose generators draw differently); tests run that path on the CPU with it.
+SKIP_FINISHED_DRAWS = True
+
 
 def supported(model, total_length: int) -> str | None:
     """None if `decode` can run `model` for sequences of `total_length` tokens, else why not."""
@@ -352,11 +357,11 @@ def _draw(probs: Tensor, rows: Tensor, n: int, draws: tuple[list[int], list[torc
 
     On the CPU, finished rows cost a skip of the stream, not a draw (`_cpu_draw`). Elsewhere
     the multinomial runs over `everyone` (n, V): the rows' last distributions, updated here."""
-    if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     segments = [(0, n, None)] if draws is None else [
         (start, start + count, g) for start, count, g in zip(torch.tensor([0, *draws[0]]).cumsum(0).tolist(), draws[0], draws[1])]
-    if probs.device.type == "cpu":
+    if probs.device.type == "cpu" and SKIP_FINISHED_DRAWS:
+        if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         live, parts, i = rows.tolist(), [], 0
         for start, stop, generator in segments:
             j = i
@@ -444,7 +449,7 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     generated = 0
     for step in range(p.max_new_tokens):
         probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
-        if everyone is None and probs.device.type != "cpu":
+        if everyone is None and not (probs.device.type == "cpu" and SKIP_FINISHED_DRAWS):
             everyone = probs.clone()  # (N, V): each row's last distribution, for a draw over all rows
         tokens = _draw(probs, rows, n, draws, everyone)
         if eos is not None:

@@ -293,6 +293,19 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
                             compare_draws="batch_size" not in options)
 
 
+@pytest.mark.parametrize("seeds", [None, [11, 22, 33, 44]])
+def test_the_full_batch_draw_off_the_cpu_draws_the_same_tokens(seeds, monkeypatch):
+    """The path GPUs take (fast.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
+    finished rows from their last distribution), run on the CPU: generate's tokens, with rows
+    leaving the loop at the default fraction."""
+    model = model_of("qwen2", 2, eos_bias=SPREAD["qwen2", 2])
+    hf = sample_compacting(model, "hf", seeds=seeds)
+    monkeypatch.setattr(fast, "SKIP_FINISHED_DRAWS", False)
+    assert_same_samples(sample_compacting(model, compact_at=fast.COMPACT_AT, seeds=seeds), hf, compare_draws=False)
+    lengths = hf[0].completion_mask.sum(1)
+    assert lengths.max() >= 3 * lengths.min()  # rows finish at very different steps
+
+
 @pytest.mark.parametrize("compact_at", [0.0, 0.25, 1.0])
 def test_seeded_prompts_draw_the_same_tokens_when_finished_rows_leave(compact_at):
     """rollout.seed_per_prompt: each prompt's generator still draws over all its rows, finished
