@@ -8,8 +8,8 @@ G=8 completions, up to 256 new tokens, temperature 1, from the same seed, with:
 
 1. `generate` (rollout.sampler: hf);
 2. our decoding loop with every row decoded to the end and the draw over every row as
-   `generate` makes it (torch.multinomial over all 32 rows each step): the loop before the
-   levers below;
+   `generate` makes it (torch.multinomial over all 32 rows each step,
+   `fast.SKIP_FINISHED_DRAWS` off): the loop before the levers below;
 3. + finished rows leave the LM head at once and the KV cache in batches (`fast.COMPACT_AT`);
 4. + the finished rows' share of each step's draw is skipped, not drawn (`fast._draw`): today.
 
@@ -29,21 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
-
-
-def full_draw(fast):
-    """fast._draw as it was: one torch.multinomial over all n rows (the finished rows given any
-    valid distribution), then the unfinished rows' tokens. Consumes the stream as `generate`."""
-    import torch
-
-    def draw(probs, rows, n, draws=None, everyone=None):
-        full = probs.new_full((n, probs.shape[1]), 1.0 / probs.shape[1]).index_copy_(0, rows, probs)
-        if draws is None:
-            return torch.multinomial(full, 1).squeeze(1)[rows]
-        counts, generators = draws
-        return torch.cat([torch.multinomial(part, 1, generator=g) for part, g in zip(full.split(counts), generators)]).squeeze(1)[rows]
-
-    return draw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,20 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(built["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(built["model_dir"]).eval()
     rows = [json.loads(line) for line in Path(built["prompts"]).read_text().splitlines()[:4]]
-    today = fast._draw
-    variants = [
-        ("generate (rollout.sampler: hf)", "hf", None, today),
-        ("our loop, every row to the end, draw over every row", "fast", None, full_draw(fast)),
-        ("+ finished rows leave the head and the KV cache", "fast", fast.COMPACT_AT, full_draw(fast)),
-        ("+ finished rows' draws skipped (today)", "fast", fast.COMPACT_AT, today),
+    today = fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS
+    variants = [  # name, backend, fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS
+        ("generate (rollout.sampler: hf)", "hf", *today),
+        ("our loop, every row to the end, draw over every row", "fast", None, False),
+        ("+ finished rows leave the head and the KV cache", "fast", today[0], False),
+        ("+ finished rows' draws skipped (today)", "fast", *today),
     ]
     times = {name: [] for name, *_ in variants}
     tokens = {}
-    compact_at_today = fast.COMPACT_AT
     try:
         for _ in range(args.repeats):
-            for name, backend, compact_at, draw in variants:
-                fast.COMPACT_AT, fast._draw = compact_at, draw
+            for name, backend, compact_at, skip in variants:
+                fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS = compact_at, skip
                 sampler = Sampler(tokenizer, prompt_column="prompt", group_size=8, max_new_tokens=256, backend=backend)
                 torch.manual_seed(0)
                 start = time.perf_counter()
@@ -90,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens.setdefault(name, rollout.input_ids)
                 print(f"{name}: {times[name][-1]:.2f} s", flush=True)
     finally:
-        fast.COMPACT_AT, fast._draw = compact_at_today, today
+        fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS = today
     lengths = rollout.completion_mask.sum(1)
     reference = tokens[variants[0][0]]
     same = all(torch.equal(t, reference) for t in tokens.values())

@@ -330,5 +330,6 @@ def head_logprobs(
                                    float(repetition_penalty), history, bool(with_entropy), dtype)
     if index is not None:  # back to every position, 0 where nothing was computed
         out = out.new_zeros(ids.numel()).index_copy(0, index, out)
-        ent = ent.new_zeros(ids.numel() if with_entropy else 0).index_copy(0, index, ent) if with_entropy else ent
+        if with_entropy:
+            ent = ent.new_zeros(ids.numel()).index_copy(0, index, ent)
     return out.view(ids.shape), ent.view(ids.shape) if with_entropy else None

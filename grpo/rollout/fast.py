@@ -36,6 +36,7 @@ return the reason, and the sampler falls back to `generate`.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -347,32 +348,31 @@ def _cpu_draw(probs: Tensor, rows: list[int], start: int, stop: int, generator: 
     return out
 
 
-def _draw(probs: Tensor, rows: Tensor, n: int, draws: tuple[list[int], list[torch.Generator]] | None = None,
-          everyone: Tensor | None = None) -> Tensor:
-    """generate's draw for one step: the (L, V) probabilities of the unfinished `rows` (of n,
-    ascending) -> their (L,) tokens, as one `torch.multinomial` over all n rows would draw
-    them (generate's draw covers finished rows too, and the random numbers a draw takes
-    depend on its shape). With `draws` (rows per prompt, a generator per prompt), each
-    prompt's rows are drawn from its own generator.
+# Where a step's draw takes its random numbers: (first row, row past the last, generator) per
+# stretch of rows; one stretch from the global stream (generator None), or one per prompt.
+Segments = list[tuple[int, int, "torch.Generator | None"]]
 
-    On the CPU, finished rows cost a skip of the stream, not a draw (`_cpu_draw`). Elsewhere
-    the multinomial runs over `everyone` (n, V): the rows' last distributions, updated here."""
-    segments = [(0, n, None)] if draws is None else [
-        (start, start + count, g) for start, count, g in zip(torch.tensor([0, *draws[0]]).cumsum(0).tolist(), draws[0], draws[1])]
-    if probs.device.type == "cpu" and SKIP_FINISHED_DRAWS:
+
+def _draw(probs: Tensor, rows: Tensor, segments: Segments, everyone: Tensor | None = None) -> Tensor:
+    """generate's draw for one step: the (L, V) probabilities of the unfinished `rows`
+    (ascending, of the n rows that `segments` cover) -> their (L,) tokens, as one
+    `torch.multinomial` over all n rows would draw them (generate's draw covers finished rows
+    too, and the random numbers a draw takes depend on its shape), each segment's rows from
+    its generator.
+
+    Without `everyone` (the CPU), finished rows cost a skip of the stream, not a draw
+    (`_cpu_draw`). With it ((n, V): the rows' last distributions, updated here), the
+    multinomial runs over every row, as off the CPU."""
+    if everyone is None:
         if not bool(torch.isfinite(probs).all()):  # what torch.multinomial refuses
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         live, parts, i = rows.tolist(), [], 0
         for start, stop, generator in segments:
-            j = i
-            while j < len(live) and live[j] < stop:
-                j += 1
+            j = bisect.bisect_left(live, stop, lo=i)  # this segment's unfinished rows: live[i:j]
             parts += _cpu_draw(probs[i:j], live[i:j], start, stop, generator)
             i = j
         return torch.cat(parts)
     everyone.index_copy_(0, rows, probs)
-    if draws is None:
-        return torch.multinomial(everyone, num_samples=1).squeeze(1)[rows]
     return torch.cat([torch.multinomial(everyone[a:b], 1, generator=g) for a, b, g in segments]).squeeze(1)[rows]
 
 
@@ -389,16 +389,18 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: Sa
     # later, so the result is copied out of it.
     with torch.inference_mode():
         w = weights if weights is not None else fuse_weights(model, dtype or next(model.parameters()).dtype)
-        draws = None
+        n = int(counts.sum())
+        segments: Segments = [(0, n, None)]
         if seeds is not None:
-            generators = [torch.Generator(device=prompt_ids.device).manual_seed(s) for s in seeds]
-            draws = (counts.tolist(), generators)
-        out = _decode(model, w, prompt_ids, prompt_mask, counts, p, draws)
+            starts = [0, *counts.cumsum(0).tolist()]
+            segments = [(a, b, torch.Generator(device=prompt_ids.device).manual_seed(seed))
+                        for a, b, seed in zip(starts, starts[1:], seeds)]
+        out = _decode(model, w, prompt_ids, prompt_mask, counts, p, segments)
     return out.clone()
 
 
 def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams,
-            draws: tuple[list[int], list[torch.Generator]] | None = None) -> Tensor:
+            segments: Segments) -> Tensor:
     b, prompt_len = prompt_ids.shape
     total = prompt_len + p.max_new_tokens
     device = prompt_ids.device
@@ -445,13 +447,16 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     rows = torch.arange(n, device=device)
     unfinished = torch.ones(n, dtype=torch.bool, device=device)
     held, pick = n, None
-    everyone = None  # (N, V) off the CPU: the last distribution of each row, for the full-batch draw
+    # (N, V) off the CPU (or with SKIP_FINISHED_DRAWS off): each row's last distribution, for
+    # a draw over all rows; None: the finished rows' draws are skipped (`_draw`).
+    full_batch = device.type != "cpu" or not SKIP_FINISHED_DRAWS
+    everyone = None
     generated = 0
     for step in range(p.max_new_tokens):
         probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
-        if everyone is None and not (probs.device.type == "cpu" and SKIP_FINISHED_DRAWS):
-            everyone = probs.clone()  # (N, V): each row's last distribution, for a draw over all rows
-        tokens = _draw(probs, rows, n, draws, everyone)
+        if full_batch and everyone is None:
+            everyone = probs.clone()
+        tokens = _draw(probs, rows, segments, everyone)
         if eos is not None:
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)

@@ -182,13 +182,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
     model = model_of(eos_bias=1.0)  # rows end at different steps
     steps = []  # (N, V) processed scores (or their log-softmax) per decoding step
     if backend == "fast":  # the unfinished rows' probabilities at each draw (finished rows get ones, masked out below)
-        draw = fast._draw
-
-        def recording(probs, rows, n, *a):
-            steps.append(probs.new_ones(n, probs.shape[1]).index_copy_(0, rows, probs).log())
-            return draw(probs, rows, n, *a)
-
-        monkeypatch.setattr(fast, "_draw", recording)
+        monkeypatch.setattr(fast, "_draw", recording_draws(steps, fill=1.0, log=True))
     else:
         generate = model.generate
 
@@ -243,6 +237,19 @@ def test_seeded_prompts_draw_the_same_completions_whatever_is_sampled_beside_the
 SPREAD = {("llama", 4): 0.0, ("llama", 2): 0.5, ("qwen2", 2): -0.5, ("qwen3", 2): 1.0}
 
 
+def recording_draws(into: list, fill: float, log: bool = False):
+    """fast._draw that also appends each draw's distributions (or their log) to `into`, at their
+    rows of the whole batch (n, V); finished rows get `fill`."""
+    draw = fast._draw
+
+    def recording(probs, rows, segments, *rest):
+        full = probs.new_full((segments[-1][1], probs.shape[1]), fill).index_copy_(0, rows, probs)
+        into.append(full.log() if log else full)
+        return draw(probs, rows, segments, *rest)
+
+    return recording
+
+
 def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **options):
     """Sample ROWS (G = 4, up to 24 new tokens) with fast.COMPACT_AT = `compact_at` (None: every row decoded to the end).
     Returns the rollout, the probabilities of each full-batch draw (N, V) per step (fast only),
@@ -250,12 +257,7 @@ def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **opti
     draws = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fast, "COMPACT_AT", compact_at)
-        draw = fast._draw
-        def recording(probs, rows, n, *a):  # each draw's distributions, at their rows of the batch
-            draws.append(probs.new_zeros(n, probs.shape[1]).index_copy_(0, rows, probs))
-            return draw(probs, rows, n, *a)
-
-        mp.setattr(fast, "_draw", recording)
+        mp.setattr(fast, "_draw", recording_draws(draws, fill=0.0))
         sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options)
         torch.manual_seed(1)
         rollout = sampler.sample(model, ROWS, seeds)
@@ -388,17 +390,18 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
         rows = torch.tensor(rows)
         if seeded:
             gens, expected_gens = ([torch.Generator().manual_seed(7 + i) for i in range(3)] for _ in range(2))
-            got = fast._draw(probs[rows], rows, n, (counts, gens))
+            starts = [0, 3, 8, 12]  # counts 3, 5, 4
+            got = fast._draw(probs[rows], rows, list(zip(starts, starts[1:], gens)))
             expected = torch.cat([torch.multinomial(part, 1, generator=g).squeeze(1)
                                   for part, g in zip(probs.split(counts), expected_gens)])[rows]
             assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(gens, expected_gens))
         else:
             torch.manual_seed(3)
-            got = fast._draw(probs[rows], rows, n)
+            got = fast._draw(probs[rows], rows, [(0, n, None)])
             after = torch.rand(2)
             torch.manual_seed(3)
             expected = torch.multinomial(probs, 1).squeeze(1)[rows]
             assert torch.equal(after, torch.rand(2))
         assert torch.equal(got, expected)
     with pytest.raises(RuntimeError, match="nan"):
-        fast._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), 2)
+        fast._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), [(0, 2, None)])
