@@ -17,17 +17,11 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MiB (ru_maxrss is KiB on Linux, bytes on macOS),
-    the same measure as grpo's `memory/peak_mb` on a CPU."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+from grpo.infra.memory import peak_rss_mb  # this process's own peak (VmHWM on Linux), as ours reports it
 
 
 def main(spec_path: str, result_path: str) -> None:

@@ -2,20 +2,43 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory in MiB. On Linux `VmHWM` of /proc/self/status
+    (the high-water mark of this process's memory since it started its program), not
+    `ru_maxrss`: a process started by another inherits its parent's peak as its own starting
+    ru_maxrss (exec carries it over), so a run launched from a process that once held 4 GB
+    would read at least 4 GB (measured). Elsewhere ru_maxrss (KiB on Linux, bytes on macOS).
+    Imports nothing heavy: the benchmark's TRL child reads it before loading torch."""
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        found = None
+    if found:
+        return int(found.group(1)) / 1024
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
 
 
 def peak_memory_mb(device: torch.device | str = "cpu") -> float:
     """Peak memory in MiB where the run's tensors live: on a GPU, the peak memory torch has
     allocated on it (`torch.cuda.max_memory_allocated`: models, activations, optimizer state,
     KV cache; not the allocator's cached reserve); on a CPU, the peak resident memory of the
-    process, the honest measure there (it includes Python and the libraries, a fixed overhead).
+    process (`peak_rss_mb`), the honest measure there (it includes Python and the libraries, a
+    fixed overhead).
     """
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / (1 << 20)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+    return peak_rss_mb()

@@ -1,5 +1,8 @@
 """train.device and the --device of the other commands: resolved once, checked before any model loads."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import yaml
@@ -60,6 +63,20 @@ def test_peak_memory_on_the_cpu_is_the_process_rss():
     block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
     block += 1
     assert peak_memory_mb("cpu") >= before and peak_memory_mb(torch.device("cpu")) > 64
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+def test_a_child_process_peak_is_its_own_not_its_parents():
+    # A process started by this one inherits this one's peak as its ru_maxrss; its own peak
+    # (what a demo or benchmark run reports) must not.
+    block = torch.ones(512 << 20, dtype=torch.uint8)  # this process peaks above 512 MiB
+    block += 1
+    code = ("import resource; from grpo.infra.memory import peak_rss_mb; "
+            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    assert inherited > 512  # the hazard: ru_maxrss carries the parent's peak over
+    assert own < 200  # a bare interpreter: tens of MiB
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the machine without CUDA")
