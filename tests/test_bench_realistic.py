@@ -74,7 +74,7 @@ def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
     group, prompts, limit = 4, 2, 24
     w["settings"] = {**w["settings"], "group_size": group, "prompts_per_step": prompts, "max_new_tokens": limit}
     run = bench.run_ours(w, tmp_path, 1, "fp32", "auto", None)  # None: ours' own default
-    assert run["settings"]["train.gradient_checkpointing"] is False
+    assert run["settings"]["train.gradient_checkpointing"] is True  # ours' default, as TRL's
     ((metrics,), (record,)) = run["steps"], run["lengths"]
     assert len(record["lengths"]) == group * prompts and max(record["lengths"]) <= limit
     assert sum(record["lengths"]) == metrics["tokens/completion"]
@@ -100,7 +100,7 @@ def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
 
     printed = bench.table(w, summary, None, "skipped", 100.0, None)
     assert f"{stats['mean']:.1f} / {stats['p50']} / {stats['p90']} / {stats['max']}" in printed
-    assert "ours step 1 (warm-up)" in printed and "train.gradient_checkpointing False" in printed
+    assert "ours step 1 (warm-up)" in printed and "train.gradient_checkpointing True" in printed
     json.dumps(summary)  # goes into the results file
 
 

@@ -113,8 +113,8 @@ def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device 
     compute_dtype = autocast_dtype(c.train.autocast, device)
     policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
-    if c.train.gradient_checkpointing:
-        enable_checkpointing(policy)
+    if c.train.gradient_checkpointing and not enable_checkpointing(policy):
+        c.train.gradient_checkpointing = False
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     if c.train.chunked_head:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
@@ -53,14 +54,17 @@ def autocast(model, dtype: torch.dtype | None):
     return torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def enable_checkpointing(model) -> None:
+def enable_checkpointing(model) -> bool:
     """Prepare `model` for activation checkpointing (train.gradient_checkpointing): each decoder
     layer keeps only its input and recomputes the rest in the backward pass. transformers
     checkpoints only in training mode, so dropout is switched off for good here (RL runs
     without it) and `activation_checkpointing` puts the model in training mode for the
-    policy's forward only."""
+    policy's forward only. A model that cannot checkpoint (no transformers support) trains
+    without, with a warning, since checkpointing is on by default: returns whether it is on."""
     if not getattr(model, "supports_gradient_checkpointing", False):
-        raise UserError(f"train.gradient_checkpointing: {type(model).__name__} does not support it")
+        print(f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} does not support it; "
+              "training without (more activation memory)", file=sys.stderr)
+        return False
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -71,6 +75,7 @@ def enable_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return True
 
 
 @contextlib.contextmanager

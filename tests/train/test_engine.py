@@ -190,6 +190,26 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
             assert checkpointed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
 
 
+def test_checkpointing_is_on_by_default_and_a_model_without_support_trains_without(make_config, monkeypatch, capsys):
+    e, c, _ = engine_for(make_config())
+    assert c.train.gradient_checkpointing and e.policy.is_gradient_checkpointing  # TRL's default
+    import grpo.train.loop as loop
+
+    load = loop.load_causal_lm
+
+    def unsupported(*args, **kwargs):
+        model = load(*args, **kwargs)
+        model.supports_gradient_checkpointing = False
+        return model
+
+    monkeypatch.setattr(loop, "load_causal_lm", unsupported)
+    e, c, stream = engine_for(make_config())
+    assert not e.policy.is_gradient_checkpointing and not c.train.gradient_checkpointing
+    assert "does not support it; training without" in capsys.readouterr().err
+    assert step_module._shares_prompts(e)  # the update runs as without checkpointing
+    assert train_step(e, stream.take(c.rollout.prompts_per_step)).metrics["grad_norm"] > 0
+
+
 def test_the_sampler_leaves_the_callers_tokenizer_as_it_was(tiny_model, make_config):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
