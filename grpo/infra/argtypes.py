@@ -15,6 +15,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def digit_list(text: str) -> int | list[int]:
+    """One positive integer ('3'), or several comma-separated ('2,3') as a list."""
+    values = [positive_int(part.strip()) for part in text.split(",")]
+    return values[0] if len(values) == 1 else values
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:

@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
-from grpo.infra.argtypes import DEVICE_HELP, positive_float, positive_int
+from grpo.infra.argtypes import DEVICE_HELP, digit_list, positive_float, positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -116,8 +116,9 @@ class SFTConfig:
 
     task: str = "arithmetic"
     """The built-in task to learn; only "arithmetic" (addition with worked column steps)."""
-    digits: int = 2
-    """Digits of each operand of the training problems."""
+    digits: int | list[int] = 2
+    """Digits of each operand of the training problems; a list mixes lengths: each problem's
+    digits are drawn uniformly from it (e.g. [2, 3])."""
     steps: int = 375
     """Optimizer updates: the knob that sets how good the model gets (fewer = weaker)."""
     batch_size: int = 64
@@ -191,14 +192,20 @@ def sft_sequence_length(digits: int) -> int:
     return (2 * digits + 2) + (8 * digits + digits - 1) + 1 + (digits + 1) + 1
 
 
+def digit_choices(digits: int | list[int]) -> list[int]:
+    """SFTConfig.digits as the list of operand lengths the problems are drawn from."""
+    return list(digits) if isinstance(digits, (list, tuple)) else [digits]
+
+
 def _validate(config: SFTConfig) -> None:
     from grpo.tasks.arithmetic import MAX_DIGITS
 
     c = config
     if c.task != "arithmetic":
         raise UserError(f"sft: unknown task {c.task!r}; the built-in task is 'arithmetic'")
-    if not 1 <= c.digits <= MAX_DIGITS:
-        raise UserError(f"sft: digits must be between 1 and {MAX_DIGITS}, got {c.digits}")
+    lengths = digit_choices(c.digits)
+    if not lengths or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIGITS for d in lengths):
+        raise UserError(f"sft: digits must be between 1 and {MAX_DIGITS} (one number or a list), got {c.digits}")
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "max_positions"):
         if getattr(c, name) < 1:
             raise UserError(f"sft: {name} must be a positive integer, got {getattr(c, name)}")
@@ -208,9 +215,9 @@ def _validate(config: SFTConfig) -> None:
         raise UserError(f"sft: warmup_steps and weight_decay must be >= 0, got {c.warmup_steps} and {c.weight_decay}")
     if c.hidden_size % c.heads:
         raise UserError(f"sft: heads ({c.heads}) must divide hidden_size ({c.hidden_size})")
-    if sft_sequence_length(c.digits) > c.max_positions:
+    if sft_sequence_length(max(lengths)) > c.max_positions:
         raise UserError(
-            f"sft: {c.digits}-digit problems need {sft_sequence_length(c.digits)} positions, "
+            f"sft: {max(lengths)}-digit problems need {sft_sequence_length(max(lengths))} positions, "
             f"more than max_positions={c.max_positions}"
         )
 
@@ -421,8 +428,10 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
 
     def problems() -> Iterator[dict]:
         rng = random.Random(c.seed)  # private: the global random state is neither read nor moved
-        while True:
-            drawn = [arithmetic.make_problem(rng, c.digits) for _ in range(c.batch_size)]
+        lengths = digit_choices(c.digits)
+        while True:  # one length: the same problems as before mixes existed (no draw of the length)
+            drawn = [arithmetic.make_problem(rng, rng.choice(lengths) if len(lengths) > 1 else lengths[0])
+                     for _ in range(c.batch_size)]
             yield completion_batch(tokenizer, [p.prompt for p in drawn], [p.solution for p in drawn])
 
     losses = _fit(model, problems(), steps=c.steps, lr=c.lr, warmup_steps=c.warmup_steps,
@@ -766,5 +775,6 @@ def register(commands) -> None:
     scratch.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
     scratch.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
     scratch.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
-    scratch.add_argument("--digits", type=positive_int, metavar="D", help=f"digits per operand (default: {d.digits})")
+    scratch.add_argument("--digits", type=digit_list, metavar="D",
+                         help=f"digits per operand, or several comma-separated (2,3) to mix problem lengths (default: {d.digits})")
     parser.set_defaults(handler=_run)

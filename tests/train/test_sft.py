@@ -169,6 +169,9 @@ def test_same_seed_same_weights_and_global_random_state_untouched(tmp_path):
         (dict(task="multiplication"), "unknown task"),
         (dict(hidden_size=30, heads=4), "must divide"),
         (dict(digits=6), "positions"),  # 76 positions > 64
+        (dict(digits=[2, 6]), "positions"),  # the longest length of a mix counts
+        (dict(digits=[]), "digits"),
+        (dict(digits=[2, 0]), "digits"),
         (dict(steps=0), "steps"),
         (dict(lr=0.0), "lr"),
     ],
@@ -181,6 +184,30 @@ def test_bad_settings_stop_before_training(tmp_path, change, words):
 
 
 # ---- the command ---------------------------------------------------------------------------------
+
+
+def test_a_digits_list_mixes_problem_lengths_and_one_length_draws_as_before(tmp_path, monkeypatch, capsys):
+    drawn = []
+    make = arithmetic.make_problem
+
+    def recording(rng, digits=2):
+        drawn.append(digits)
+        return make(rng, digits)
+
+    monkeypatch.setattr(arithmetic, "make_problem", recording)
+    args = parser().parse_args(["sft", "--output", str(tmp_path / "mix"), "--steps", "4", "--batch-size", "16",
+                                "--hidden", "32", "--layers", "1", "--heads", "2", "--digits", "1,3", "--quiet"])
+    assert args.handler(args) == 0
+    assert set(drawn) == {1, 3} and 16 <= drawn.count(1) <= 48  # 64 problems, each length about half
+    assert json.loads((tmp_path / "mix" / "sft_config.json").read_text())["digits"] == [1, 3]
+    # One length: the stream of problems is the one a plain int always drew.
+    drawn.clear()
+    sft(tmp_path / "one", SFTConfig(**{**TINY, "steps": 1, "digits": [2]}), progress=False)
+    listed = list(drawn)
+    drawn.clear()
+    sft(tmp_path / "int", SFTConfig(**{**TINY, "steps": 1, "digits": 2}), progress=False)
+    assert listed == drawn == [2] * TINY["batch_size"]
+    assert (tmp_path / "one" / "model.safetensors").read_bytes() == (tmp_path / "int" / "model.safetensors").read_bytes()
 
 
 def test_command_prints_json_last_and_refuses_to_overwrite(tmp_path, capsys):
