@@ -304,7 +304,7 @@ def _maj_at_ks(answers: list[Hashable | None], flags: list[bool], ks: list[int])
     return {k: _maj_of_profile(profile, n_none, k) for k in ks}
 
 
-def _mean_ci(values: list[float]) -> tuple[float, list[float]]:
+def mean_ci(values: list[float]) -> tuple[float, list[float]]:
     """Mean and its normal 95% interval mean +- 1.96 * s / sqrt(P), clipped to [0, 1]."""
     p = len(values)
     mean = sum(values) / p
@@ -344,17 +344,19 @@ def measure(
         flags = verifier.check_all(group, row) if flags is None else flags
         answers = [verifier.extract(completion) for completion in group]
         c = sum(flags)
+        mine: dict[str, dict[str, float]] = {"pass@k": {}, "maj@k": {}}
         for k, value in _maj_at_ks(answers, flags, ks).items():
             maj_values[k].append(value)
             pass_values[k].append(pass_at_k(n, c, k))
+            mine["maj@k"][str(k)], mine["pass@k"][str(k)] = float(value), float(pass_values[k][-1])
         votes: Counter[str] = Counter(str(a) for a in answers if a is not None)
         no_answer += sum(a is None for a in answers)
         length += sum(len(completion) for completion in group)
         per_prompt.append({"prompt": row.get(prompt_column), "correct": c,
-                           "answers": dict(votes.most_common()), "no_answer": sum(a is None for a in answers)})
+                           "answers": dict(votes.most_common()), "no_answer": sum(a is None for a in answers), **mine})
     report: dict[str, Any] = {"n": n, "prompts": len(rows)}
     for name, values in (("pass@k", pass_values), ("maj@k", maj_values)):
-        stats = {str(k): _mean_ci(values[k]) for k in ks}
+        stats = {str(k): mean_ci(values[k]) for k in ks}
         report[name] = {k: mean for k, (mean, _) in stats.items()}
         report[f"{name}_ci"] = {k: ci for k, (_, ci) in stats.items()}
     report["accuracy"] = sum(p["correct"] for p in per_prompt) / (n * len(rows))
@@ -391,7 +393,7 @@ def evaluate(
     ({str(k): [lo, hi]}, normal 95% intervals over prompts clipped to [0, 1]), accuracy
     (mean fraction correct = pass@1), no_answer (fraction of completions without an
     answer), mean_length (characters), per_prompt ([{prompt, correct, answers: {answer:
-    count}, no_answer}]), time_s (all of it) and time_metrics_s (what follows the sampling:
+    count}, no_answer, pass@k, maj@k}], the last two this prompt's values by str(k)), time_s (all of it) and time_metrics_s (what follows the sampling:
     reading the answers and the metrics).
     ks beyond n are dropped with a warning on stderr.
 

@@ -84,7 +84,13 @@ def test_per_prompt_details_are_consistent_with_the_totals():
     rows = [{"prompt": f"q{i}", "answer": "1"} for i in range(3)]
     report = measure(groups, rows, ks=[1, 4], verifier=SYNTHETIC)
     assert [p["correct"] for p in report["per_prompt"]] == [2, 0, 4]
-    assert report["per_prompt"][0] == {"prompt": "q0", "correct": 2, "answers": {"1": 2, "2": 1}, "no_answer": 1}
+    assert report["per_prompt"][0] == {"prompt": "q0", "correct": 2, "answers": {"1": 2, "2": 1}, "no_answer": 1,
+                                       "pass@k": {"1": 0.5, "4": 1.0}, "maj@k": {"1": pytest.approx(0.5), "4": 1.0}}
+    # Each prompt's own values average to the report's totals.
+    for metric in ("pass@k", "maj@k"):
+        for k in ("1", "4"):
+            mean = sum(p[metric][k] for p in report["per_prompt"]) / 3
+            assert mean == pytest.approx(report[metric][k])
     assert report["per_prompt"][1]["answers"] == {"3": 1}
     for p in report["per_prompt"]:
         assert sum(p["answers"].values()) + p["no_answer"] == 4
