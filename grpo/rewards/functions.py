@@ -433,7 +433,8 @@ class StepScores:
 
 def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:
     """Check a function's return for process supervision: per completion a number (one step
-    ending at the last character), None, or a list of (end, reward) with 0 < end <= len."""
+    ending at the last character), None, or a list of (end, reward) with 0 < end <= len; an
+    empty completion (an EOS at once) has its steps at 0 (or 1), its only token."""
     if isinstance(values, (np.ndarray, Tensor)):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -448,7 +449,8 @@ def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple
         steps = []
         for item in value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else [value]:
             ok = isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], numbers.Integral)
-            if not ok or not 0 < item[0] <= max(len(completions[i]), 1):
+            empty = len(completions[i]) == 0
+            if not ok or not (0 < item[0] <= len(completions[i]) or empty and item[0] in (0, 1)):
                 raise UserError(
                     f"reward {name!r} returned step {one_line(repr(item))} for row {i}; expected "
                     f"(end, reward) with end a character offset in 1..{len(completions[i])}"

@@ -1,5 +1,6 @@
 """Process supervision: step rewards reach the tokens through process_advantages."""
 
+import pytest
 import torch
 
 import grpo
@@ -28,6 +29,29 @@ def test_step_rewards_land_on_the_tokens_that_end_the_steps():
     rewards, ends = ProcessBaseline(2, 1e-4, tok).step_tensors(scored.steps, batch)
     assert ends.tolist() == [[2, 3], [0, -1]]  # '12;' ends at token 2, '7' at token 3
     assert torch.isnan(rewards[1, 1]) and rewards[0].tolist() == [2.0, 1.0]
+
+
+def test_an_empty_completion_takes_its_steps_at_its_only_token():
+    # A completion that is an EOS at once: the arithmetic task's step reward (and a plain
+    # number) put its one step at offset 0; it lands on the EOS token. Offsets past it fail.
+    from grpo.errors import UserError
+    from grpo.tasks.arithmetic import step_reward
+
+    tok = char_tokenizer("0123456789;+=>")
+    completions = ["", "1+2+0=03>3"]
+    scored = score_steps([WeightedReward("arithmetic_steps", step_reward, 1.0)], ["1+2=", "1+2="], completions, {})
+    assert scored.steps == [[(0, 0.0)], [(8, 1.0), (10, 1.0)]]
+    ids = [[tok.eos_token_id], tok(completions[1])["input_ids"] + [tok.eos_token_id]]
+    width = max(map(len, ids))
+    completion_ids = torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in ids])
+    mask = (torch.arange(width) < torch.tensor([[len(r)] for r in ids])).float()
+    batch = Rollout(completion_ids, mask.long(), mask, ["1+2=", "1+2="], completions, [{}, {}], group_size=2)
+    rewards, ends = ProcessBaseline(2, 1e-4, tok).step_tensors(scored.steps, batch)
+    assert ends[0, 0] == 0 and rewards[0, 0] == 0.0
+    with pytest.raises(UserError, match="character offset in 1..0"):
+        score_steps([WeightedReward("s", lambda prompts, completions, **c: [[(2, 1.0)]], 1.0)], [""], [""], {})
+    with pytest.raises(UserError, match="character offset in 1..3"):
+        score_steps([WeightedReward("s", lambda prompts, completions, **c: [[(0, 1.0)]], 1.0)], [""], ["abc"], {})
 
 
 def test_grpo_learns_from_step_rewards_through_process_advantages(make_config, monkeypatch):
