@@ -221,9 +221,10 @@ class _Job:
     config: dict
 
 
-def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> dict[str, dict]:
+def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> tuple[dict[str, dict], dict[str, str]]:
     """Train every job in its own process, `parallel` at a time (each on one thread when more
-    than one); {name: the run's summary with its metrics}. A line per finished run."""
+    than one); ({name: the run's summary with its metrics}, {name: why it failed}). A line per
+    finished run. A failed run does not stop the others: what they measured is kept."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     threads = 1 if parallel > 1 else None
@@ -234,16 +235,22 @@ def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> dict[str, dic
         return train_in_child(job.config, path, progress=False, threads=threads)
 
     done: dict[str, dict] = {}
+    failed: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = {pool.submit(train, job): job for job in jobs}
         for future in as_completed(futures):
             job = futures[future]
-            run = done[job.name] = future.result()
+            try:
+                run = done[job.name] = future.result()
+            except UserError as err:
+                failed[job.name] = str(err)
+                say(f"      {job.label}: FAILED ({err})")
+                continue
             rewards = [m["reward/mean"] for m in run["metrics"]]
             head, tail = rewards[: max(1, len(rewards) // 10)], rewards[-max(1, len(rewards) // 10) :]
             say(f"      {job.label}: {run['time_s']:.0f} s, mean reward {sum(head) / len(head):.3f} -> "
-                f"{sum(tail) / len(tail):.3f} ({len(done)}/{len(jobs)})")
-    return done
+                f"{sum(tail) / len(tail):.3f} ({len(done) + len(failed)}/{len(jobs)})")
+    return done, failed
 
 
 def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, progress: bool = True,
@@ -321,10 +328,14 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     say(f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}): " + "; ".join(
         f"{label} {c.seeds} seed(s), {c.steps} steps x "
         f"{c.prompts_per_step * (c.group_size if arm == 'ppo_equal_tokens' else 1)} prompts" for arm, label in ARMS.items()))
-    runs = _train_all(jobs, out, c.parallel, say)
+    runs, failed = _train_all(jobs, out, c.parallel, say)
+    lost = [name for name in failed if "/" in name]  # an arm's seed: the comparison cannot be made without it
+    if lost:
+        raise UserError(f"demo: {len(lost)} run(s) failed, first {lost[0]}: {failed[lost[0]]} "
+                        f"(the other runs are in {out})")
 
-    say(f"[{stages - 1}/{stages}] Evaluating the {len(jobs)} trained models")
-    evaluated = {job.name: _evaluate(str(out / job.name / "final"), eval_rows, verifier, c, progress) for job in jobs}
+    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
+    evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
     if "grpo-rm" in runs:
         runs["grpo-rm"]["reward_model"] = rm_info
     arms = {arm: [(c.seed + i, runs[f"{arm}/seed-{c.seed + i}"], evaluated[f"{arm}/seed-{c.seed + i}"])
@@ -334,7 +345,7 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
 
     say(f"[{stages}/{stages}] Writing the report")
     summary = {"config": asdict(c), "sft": base_info, "time_s": None, "neural_rm_skipped": skipped_rm,
-               "ppo_tuning": PPO_TUNING, "base": _public(results["base"], None)}
+               "failed": failed, "ppo_tuning": PPO_TUNING, "base": _public(results["base"], None)}
     summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)
     for arm, done in arms.items():
         summary[arm] = _over_seeds(done, eval_rows)
@@ -365,7 +376,7 @@ def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
         plot_rewards({"outcome supervision": list(enumerate(s["grpo"]["per_seed"][0]["true_accuracy"], start=1)),
                       "process supervision": list(enumerate(s["grpo-process"]["true_accuracy"], start=1))},
                      out / "supervision.png", ylabel="true accuracy of the samples, per step")
-    if "grpo-rm-iterative" in s:
+    if "grpo-rm-iterative" in s and "grpo-rm" in s:
         plot_rewards({"one iteration": list(enumerate(s["grpo-rm"]["true_accuracy"], start=1)),
                       "two iterations": list(enumerate(s["grpo-rm-iterative"]["true_accuracy"], start=1))},
                      out / "iterative.png", ylabel="true accuracy of the samples, per step")

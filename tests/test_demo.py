@@ -166,3 +166,23 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
     with pytest.raises(UserError, match="not an earlier demo's output"):
         demo(tmp_path / "other", config, progress=False, overwrite=True)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
+    import grpo.demo as demo_module
+
+    real = demo_module.train_in_child
+
+    def flaky(config, path, **kwargs):
+        if "grpo-process" in str(path):
+            raise UserError("training grpo-process.yaml failed: grpo: error: planted")
+        return real(config, path, **kwargs)
+
+    monkeypatch.setattr(demo_module, "train_in_child", flaky)
+    config = DemoConfig(seeds=1, full=True, neural_rm=False, sft_steps=300, eval_prompts=4, n=4, ks=[1, 2, 4],
+                        train_prompts=32, steps=2, prompts_per_step=2, group_size=2, rm_prompts=8)
+    demo(tmp_path / "demo", config, progress=False)
+    saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert "grpo-process" not in saved and "planted" in saved["failed"]["grpo-process"]
+    assert {"grpo", "ppo", "ppo_equal_tokens"} <= saved.keys()
+    assert "Not shown: the run `grpo-process` failed" in (tmp_path / "demo" / "report.md").read_text()

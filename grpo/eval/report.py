@@ -235,7 +235,7 @@ def write_report(path: Path, s: dict) -> None:
                        ("process (reward: each step, by the task's verifier)", s["grpo-process"])],
                       k_mid, k_max, f"GRPO, seed {c['seed']}, the same budget; process supervision gives each "
                       "token the normalised rewards of the steps at or after it (§4.1.3)")
-    if "grpo-rm-iterative" in s:
+    if "grpo-rm-iterative" in s and "grpo-rm" in s:
         _pair_section(add, "Result 5: iterative RL, one against two iterations (DeepSeekMath Fig. 6)", "iterative.png",
                       [("one iteration (the reward model fixed)", s["grpo-rm"]),
                        ("two iterations (the reward model retrained between them)", s["grpo-rm-iterative"])],
@@ -243,6 +243,9 @@ def write_report(path: Path, s: dict) -> None:
                       f"{c['seed']}, the same steps; between the iterations the reward model learns from "
                       "comparisons of the policy's fresh samples labelled by the rule, and the reference is reset "
                       "to the policy (Algorithm 1)")
+
+    for name, why in (s.get("failed") or {}).items():
+        add(f"**Not shown: the run `{name}` failed** ({why}); its directory holds what it left.\n")
 
     add("## Files\n")
     singles = [f"`{name}/`" for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative") if name in s]
