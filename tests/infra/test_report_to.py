@@ -70,8 +70,9 @@ def wandb_records(path):
 
 def wandb_run(output_dir, run_id):
     """(run record, {step: {key: value}}) of the offline run `run_id` under output_dir/wandb
-    (several when the run was resumed: the newest)."""
-    (path,) = sorted(output_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))[-1:]
+    (several when the run was resumed: the newest, by when it was written; a directory's name
+    carries its start time to the second, and wandb adds '-1' to the second one of a second)."""
+    path = max(output_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb"), key=lambda p: p.stat().st_mtime_ns)
     run, history = None, {}
     for record in wandb_records(path):
         kind = record.WhichOneof("record_type")
