@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
-from grpo.tasks import Task, load_task
+from grpo.tasks import load_task
 
 if TYPE_CHECKING:
     from grpo.eval.runner import Verifier
