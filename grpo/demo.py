@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
-from grpo.tasks import load_task
+from grpo.eval.report import ARM_NAMES
+from grpo.tasks import arithmetic, load_task
 
 if TYPE_CHECKING:
     from grpo.eval.runner import Verifier
@@ -91,8 +92,8 @@ class DemoConfig:
     full: bool = False  # add outcome vs process supervision and iterative RL (one seed each)
 
 
-# The arms over seeds, in the order they run: name -> (label, algorithm).
-ARMS = {"grpo": "GRPO", "ppo": "PPO, equal prompts", "ppo_equal_tokens": "PPO, equal generated tokens"}
+# The arms over seeds: name -> label (the report's names for them).
+ARMS = ARM_NAMES
 
 # What was tried to tune PPO, for the report (measured on 100 problems drawn apart from the
 # evaluation set, one seed, the equal-prompt budget; the note on issue 15 has the numbers).
@@ -110,25 +111,15 @@ PPO_TUNING = (
 )
 
 
-def make_rows(n: int, seed: int, digits: list[int]) -> list[dict]:
-    """n problems, their operand lengths taken in turn from `digits` (an even mix), each
-    row with a `digits` column (passed to the reward function as TRL passes columns)."""
-    from grpo.tasks import arithmetic
-
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        d = digits[i % len(digits)]
-        p = arithmetic.make_problem(rng, d)
-        rows.append({"prompt": p.prompt, "answer": p.answer, "solution": p.solution, "digits": d})
-    return rows
+def _prompts_per_step(c: DemoConfig, arm: str) -> int:
+    """PPO with equal generated tokens takes G times the prompts; the other arms take c's."""
+    return c.prompts_per_step * (c.group_size if arm == "ppo_equal_tokens" else 1)
 
 
 def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, arm: str, rewards: list[dict], seed: int) -> dict:
     """The run's config: GRPO and the PPO arms differ only where the algorithms differ, in
     PPO's own settings and in the budget (PPO with equal tokens takes G times the prompts)."""
     ppo = arm.startswith("ppo")
-    prompts = c.prompts_per_step * (c.group_size if arm == "ppo_equal_tokens" else 1)
     config = {
         "algorithm": "ppo" if ppo else "grpo",
         "model": base,
@@ -138,7 +129,7 @@ def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, arm: st
         "rewards": rewards,
         "rollout": {
             "group_size": 1 if ppo else c.group_size,
-            "prompts_per_step": prompts,
+            "prompts_per_step": _prompts_per_step(c, arm),
             "max_new_tokens": c.max_new_tokens,
             "temperature": c.temperature,
             "generation_batch_size": c.micro_batch_size,
@@ -199,7 +190,7 @@ def _train_reward_model(c: DemoConfig, out: Path, base: str, verifier: Verifier,
     its held-out numbers, or the reason it could not be trained."""
     from grpo.rewards.model import RewardModel, split_pairs
 
-    pairs = _comparisons_from_base(base, make_rows(c.rm_prompts, c.seed + 3000, c.digits), verifier, c)
+    pairs = _comparisons_from_base(base, arithmetic.make_rows(c.rm_prompts, seed=c.seed + 3000, digits=c.digits), verifier, c)
     if len(pairs) < 10:
         return f"the base model's samples gave only {len(pairs)} right/wrong pairs to learn from"
     train_pairs, held_out = split_pairs(pairs, 0.2, seed=c.seed)
@@ -278,8 +269,8 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
 
     task = load_task(TASK)
     verifier = task_verifier(task)
-    eval_rows = make_rows(c.eval_prompts, c.seed + 1000, c.digits)
-    train_rows = make_rows(c.train_prompts, c.seed + 2000, c.digits)
+    eval_rows = arithmetic.make_rows(c.eval_prompts, seed=c.seed + 1000, digits=c.digits)
+    train_rows = arithmetic.make_rows(c.train_prompts, seed=c.seed + 2000, digits=c.digits)
     data = out / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
@@ -327,7 +318,7 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     at_once = f"{c.parallel} at a time, one thread each" if c.parallel > 1 else "one at a time"
     say(f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}): " + "; ".join(
         f"{label} {c.seeds} seed(s), {c.steps} steps x "
-        f"{c.prompts_per_step * (c.group_size if arm == 'ppo_equal_tokens' else 1)} prompts" for arm, label in ARMS.items()))
+        f"{_prompts_per_step(c, arm)} prompts" for arm, label in ARMS.items()))
     runs, failed = _train_all(jobs, out, c.parallel, say)
     lost = [name for name in failed if "/" in name]  # an arm's seed: the comparison cannot be made without it
     if lost:
@@ -421,23 +412,23 @@ def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
     per_seed = [{"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)}
                 for seed, run, result in done]
     mean = lambda values: sum(values) / len(values)  # noqa: E731
+    metrics = ("pass@k", "maj@k")
+    # Each problem's values averaged over seeds: the intervals over problems and the lengths' means.
+    averaged = {"per_prompt": [{m: {k: mean([result["per_prompt"][i][m][k] for _, _, result in done])
+                                    for k in per_seed[0][m]} for m in metrics} for i in range(len(rows))]}
     entry: dict = {}
-    for metric in ("pass@k", "maj@k"):
+    for metric in metrics:
         ks = list(per_seed[0][metric])
         entry[metric] = {k: mean([s[metric][k] for s in per_seed]) for k in ks}
         entry[f"{metric}_range"] = {k: [min(s[metric][k] for s in per_seed), max(s[metric][k] for s in per_seed)]
                                     for k in ks}
-        per_problem = {k: [mean([result["per_prompt"][i][metric][k] for _, _, result in done]) for i in range(len(rows))]
-                       for k in ks}
-        entry[f"{metric}_ci"] = {k: mean_ci(values)[1] for k, values in per_problem.items()}
+        entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged["per_prompt"]])[1] for k in ks}
     for key in ("no_answer", "peak_memory_mb", "time_s", "generated_tokens", "time_per_step_s"):
         entry[key] = mean([s[key] for s in per_seed])
     for key in ("models", "parameters", "steps", "prompts"):
         entry[key] = per_seed[0][key]
     for key in ("reward", "true_accuracy"):
         entry[key] = [mean(values) for values in zip(*(s[key] for s in per_seed))]
-    entry["by_digits"] = {d: {metric: {k: mean([s["by_digits"][d][metric][k] for s in per_seed])
-                                       for k in per_seed[0]["by_digits"][d][metric]} for metric in ("pass@k", "maj@k")}
-                          for d in per_seed[0]["by_digits"]}
+    entry["by_digits"] = _by_digits(averaged, rows)
     entry["per_seed"] = per_seed
     return entry

@@ -140,15 +140,21 @@ def make_problem(rng: random.Random, digits: int = 2) -> Problem:
     return problem_for(rng.randint(low, high), rng.randint(low, high))
 
 
-def make_rows(n: int, *, seed: int, digits: int = 2) -> list[dict[str, str]]:
+def make_rows(n: int, *, seed: int, digits: int | Sequence[int] = 2) -> list[dict]:
     """`n` data rows {"prompt", "answer", "solution"}; the same for the same seed.
 
     Uses its own `random.Random(seed)`, so the global random state is neither read nor moved.
     Rows are drawn independently: a prompt can repeat (rarely, for 2 digits: 8100 problems).
+    `digits` a sequence: row i's operands have digits[i % len(digits)] digits (an even mix),
+    and each row carries that length in a `digits` column.
     """
     rng = random.Random(seed)
-    problems = [make_problem(rng, digits) for _ in range(n)]
-    return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution} for p in problems]
+    if isinstance(digits, int):
+        problems = [make_problem(rng, digits) for _ in range(n)]
+        return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution} for p in problems]
+    lengths = [digits[i % len(digits)] for i in range(n)]
+    return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution, "digits": d}
+            for p, d in ((make_problem(rng, d), d) for d in lengths)]
 
 
 def parse_prompt(prompt: str) -> tuple[int, int] | None:
