@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -m "not benchmark"
 
 demo: $(STAMP)

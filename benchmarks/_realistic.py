@@ -50,10 +50,24 @@ BUILD_VERSION = 1  # bump when the construction changes in a way `spec` does not
 # The model: Qwen2 architecture, Qwen2.5's vocabulary size, a CPU-sized body. "tiny" is the same
 # construction at a size the tests build in seconds.
 SHAPES = {
-    "full": dict(vocab_size=151936, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=1024, max_position_embeddings=2048),
-    "tiny": dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512),
+    "full": dict(
+        vocab_size=151936,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=1024,
+        max_position_embeddings=2048,
+    ),
+    "tiny": dict(
+        vocab_size=1000,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    ),
 }
 # Completion lengths of the warm-up rows, in characters (= tokens) before the EOS: round(lognormal
 # with median LENGTH_MEDIAN and sigma LENGTH_SIGMA), drawn again while outside 1..LENGTH_CAP.
@@ -72,10 +86,15 @@ def spec(shape: str) -> dict:
     import transformers
 
     return {
-        "version": BUILD_VERSION, "shape": shape, "config": SHAPES[shape], "warmup": WARMUP[shape],
-        "alphabet": ALPHABET, "prompt_length": PROMPT_LENGTH,
+        "version": BUILD_VERSION,
+        "shape": shape,
+        "config": SHAPES[shape],
+        "warmup": WARMUP[shape],
+        "alphabet": ALPHABET,
+        "prompt_length": PROMPT_LENGTH,
         "lengths": {"median": LENGTH_MEDIAN, "sigma": LENGTH_SIGMA, "cap": LENGTH_CAP},
-        "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
     }
 
 
@@ -123,13 +142,17 @@ def check_round_trip(directory: Path) -> None:
         ids = tokenizer(text)["input_ids"]
         back = tokenizer.decode(ids)
         if back != text or len(ids) != len(text.encode()):
-            raise ValueError(f"{type(tokenizer).__name__} from {directory} does not round-trip {text!r}: "
-                             f"{len(ids)} tokens, decoded {back!r}")
+            raise ValueError(
+                f"{type(tokenizer).__name__} from {directory} does not round-trip {text!r}: "
+                f"{len(ids)} tokens, decoded {back!r}"
+            )
     if len(tokenizer) != config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, the model {config.vocab_size}")
     if tokenizer.eos_token_id != config.eos_token_id or tokenizer.pad_token_id != config.pad_token_id:
-        raise ValueError(f"EOS/pad: tokenizer {tokenizer.eos_token_id}/{tokenizer.pad_token_id}, "
-                         f"model {config.eos_token_id}/{config.pad_token_id}")
+        raise ValueError(
+            f"EOS/pad: tokenizer {tokenizer.eos_token_id}/{tokenizer.pad_token_id}, "
+            f"model {config.eos_token_id}/{config.pad_token_id}"
+        )
 
 
 # ---- the rows ---------------------------------------------------------------------------------
@@ -162,7 +185,9 @@ def write_rows(path: Path, count: int, seed: int) -> dict:
             prompt = "".join(rng.choice(ALPHABET) for _ in range(PROMPT_LENGTH))
             n = completion_length(rng)
             lengths.append(n + 1)
-            f.write(json.dumps({"prompt": prompt, "completion": "".join(rng.choice(ALPHABET) for _ in range(n))}) + "\n")
+            f.write(
+                json.dumps({"prompt": prompt, "completion": "".join(rng.choice(ALPHABET) for _ in range(n))}) + "\n"
+            )
     return length_stats(lengths, [True] * len(lengths))
 
 
@@ -174,8 +199,14 @@ def length_stats(lengths: list[int], ended: list[bool]) -> dict:
     def rank(q: float) -> int:
         return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
-    return {"n": len(ordered), "mean": statistics.mean(ordered), "p50": rank(0.5), "p90": rank(0.9),
-            "max": ordered[-1], "frac_truncated": (len(ended) - sum(ended)) / len(ended)}
+    return {
+        "n": len(ordered),
+        "mean": statistics.mean(ordered),
+        "p50": rank(0.5),
+        "p90": rank(0.9),
+        "max": ordered[-1],
+        "frac_truncated": (len(ended) - sum(ended)) / len(ended),
+    }
 
 
 # ---- the build --------------------------------------------------------------------------------
@@ -198,8 +229,15 @@ def build(directory: Path, shape: str = "full", *, max_new_tokens: int = 256, pr
     config_kwargs = SHAPES[shape]
     tokenizer = byte_level_tokenizer(config_kwargs["vocab_size"])
     base = directory / "base"
-    config = Qwen2Config(**config_kwargs, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        **config_kwargs,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         Qwen2ForCausalLM(config).save_pretrained(base)
@@ -208,13 +246,25 @@ def build(directory: Path, shape: str = "full", *, max_new_tokens: int = 256, pr
 
     warmup = WARMUP[shape]
     rows_stats = write_rows(directory / "warmup.jsonl", warmup["rows"], seed=1)
-    log(f"[realistic] warming up {shape} ({warmup['steps']} updates of {warmup['batch_size']} rows, "
+    log(
+        f"[realistic] warming up {shape} ({warmup['steps']} updates of {warmup['batch_size']} rows, "
         f"lr {warmup['lr']:g}) on rows with completion lengths mean {rows_stats['mean']:.1f}, "
-        f"p90 {rows_stats['p90']}, max {rows_stats['max']} tokens")
-    fit = sft(directory / "model", FineTuneConfig(
-        model=str(base), data=str(directory / "warmup.jsonl"), steps=warmup["steps"],
-        batch_size=warmup["batch_size"], lr=warmup["lr"], seed=0,
-    ), progress=progress, device="cpu", log_every=max(1, warmup["steps"] // 10))
+        f"p90 {rows_stats['p90']}, max {rows_stats['max']} tokens"
+    )
+    fit = sft(
+        directory / "model",
+        FineTuneConfig(
+            model=str(base),
+            data=str(directory / "warmup.jsonl"),
+            steps=warmup["steps"],
+            batch_size=warmup["batch_size"],
+            lr=warmup["lr"],
+            seed=0,
+        ),
+        progress=progress,
+        device="cpu",
+        log_every=max(1, warmup["steps"] // 10),
+    )
     shutil.rmtree(base)
     check_round_trip(directory / "model")
     write_prompts(directory / "prompts.jsonl", 256, seed=2)  # others than the warm-up's
@@ -231,10 +281,12 @@ def build(directory: Path, shape: str = "full", *, max_new_tokens: int = 256, pr
         "build_s": round(time.perf_counter() - started, 1),
     }
     (directory / "workload.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    log(f"[realistic] built in {manifest['build_s']:.0f} s: warm-up loss {fit['loss/first']:.2f} -> "
+    log(
+        f"[realistic] built in {manifest['build_s']:.0f} s: warm-up loss {fit['loss/first']:.2f} -> "
         f"{fit['loss/last']:.2f}; {sampled['n']} sampled completions: mean {sampled['mean']:.1f}, "
         f"p50 {sampled['p50']}, p90 {sampled['p90']}, max {sampled['max']} tokens, "
-        f"{sampled['frac_truncated']:.0%} cut at {max_new_tokens}")
+        f"{sampled['frac_truncated']:.0%} cut at {max_new_tokens}"
+    )
     return manifest
 
 
@@ -250,9 +302,16 @@ def sample_lengths(model_dir: Path, prompts: Path, n: int, max_new_tokens: int, 
     inputs = tokenizer(texts, return_tensors="pt")  # one length: no padding
     with torch.random.fork_rng(), torch.inference_mode():
         torch.manual_seed(seed)
-        out = model.generate(**inputs, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-    completions = out[:, inputs["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **inputs,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    completions = out[:, inputs["input_ids"].shape[1] :].tolist()
     eos = tokenizer.eos_token_id
     lengths = [row.index(eos) + 1 if eos in row else len(row) for row in completions]
     return length_stats(lengths, [eos in row for row in completions])
@@ -269,7 +328,9 @@ def build_in_child(directory: Path, shape: str = "full", *, progress: bool = Tru
     run it starts afterwards (measured: ours 4,229 MB where the same run alone peaks at 2,127)."""
     import multiprocessing
 
-    child = multiprocessing.get_context("spawn").Process(target=_build_child, args=(str(directory), shape, progress, quiet))
+    child = multiprocessing.get_context("spawn").Process(
+        target=_build_child, args=(str(directory), shape, progress, quiet)
+    )
     child.start()
     child.join()
     if child.exitcode != 0:

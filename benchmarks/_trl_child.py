@@ -36,7 +36,11 @@ def main(spec_path: str, result_path: str) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}", file=sys.stderr, flush=True)
+    print(
+        f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     module_name, function_name = spec["reward"].split(":")
     reward_fn = getattr(importlib.import_module(module_name), function_name)
@@ -54,8 +58,11 @@ def main(spec_path: str, result_path: str) -> None:
     dataset = datasets.Dataset.from_list(rows)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     # Activation checkpointing: as the spec says, or TRL's default (on) when it says null.
-    checkpointing = {} if spec.get("gradient_checkpointing", False) is None else {
-        "gradient_checkpointing": spec.get("gradient_checkpointing", False)}
+    checkpointing = (
+        {}
+        if spec.get("gradient_checkpointing", False) is None
+        else {"gradient_checkpointing": spec.get("gradient_checkpointing", False)}
+    )
 
     config = GRPOConfig(
         output_dir=spec["output_dir"],
@@ -112,17 +119,21 @@ def main(spec_path: str, result_path: str) -> None:
             self._start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.steps.append({
-                "step": state.global_step,
-                "time/step": time.perf_counter() - self._start,
-                "time/generate": counter["generate_s"],
-                "tokens/completion": counter["completion_tokens"],
-                "memory/peak_mb": peak_rss_mb(),
-            })
+            self.steps.append(
+                {
+                    "step": state.global_step,
+                    "time/step": time.perf_counter() - self._start,
+                    "time/generate": counter["generate_s"],
+                    "tokens/completion": counter["completion_tokens"],
+                    "memory/peak_mb": peak_rss_mb(),
+                }
+            )
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs:
-                self.logs.append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+                self.logs.append(
+                    {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+                )
 
     timer = StepTimer()
     trainer = GRPOTrainer(

@@ -49,7 +49,10 @@ def main() -> None:
             newest = sorted((tmp / "run" / "checkpoints").glob("step-*"))[-1]
             size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file()) / 1e6
             parameters = sum(p.numel() for p in e.policy.parameters())
-            print(f"| hidden {hidden}, {layers} layers | {parameters:,} | {statistics.median(times):.3f} | {size:.1f} |", flush=True)
+            print(
+                f"| hidden {hidden}, {layers} layers | {parameters:,} | {statistics.median(times):.3f} | {size:.1f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

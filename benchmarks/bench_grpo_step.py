@@ -253,7 +253,9 @@ def build_realistic(root: Path, cache_dir: Path, shape: str = "full", rebuild: b
         "intermediate_size": config["intermediate_size"],
         "max_positions": config["max_position_embeddings"],
         "prompt_tokens": _realistic.PROMPT_LENGTH,
-        "build": {k: built[k] for k in ("directory", "warmup_rows", "warmup_loss_first_last", "sampled_lengths", "build_s")},
+        "build": {
+            k: built[k] for k in ("directory", "warmup_rows", "warmup_loss_first_last", "sampled_lengths", "build_s")
+        },
         **parameter_counts(Path(built["model_dir"])),
     }
 
@@ -303,7 +305,12 @@ def step_flops(w: dict, prompt_tokens: int, completion_tokens: int, completions:
     generation = n * (2 * p_body * (S - 1) + 2 * p_head * T + attn(S - 1))
     reference = n * forward
     update = 3 * n * forward
-    return {"generation": generation, "reference": reference, "update": update, "total": generation + reference + update}
+    return {
+        "generation": generation,
+        "reference": reference,
+        "update": update,
+        "total": generation + reference + update,
+    }
 
 
 def lengths_flops(w: dict, prompt_tokens: int, lengths: list[int]) -> dict:
@@ -344,8 +351,15 @@ def read_lengths(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: str = "auto",
-             checkpointing: bool | None = False, overrides: list[str] | None = None) -> dict:
+def run_ours(
+    w: dict,
+    root: Path,
+    steps: int,
+    precision: str = "fp32",
+    sampler: str = "auto",
+    checkpointing: bool | None = False,
+    overrides: list[str] | None = None,
+) -> dict:
     """`grpo train` on the workload in a child process; its metrics.jsonl, and on the realistic
     workload the completions' lengths and the resolved settings. `checkpointing` None: ours'
     default for train.gradient_checkpointing. `overrides`: `grpo train --set` arguments
@@ -406,8 +420,12 @@ def run_ours(w: dict, root: Path, steps: int, precision: str = "fp32", sampler: 
 
 # Ours' settings that the realistic workload leaves at their defaults and prints, beside TRL's.
 OURS_DEFAULTS_SHOWN = (
-    ("train", "gradient_checkpointing"), ("loss", "aggregation"), ("loss", "mask_truncated_completions"),
-    ("train", "attention"), ("rollout", "sampler"), ("train", "max_grad_norm"),
+    ("train", "gradient_checkpointing"),
+    ("loss", "aggregation"),
+    ("loss", "mask_truncated_completions"),
+    ("train", "attention"),
+    ("rollout", "sampler"),
+    ("train", "max_grad_norm"),
 )
 
 
@@ -423,7 +441,9 @@ def _exit(returncode: int) -> str:
     return f"exit {returncode}"
 
 
-def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool | None = False, precision: str = "fp32") -> dict:
+def trl_spec(
+    w: dict, root: Path, steps: int, gradient_checkpointing: bool | None = False, precision: str = "fp32"
+) -> dict:
     """The child's spec; `gradient_checkpointing` None: TRL's default."""
     s = w.get("settings", SETTINGS)
     return {
@@ -439,7 +459,9 @@ def trl_spec(w: dict, root: Path, steps: int, gradient_checkpointing: bool | Non
     }
 
 
-def run_trl(w: dict, root: Path, steps: int, gradient_checkpointing: bool | None = False, precision: str = "fp32") -> dict:
+def run_trl(
+    w: dict, root: Path, steps: int, gradient_checkpointing: bool | None = False, precision: str = "fp32"
+) -> dict:
     spec_path = root / f"trl-{w['name']}-{precision}.json"
     result_path = _fresh(root / f"trl-{w['name']}-{precision}-result.json")
     spec_path.write_text(json.dumps(trl_spec(w, root, steps, gradient_checkpointing, precision), indent=1))
@@ -462,6 +484,7 @@ def busy_cpus(seconds: float = 1.0) -> float | None:
     """How many CPUs other processes keep busy right now (from /proc/stat over `seconds`, while
     this process sleeps); None where /proc/stat is missing. Unlike the load average it does not
     remember our own runs of a minute ago."""
+
     def sample():
         with open("/proc/stat") as f:
             fields = [float(x) for x in f.readline().split()[1:]]
@@ -489,7 +512,9 @@ def trl_unavailable() -> str | None:
     """Why TRL cannot be used here, or None when it imports."""
     probe = subprocess.run(
         [sys.executable, "-c", "import trl; from trl import GRPOTrainer, GRPOConfig; print(trl.__version__)"],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     if probe.returncode != 0:
         return "TRL does not import: " + _tail(probe.stderr, 1) + ' (install it with: pip install "trl>=1.0")'
@@ -532,7 +557,7 @@ def summarize(run: dict, flops: dict | None, w: dict | None = None) -> dict:
         summary["reward_first_last"] = [steps[0]["reward/mean"], steps[-1]["reward/mean"]]
     else:  # TRL: everything in the step that is not model.generate
         summary["median_rest_s"] = statistics.median(m["time/step"] - m["time/generate"] for m in timed)
-        rewards = [l["reward"] for l in run.get("logs", []) if "reward" in l]
+        rewards = [log["reward"] for log in run.get("logs", []) if "reward" in log]
         summary["reward_first_last"] = [rewards[0], rewards[-1]] if rewards else None
     if lengths is not None:
         summary.update(lengths)  # achieved_gflops too: the median over steps of each one's own work
@@ -551,8 +576,10 @@ def length_summary(run: dict, timed: list[dict], w: dict) -> dict:
 
     records, steps = run.get("lengths", []), run["steps"]
     if len(records) != len(steps):
-        raise RuntimeError(f"{run['tool']}: {len(records)} length records for {len(steps)} steps "
-                           "(the reward should be called once a step)")
+        raise RuntimeError(
+            f"{run['tool']}: {len(records)} length records for {len(steps)} steps "
+            "(the reward should be called once a step)"
+        )
     per_step = [length_stats(r["lengths"], r["ended"]) for r in records]
     first_timed = len(steps) - len(timed)
     pooled = [x for r in records[first_timed:] for x in r["lengths"]]
@@ -564,8 +591,12 @@ def length_summary(run: dict, timed: list[dict], w: dict) -> dict:
     if run["tool"] == "grpo":
         theirs = [m["completion_length/mean"] for m in steps]
     else:
-        theirs = [l["completions/mean_length"] for l in run.get("logs", []) if "completions/mean_length" in l]
-    gap = max((abs(a["mean"] - b) for a, b in zip(per_step, theirs)), default=None) if len(theirs) == len(per_step) else None
+        theirs = [log["completions/mean_length"] for log in run.get("logs", []) if "completions/mean_length" in log]
+    gap = (
+        max((abs(a["mean"] - b) for a, b in zip(per_step, theirs)), default=None)
+        if len(theirs) == len(per_step)
+        else None
+    )
     return {
         "lengths_per_step": per_step,
         "lengths_timed": length_stats(pooled, pooled_ended),
@@ -596,14 +627,23 @@ def per_step_lines(tool: str, summary: dict) -> list[str]:
     """One line per step: its time and its completions' lengths (step 1 is the warm-up)."""
     lines = []
     for i, (t, x) in enumerate(zip(summary["step_times_s"], summary["lengths_per_step"]), 1):
-        lines.append(f"{tool} step {i}{' (warm-up)' if i == 1 else ''}: {t:.2f} s; {x['n']} completions, length mean "
-                     f"{x['mean']:.1f}, p50 {x['p50']}, p90 {x['p90']}, max {x['max']}, {x['frac_truncated']:.0%} cut")
+        lines.append(
+            f"{tool} step {i}{' (warm-up)' if i == 1 else ''}: {t:.2f} s; {x['n']} completions, length mean "
+            f"{x['mean']:.1f}, p50 {x['p50']}, p90 {x['p90']}, max {x['max']}, {x['frac_truncated']:.0%} cut"
+        )
     return lines
 
 
 def table(
-    w: dict, ours: dict, trl: dict | None, trl_note: str | None, peak: float, trl_version: str | None,
-    precision: str = "fp32", bf16_peak: float | None = None, trl_settings: dict | None = None,
+    w: dict,
+    ours: dict,
+    trl: dict | None,
+    trl_note: str | None,
+    peak: float,
+    trl_version: str | None,
+    precision: str = "fp32",
+    bf16_peak: float | None = None,
+    trl_settings: dict | None = None,
 ) -> str:
     trl_name = f"TRL {trl_version}" if trl_version else "TRL"
     s = w.get("settings", SETTINGS)
@@ -639,11 +679,19 @@ def table(
     row("completion tokens/s", "completion_tokens_per_s", ",.0f")
     row("peak RSS (MB)", "peak_rss_mb", ",.0f")
     row("time in generate (s, median)", "median_generate_s", ".3f")
-    row("achieved GFLOP/s (model FLOPs)" + (", each row at its own length" if realistic else ""), "achieved_gflops", ".2f")
+    row(
+        "achieved GFLOP/s (model FLOPs)" + (", each row at its own length" if realistic else ""),
+        "achieved_gflops",
+        ".2f",
+    )
     if realistic:
         a, b = ours["lengths_timed"], trl["lengths_timed"] if trl else None
-        lines.append(f"| completion length, steps 2..N: mean / p50 / p90 / max (tokens) | {_lengths(a)} | {_lengths(b)} | |")
-        lines.append(f"| cut at max_new_tokens | {a['frac_truncated']:.1%} | {_fmt(b and b['frac_truncated'], '.1%')} | |")
+        lines.append(
+            f"| completion length, steps 2..N: mean / p50 / p90 / max (tokens) | {_lengths(a)} | {_lengths(b)} | |"
+        )
+        lines.append(
+            f"| cut at max_new_tokens | {a['frac_truncated']:.1%} | {_fmt(b and b['frac_truncated'], '.1%')} | |"
+        )
     frac_a = ours["achieved_gflops"] / peak
     frac_b = trl["achieved_gflops"] / peak if trl else None
     lines.append(f"| fraction of fp32 matmul peak ({peak:.0f} GFLOP/s) | {frac_a:.2%} | {_fmt(frac_b, '.2%')} | |")
@@ -669,8 +717,11 @@ def table(
         lines.extend(per_step_lines("ours", ours))
         if trl:
             lines.extend(per_step_lines("TRL", trl))
-        lines.append("left at each tool's default: ours " + _settings(ours.get("settings"))
-                     + (f"; TRL {_settings(trl_settings)}" if trl and trl_settings else ""))
+        lines.append(
+            "left at each tool's default: ours "
+            + _settings(ours.get("settings"))
+            + (f"; TRL {_settings(trl_settings)}" if trl and trl_settings else "")
+        )
     if trl:
         step_ratio = ours["median_step_s"] / trl["median_step_s"]
         rss_ratio = ours["peak_rss_mb"] / trl["peak_rss_mb"]
@@ -685,8 +736,18 @@ def table(
     return "\n".join(lines)
 
 
-def run_pair(w: dict, root: Path, args, precision: str, flops: dict | None, trl_note: str | None, results: dict,
-             *, steps: int | None = None, keep_going: bool = False) -> dict:
+def run_pair(
+    w: dict,
+    root: Path,
+    args,
+    precision: str,
+    flops: dict | None,
+    trl_note: str | None,
+    results: dict,
+    *,
+    steps: int | None = None,
+    keep_going: bool = False,
+) -> dict:
     """Ours, then TRL, on one workload in one precision; their summaries, ratios and verdicts.
     `flops` None: counted per step from the recorded lengths (the realistic workload). With
     `keep_going`, our run failing is recorded (entry["ours_note"]) instead of raised."""
@@ -699,7 +760,9 @@ def run_pair(w: dict, root: Path, args, precision: str, flops: dict | None, trl_
     try:
         ours_run = run_ours(w, root, steps, precision, args.sampler, checkpointing, overrides=args.ours_set)
         entry["ours"] = summarize(ours_run, flops, w)
-        print(f"[{name} {precision}] ours: {entry['ours']['median_step_s']:.3f} s/step{_brief(entry['ours'])}", flush=True)
+        print(
+            f"[{name} {precision}] ours: {entry['ours']['median_step_s']:.3f} s/step{_brief(entry['ours'])}", flush=True
+        )
     except RuntimeError as error:
         if not keep_going:
             raise
@@ -714,7 +777,9 @@ def run_pair(w: dict, root: Path, args, precision: str, flops: dict | None, trl_
             entry["trl_settings"] = trl_run["settings"]
             entry["trl_rss_before_train_mb"] = trl_run["rss_before_train_mb"]
             results["versions"]["trl"] = trl_run["trl_version"]
-            print(f"[{name} {precision}] TRL: {trl_summary['median_step_s']:.3f} s/step{_brief(trl_summary)}", flush=True)
+            print(
+                f"[{name} {precision}] TRL: {trl_summary['median_step_s']:.3f} s/step{_brief(trl_summary)}", flush=True
+            )
         except RuntimeError as error:
             note = str(error)
             print(f"[{name} {precision}] {note}", flush=True)
@@ -738,7 +803,9 @@ def run_pair(w: dict, root: Path, args, precision: str, flops: dict | None, trl_
 def _brief(summary: dict) -> str:
     """The progress line's tail: peak RSS, and the lengths where they were recorded."""
     x = summary.get("lengths_timed")
-    lengths = f"; lengths mean {x['mean']:.1f}, p90 {x['p90']}, max {x['max']}, {x['frac_truncated']:.0%} cut" if x else ""
+    lengths = (
+        f"; lengths mean {x['mean']:.1f}, p90 {x['p90']}, max {x['max']}, {x['frac_truncated']:.0%} cut" if x else ""
+    )
     return f", peak RSS {summary['peak_rss_mb']:,.0f} MB{lengths}"
 
 
@@ -771,7 +838,11 @@ def cross_table(cross: dict) -> str:
         cells = []
         for key in ("ours_fp32/trl_fp32", "ours_bf16/trl_bf16", "ours_bf16/trl_fp32"):
             r = row.get(key)
-            cells.append("-" if r is None else f"time {r['step_time']:.2f}{' (<= 0.5)' if r['step_time'] <= 0.5 else ''}, RSS {r['peak_rss']:.2f}")
+            cells.append(
+                "-"
+                if r is None
+                else f"time {r['step_time']:.2f}{' (<= 0.5)' if r['step_time'] <= 0.5 else ''}, RSS {r['peak_rss']:.2f}"
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -781,7 +852,9 @@ def parse_sweep(text: str) -> tuple[str, list[int]]:
     key, sep, values = text.partition("=")
     key = key.strip()
     if not sep or key not in SWEEP_KEYS:
-        raise argparse.ArgumentTypeError(f"expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}; got {text!r}"
+        )
     try:
         numbers = [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
@@ -814,7 +887,9 @@ def cpu_model() -> dict:
     try:
         with open("/proc/cpuinfo") as f:
             first = f.read().split("\n\n")[0]  # the first processor's block
-        fields = {key.strip(): value for key, value in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+        fields = {
+            key.strip(): value for key, value in (line.split(":", 1) for line in first.splitlines() if ":" in line)
+        }
     except OSError:
         return {}
     flags = set(fields.get("flags", "").split())
@@ -822,17 +897,23 @@ def cpu_model() -> dict:
     return {"cpu_model": fields.get("model name", "").strip(), "cpu_flags": [f for f in wanted if f in flags]}
 
 
-def run_sweep(w: dict, key: str, values: list[int], root: Path, args, precision: str, trl_note: str | None,
-              results: dict) -> list[dict]:
+def run_sweep(
+    w: dict, key: str, values: list[int], root: Path, args, precision: str, trl_note: str | None, results: dict
+) -> list[dict]:
     """The realistic workload at each value of `key`, both tools, --sweep-steps steps a point."""
     points = []
     for value in values:
         point = {**w, "name": f"realistic-{key}-{value}", "settings": {**w["settings"], key: value}}
         need, have = logits_gb(point, point["settings"]), mem_available_gb()
-        print(f"\n[sweep {key}={value} {precision}] a full logits tensor when a row reaches max_new_tokens: "
-              f"{need:.1f} GB (available now: {_fmt(have, '.1f')} GB)", flush=True)
+        print(
+            f"\n[sweep {key}={value} {precision}] a full logits tensor when a row reaches max_new_tokens: "
+            f"{need:.1f} GB (available now: {_fmt(have, '.1f')} GB)",
+            flush=True,
+        )
         if have is not None and need > have:
-            print(f"warning: {key}={value} may not fit in memory; a tool that runs out is recorded as failed", flush=True)
+            print(
+                f"warning: {key}={value} may not fit in memory; a tool that runs out is recorded as failed", flush=True
+            )
         entry = run_pair(point, root, args, precision, None, trl_note, results, steps=args.sweep_steps, keep_going=True)
         points.append({"value": value, "settings": point["settings"], **entry})
     return points
@@ -869,49 +950,97 @@ def sweep_table(key: str, points: list[dict], precision: str, steps: int) -> str
             f"| {_fmt(get(trl, 'peak_rss_mb'), ',.0f')} | {_fmt(ratio('peak_rss_mb'), '.2f')} "
             f"| {lengths(ours, p['ours_note'])} | {lengths(trl, p['trl_failed'])} |"
         )
-    failures = [f"{key}={p['value']} {tool}: {p[tool + '_note']}" for p in points for tool in ("ours", "trl")
-                if p[tool] is None and (p["ours_note"] if tool == "ours" else p["trl_failed"])]
+    failures = [
+        f"{key}={p['value']} {tool}: {p[tool + '_note']}"
+        for p in points
+        for tool in ("ours", "trl")
+        if p[tool] is None and (p["ours_note"] if tool == "ours" else p["trl_failed"])
+    ]
     return "\n".join(lines + ([""] + failures if failures else []))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=["tiny", "small", "both", "realistic", "all"], default=None,
-                        help="tiny, small, both (tiny and small; the default), realistic (a Qwen2 model with a "
-                             "151,936-token vocabulary and completions of varying length), or all three. "
-                             "With --sweep: none unless given")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["tiny", "small", "both", "realistic", "all"],
+        default=None,
+        help="tiny, small, both (tiny and small; the default), realistic (a Qwen2 model with a "
+        "151,936-token vocabulary and completions of varying length), or all three. "
+        "With --sweep: none unless given",
+    )
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (the first is not timed); default 6")
     parser.add_argument("--skip-trl", action="store_true", help="measure only ours (TRL is an optional dependency)")
     parser.add_argument("--results", type=Path, default=HERE / "results", help="folder for the JSON results")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (models, runs)")
-    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
-                        help="activation checkpointing in both tools (TRL's default; ours train.gradient_checkpointing); "
-                             "--no-gradient-checkpointing: off in both. Default: off in both on tiny and small, "
-                             "each tool's own default on realistic and in the sweep")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default=None,
-                        help="fp32, bf16 (mixed precision for both tools: ours train.autocast=bfloat16, TRL bf16=True, "
-                             "accelerate's autocast; weights and optimizer stay fp32 in both), or both. Default: both "
-                             "on tiny and small, fp32 on realistic and in the sweep")
-    parser.add_argument("--sampler", choices=["auto", "fast", "hf"], default="auto",
-                        help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama and Qwen2 models)")
-    parser.add_argument("--ours-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="a setting of ours for every run, as `grpo train --set` takes it (repeatable), e.g. "
-                             "train.chunked_head=false to measure what a lever buys")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads for the peak and both runs (OMP_NUM_THREADS); default 0 = torch's default")
-    parser.add_argument("--sweep", type=parse_sweep, action="append", default=[], metavar="KEY=V1,V2,...",
-                        help=f"run the realistic workload at each value of KEY ({' or '.join(SWEEP_KEYS)}), both tools, "
-                             "and print step time and peak RSS per point; repeatable "
-                             "(e.g. --sweep group_size=4,8,16,32 --sweep max_new_tokens=64,256,1024)")
-    parser.add_argument("--sweep-steps", type=int, default=3,
-                        help="RL steps per sweep point and tool (the first is not timed); default 3")
-    parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache",
-                        help="where the realistic workload's warmed-up model is built once and reused "
-                             "(default benchmarks/.cache)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="activation checkpointing in both tools (TRL's default; ours train.gradient_checkpointing); "
+        "--no-gradient-checkpointing: off in both. Default: off in both on tiny and small, "
+        "each tool's own default on realistic and in the sweep",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "both"],
+        default=None,
+        help="fp32, bf16 (mixed precision for both tools: ours train.autocast=bfloat16, TRL bf16=True, "
+        "accelerate's autocast; weights and optimizer stay fp32 in both), or both. Default: both "
+        "on tiny and small, fp32 on realistic and in the sweep",
+    )
+    parser.add_argument(
+        "--sampler",
+        choices=["auto", "fast", "hf"],
+        default="auto",
+        help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama and Qwen2 models)",
+    )
+    parser.add_argument(
+        "--ours-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a setting of ours for every run, as `grpo train --set` takes it (repeatable), e.g. "
+        "train.chunked_head=false to measure what a lever buys",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads for the peak and both runs (OMP_NUM_THREADS); default 0 = torch's default",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=parse_sweep,
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help=f"run the realistic workload at each value of KEY ({' or '.join(SWEEP_KEYS)}), both tools, "
+        "and print step time and peak RSS per point; repeatable "
+        "(e.g. --sweep group_size=4,8,16,32 --sweep max_new_tokens=64,256,1024)",
+    )
+    parser.add_argument(
+        "--sweep-steps",
+        type=int,
+        default=3,
+        help="RL steps per sweep point and tool (the first is not timed); default 3",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=HERE / ".cache",
+        help="where the realistic workload's warmed-up model is built once and reused (default benchmarks/.cache)",
+    )
     parser.add_argument("--rebuild", action="store_true", help="build the realistic workload's model again")
-    parser.add_argument("--realistic-shape", choices=["full", "tiny"], default="full",
-                        help="full (the workload), or tiny (vocabulary 1,000, hidden 32, a 2-update warm-up: "
-                             "seconds, to check the code paths, not to measure)")
+    parser.add_argument(
+        "--realistic-shape",
+        choices=["full", "tiny"],
+        default="full",
+        help="full (the workload), or tiny (vocabulary 1,000, hidden 32, a 2-update warm-up: "
+        "seconds, to check the code paths, not to measure)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the first step is not timed)")
@@ -922,8 +1051,10 @@ def main(argv: list[str] | None = None) -> int:
     positions = REALISTIC_SHAPES[args.realistic_shape]["max_position_embeddings"]
     for key, values in args.sweep:
         if key == "max_new_tokens" and REALISTIC_PROMPT + max(values) > positions:
-            parser.error(f"--sweep max_new_tokens: at most {positions - REALISTIC_PROMPT} with --realistic-shape "
-                         f"{args.realistic_shape} (the model has {positions} positions)")
+            parser.error(
+                f"--sweep max_new_tokens: at most {positions - REALISTIC_PROMPT} with --realistic-shape "
+                f"{args.realistic_shape} (the model has {positions} positions)"
+            )
 
     if args.threads:
         # Before torch is imported here, and inherited by both children.
@@ -945,39 +1076,67 @@ def main(argv: list[str] | None = None) -> int:
     busy = busy_cpus()
 
     cpu = cpu_model()
-    print(f"machine: {cpu.get('cpu_model') or platform.processor() or platform.machine()} "
-          f"({', '.join(cpu.get('cpu_flags', [])) or 'no AVX2'}), {os.cpu_count()} CPUs, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
-          f"load average {', '.join(f'{x:.2f}' for x in load) if load else '-'}, "
-          f"CPUs busy with other work now: {_fmt(busy, '.2f')}", flush=True)
+    print(
+        f"machine: {cpu.get('cpu_model') or platform.processor() or platform.machine()} "
+        f"({', '.join(cpu.get('cpu_flags', [])) or 'no AVX2'}), {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
+        f"load average {', '.join(f'{x:.2f}' for x in load) if load else '-'}, "
+        f"CPUs busy with other work now: {_fmt(busy, '.2f')}",
+        flush=True,
+    )
     if busy is not None and busy > 0.25:
-        print(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy: timings are noisy, and with as "
-              "many torch threads as cores a step's many small ops can stall for a scheduler slice whenever another "
-              "process holds a core (steps 10-100x slower; try --threads 1 to see how much)", flush=True)
+        print(
+            f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy: timings are noisy, and with as "
+            "many torch threads as cores a step's many small ops can stall for a scheduler slice whenever another "
+            "process holds a core (steps 10-100x slower; try --threads 1 to see how much)",
+            flush=True,
+        )
     peak_start = matmul_peak("float32")
     # The bf16 peak only where a run is bf16 (on some CPUs a one-thread bf16 mm takes minutes).
     any_bf16 = any("bf16" in precisions_for(name) for name in names + (["realistic"] if args.sweep else []))
     bf16 = matmul_peak("bfloat16", reps=3, budget_s=3.0) if any_bf16 else None
-    print(f"fp32 matmul peak (2048^3 torch.mm, best of several): {peak_start:.1f} GFLOP/s; bf16: {_fmt(bf16, '.1f')} GFLOP/s", flush=True)
+    print(
+        f"fp32 matmul peak (2048^3 torch.mm, best of several): {peak_start:.1f} GFLOP/s; bf16: {_fmt(bf16, '.1f')} GFLOP/s",
+        flush=True,
+    )
     if trl_note:
         print(f"TRL: {trl_note}", flush=True)
 
     root = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     results: dict = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load_average_at_start": load,
-                    "busy_cpus_at_start": busy,
-                    "platform": platform.platform(), **cpu},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
-        "settings": {**SETTINGS, "steps": args.steps, "prompt_tokens": PROMPT_LENGTH, "threads": args.threads or None,
-                     "gradient_checkpointing": args.gradient_checkpointing,
-                     "precision": args.precision, "sampler": args.sampler, "ours_set": args.ours_set},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "load_average_at_start": load,
+            "busy_cpus_at_start": busy,
+            "platform": platform.platform(),
+            **cpu,
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "settings": {
+            **SETTINGS,
+            "steps": args.steps,
+            "prompt_tokens": PROMPT_LENGTH,
+            "threads": args.threads or None,
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "precision": args.precision,
+            "sampler": args.sampler,
+            "ours_set": args.ours_set,
+        },
         "trl_note": trl_note,
         "workloads": {},
     }
     if "realistic" in names or args.sweep:
-        results["realistic_settings"] = {**REALISTIC_SETTINGS, "shape": args.realistic_shape,
-                                         "sweep_steps": args.sweep_steps if args.sweep else None}
+        results["realistic_settings"] = {
+            **REALISTIC_SETTINGS,
+            "shape": args.realistic_shape,
+            "sweep_steps": args.sweep_steps if args.sweep else None,
+        }
     tables, sweeps = [], []
     try:
         realistic = None
@@ -986,16 +1145,22 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             if name == "realistic":
                 w, flops = realistic, None  # counted per step from the lengths sampled
-                print(f"\n[{name}] {w['parameters']:,} parameters; completion lengths the warm-up left, mean / p50 / "
-                      f"p90 / max (sampled with generate at the build): "
-                      f"{_lengths(w['build']['sampled_lengths'])}", flush=True)
+                print(
+                    f"\n[{name}] {w['parameters']:,} parameters; completion lengths the warm-up left, mean / p50 / "
+                    f"p90 / max (sampled with generate at the build): "
+                    f"{_lengths(w['build']['sampled_lengths'])}",
+                    flush=True,
+                )
             else:
                 w = build_workload(root, name)
                 n = SETTINGS["prompts_per_step"] * SETTINGS["group_size"]
                 flops = step_flops(w, PROMPT_LENGTH, SETTINGS["max_new_tokens"], n)
-                print(f"\n[{name}] {w['parameters']:,} parameters; {flops['total'] / 1e9:.1f} GFLOP per step "
-                      f"(generation {flops['generation'] / 1e9:.1f}, reference {flops['reference'] / 1e9:.1f}, "
-                      f"update {flops['update'] / 1e9:.1f})", flush=True)
+                print(
+                    f"\n[{name}] {w['parameters']:,} parameters; {flops['total'] / 1e9:.1f} GFLOP per step "
+                    f"(generation {flops['generation'] / 1e9:.1f}, reference {flops['reference'] / 1e9:.1f}, "
+                    f"update {flops['update'] / 1e9:.1f})",
+                    flush=True,
+                )
             results["workloads"][name] = {"workload": w, "flops_per_step": flops, "runs": {}}
             for precision in precisions_for(name):
                 entry = run_pair(w, root, args, precision, flops, trl_note, results)
@@ -1021,9 +1186,22 @@ def main(argv: list[str] | None = None) -> int:
         entry["ours"]["fraction_of_fp32_peak"] = entry["ours"]["achieved_gflops"] / peak
         if entry["trl"]:
             entry["trl"]["fraction_of_fp32_peak"] = entry["trl"]["achieved_gflops"] / peak
-        trl_settings = {k: entry["trl_settings"].get(k) for k in TRL_DEFAULTS_SHOWN} if entry.get("trl_settings") else None
-        print(table(w, entry["ours"], entry["trl"], entry["trl_note"], peak, entry.get("trl_version"), precision, bf16,
-                    trl_settings))
+        trl_settings = (
+            {k: entry["trl_settings"].get(k) for k in TRL_DEFAULTS_SHOWN} if entry.get("trl_settings") else None
+        )
+        print(
+            table(
+                w,
+                entry["ours"],
+                entry["trl"],
+                entry["trl_note"],
+                peak,
+                entry.get("trl_version"),
+                precision,
+                bf16,
+                trl_settings,
+            )
+        )
         print()
     if any(len(wl["runs"]) == 2 for wl in results["workloads"].values()):
         results["cross"] = cross_ratios(results["workloads"])

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+
 def run(command: list[str], threads: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -70,8 +71,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        config = tests_workload(tmp, hidden=args.hidden, layers=args.layers, prompts=args.prompts,
-                                group_size=args.group_size, max_new_tokens=args.max_new_tokens, steps=args.steps)
+        config = tests_workload(
+            tmp,
+            hidden=args.hidden,
+            layers=args.layers,
+            prompts=args.prompts,
+            group_size=args.group_size,
+            max_new_tokens=args.max_new_tokens,
+            steps=args.steps,
+        )
         variants = [
             ("1 process, 1 thread", 1, 1),
             (f"1 process, {args.threads} threads", 1, args.threads),
@@ -88,11 +96,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(json.dumps(rows[-1]), flush=True)
 
     base = rows[0]["s/step"]
-    print(f"\n| variant | s/step | x 1 process 1 thread | generate s | update s | wall s | peak MB | reward first 5 -> last 5 |")
+    print(
+        "\n| variant | s/step | x 1 process 1 thread | generate s | update s | wall s | peak MB | reward first 5 -> last 5 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['variant']} | {r['s/step']:.3f} | {r['s/step'] / base:.2f} | {r['generate s']:.3f} | {r['update s']:.3f} | "
-              f"{r['wall s']:.1f} | {r['peak MB']:.0f} | {r['reward first 5']:.2f} -> {r['reward last 5']:.2f} |")
+        print(
+            f"| {r['variant']} | {r['s/step']:.3f} | {r['s/step'] / base:.2f} | {r['generate s']:.3f} | {r['update s']:.3f} | "
+            f"{r['wall s']:.1f} | {r['peak MB']:.0f} | {r['reward first 5']:.2f} -> {r['reward last 5']:.2f} |"
+        )
     return rows
 
 

@@ -61,7 +61,9 @@ def main() -> None:
 
     results = {"replicated": timed(replica), "sharded": timed(sharded)}
     if world.is_main:
-        print(f"{world.world_size} processes, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.length} tokens each")
+        print(
+            f"{world.world_size} processes, hidden {args.hidden}, {args.layers} layers, {args.rows} rows x {args.length} tokens each"
+        )
         for name in results:
             print(f"{name:>10}: {results[name]:.4f} s per pass, {held[name]:,} weights held per process")
         print(f"sharded / replicated: {results['sharded'] / results['replicated']:.2f}")

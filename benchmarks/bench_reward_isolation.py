@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     n = args.completions
     prompts = [f"What is {i} + {i}? Think, then answer." for i in range(n)]
-    completions = [f"<think>{i} plus {i} is {2 * i}, as {i} * 2 = {2 * i}.</think><answer>{2 * i}</answer>" * 2
-                   for i in range(n)]
+    completions = [
+        f"<think>{i} plus {i} is {2 * i}, as {i} * 2 = {2 * i}.</think><answer>{2 * i}</answer>" * 2 for i in range(n)
+    ]
     columns = {"answer": [str(2 * i) for i in range(n)]}
     rewards = {name: load_rewards([(args.spec, 1.0)], [options])[0] for name, options in SETTINGS.items()}
 
@@ -78,8 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             times[name].extend(seconds(reward) for _ in range(10))
     stop_workers()
 
-    print(f"{n} completions, {args.spec}, {len(times['in process'])} calls per setting, "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(
+        f"{n} completions, {args.spec}, {len(times['in process'])} calls per setting, "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    )
     medians = {name: statistics.median(t) for name, t in times.items()}
     plain = medians["in process"]
     print(f"{'setting':<20} {'median ms/call':>15} {'overhead ms':>12}")

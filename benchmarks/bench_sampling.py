@@ -34,11 +34,18 @@ if str(ROOT) not in sys.path:  # run as a script
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each variant (the median is reported)")
-    parser.add_argument("--cache-dir", default=str(ROOT / "benchmarks" / ".cache"),
-                        help="where the realistic workload is built once (shared with bench_grpo_step.py)")
+    parser.add_argument(
+        "--cache-dir",
+        default=str(ROOT / "benchmarks" / ".cache"),
+        help="where the realistic workload is built once (shared with bench_grpo_step.py)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    parser.add_argument("--shape", choices=["full", "tiny"], default="full",
-                        help="the realistic workload's model: full (the measurement) or tiny (seconds: the code paths only)")
+    parser.add_argument(
+        "--shape",
+        choices=["full", "tiny"],
+        default="full",
+        help="the realistic workload's model: full (the measurement) or tiny (seconds: the code paths only)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -78,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     lengths = rollout.completion_mask.sum(1)
     reference = tokens[variants[0][0]]
     same = all(torch.equal(t, reference) for t in tokens.values())
-    print(f"\n32 completions, {int(lengths.sum())} tokens; lengths mean {float(lengths.mean()):.1f}, max {int(lengths.max())} "
-          f"(decoding steps); torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"\n32 completions, {int(lengths.sum())} tokens; lengths mean {float(lengths.mean()):.1f}, max {int(lengths.max())} "
+        f"(decoding steps); torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"every variant drew the same tokens: {'yes' if same else 'NO'}\n")
     print("| sampling one step | median s | vs generate |")
     print("|---|---|---|")

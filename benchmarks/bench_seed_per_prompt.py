@@ -37,17 +37,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        base = tests_workload(tmp, hidden=args.hidden, layers=args.layers, max_new_tokens=args.max_new_tokens, steps=args.steps)
+        base = tests_workload(
+            tmp, hidden=args.hidden, layers=args.layers, max_new_tokens=args.max_new_tokens, steps=args.steps
+        )
         for sampler in args.samplers.split(","):
             for per_prompt in (False, True, False, True):
-                config = {**base, "output_dir": str(tmp / f"run-{len(rows)}"),
-                          "rollout": {**base["rollout"], "seed_per_prompt": per_prompt, "sampler": sampler}}
+                config = {
+                    **base,
+                    "output_dir": str(tmp / f"run-{len(rows)}"),
+                    "rollout": {**base["rollout"], "seed_per_prompt": per_prompt, "sampler": sampler},
+                }
                 metrics = grpo.train(config, progress=False).metrics[2:]
-                rows.append({"sampler": sampler, "seed_per_prompt": per_prompt,
-                             "generate s": statistics.median(m["time/generate"] for m in metrics),
-                             "step s": statistics.median(m["time/step"] for m in metrics)})
+                rows.append(
+                    {
+                        "sampler": sampler,
+                        "seed_per_prompt": per_prompt,
+                        "generate s": statistics.median(m["time/generate"] for m in metrics),
+                        "step s": statistics.median(m["time/step"] for m in metrics),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
-    print(f"\n| sampler | seed_per_prompt | time/generate s | time/step s |")
+    print("\n| sampler | seed_per_prompt | time/generate s | time/step s |")
     print("|---|---|---|---|")
     for r in rows:
         print(f"| {r['sampler']} | {r['seed_per_prompt']} | {r['generate s']:.3f} | {r['step s']:.3f} |")

@@ -79,15 +79,31 @@ REWARD = "benchmarks.gpu_check:reward"
 # Qwen2.5-0.5B's config.json, less what a random-weights run has no use for.
 SHAPES = {
     "qwen0.5b": dict(
-        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False,
-        sliding_window=32768, max_window_layers=24,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        use_sliding_window=False,
+        sliding_window=32768,
+        max_window_layers=24,
     ),
     "tiny": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=256, vocab_size=1024, tie_word_embeddings=True, rope_theta=1e6,
-        max_position_embeddings=1024, rms_norm_eps=1e-6,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
     ),
 }
 TIMES = ("time/step", "time/generate", "time/score", "time/update")
@@ -118,7 +134,9 @@ def build_model(directory: Path, shape: str, device: torch.device) -> int:
     tokenizer = char_tokenizer(vocabulary(SHAPES[shape]["vocab_size"]))
     assert len(tokenizer) == SHAPES[shape]["vocab_size"]
     config = Qwen2Config(
-        **SHAPES[shape], pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        **SHAPES[shape],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
@@ -203,8 +221,21 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         step = r["time/step"]
         split = [f"{r[k]:.3f} s ({100 * r[k] / step:.0f}%)" for k in TIMES[1:]]
-        cuda = f"{r['cuda_peak_allocated_mb']:,.0f} ({r['cuda_peak_reserved_mb']:,.0f} reserved)" if "cuda_peak_allocated_mb" in r else "-"
-        lines.append([r["sampler"], f"{step:.3f}", f"{r['completion_tokens_per_s']:,.0f}", *split, f"{r['memory/peak_mb']:,.0f}", cuda])
+        cuda = (
+            f"{r['cuda_peak_allocated_mb']:,.0f} ({r['cuda_peak_reserved_mb']:,.0f} reserved)"
+            if "cuda_peak_allocated_mb" in r
+            else "-"
+        )
+        lines.append(
+            [
+                r["sampler"],
+                f"{step:.3f}",
+                f"{r['completion_tokens_per_s']:,.0f}",
+                *split,
+                f"{r['memory/peak_mb']:,.0f}",
+                cuda,
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
@@ -228,7 +259,9 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per completion, exactly (default 256)")
     p.add_argument("--device", default="auto", help="train.device: auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--samplers", default="fast,hf", help="comma-separated rollout.sampler values (default fast,hf)")
-    p.add_argument("--autocast", choices=("bfloat16", "off"), default="bfloat16", help="train.autocast (default bfloat16)")
+    p.add_argument(
+        "--autocast", choices=("bfloat16", "off"), default="bfloat16", help="train.autocast (default bfloat16)"
+    )
     args = p.parse_args(argv)
     args.samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     bad = [s for s in args.samplers if s not in ("fast", "hf", "auto")]
@@ -246,9 +279,12 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
     transformers.utils.logging.disable_progress_bar()  # loading and saving shards: noise here
     progress = sys.stderr.isatty() if progress is None else progress
     started = dt.datetime.now()
-    print(f"gpu_check: {args.shape}, {args.steps} steps, {args.prompts} prompts x G={args.group_size}, "
-          f"{args.max_new_tokens} new tokens, autocast {args.autocast}, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
+    print(
+        f"gpu_check: {args.shape}, {args.steps} steps, {args.prompts} prompts x G={args.group_size}, "
+        f"{args.max_new_tokens} new tokens, autocast {args.autocast}, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
@@ -263,12 +299,19 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
 
     print()
     print(table(rows))
-    print(f"(medians over steps 2..{args.steps}; tok/s = completion tokens / time/generate; "
-          "update = reference log-probs + update; peak MB = peak RSS + peak CUDA allocation)")
+    print(
+        f"(medians over steps 2..{args.steps}; tok/s = completion tokens / time/generate; "
+        "update = reference log-probs + update; peak MB = peak RSS + peak CUDA allocation)"
+    )
     results = {
         "started": started.isoformat(timespec="seconds"),
-        "settings": {**vars(args), "device": str(device), "parameters": parameters,
-                     "prompt_length": PROMPT_LENGTH, "shape_config": SHAPES[args.shape]},
+        "settings": {
+            **vars(args),
+            "device": str(device),
+            "parameters": parameters,
+            "prompt_length": PROMPT_LENGTH,
+            "shape_config": SHAPES[args.shape],
+        },
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -44,8 +44,14 @@ def _scores(rows: list[dict], completions: list[str]) -> list[float | None]:
 
 
 # Tasks that need options to load at all: composite mixes other tasks, named here.
-OPTIONS = {"composite": {"datasets": [{"name": "chain_sum", "weight": 1, "config": {}},
-                                      {"name": "spell_backward", "weight": 1, "config": {}}]}}
+OPTIONS = {
+    "composite": {
+        "datasets": [
+            {"name": "chain_sum", "weight": 1, "config": {}},
+            {"name": "spell_backward", "weight": 1, "config": {}},
+        ]
+    }
+}
 
 
 def check(name: str, size: int, seed: int) -> str | None:
@@ -57,8 +63,10 @@ def check(name: str, size: int, seed: int) -> str | None:
         wrong = _scores(rows, ["wrong"] * size)
         if any(s == 1.0 for s in wrong):
             return f"no reference answer, and a wrong answer scores 1.0 on {sum(s == 1.0 for s in wrong)} rows"
-        return (f"loads, a wrong answer scores < 1; but {missing} of {size} rows have no reference answer "
-                "(answer None: the scorer checks a solution), so no completion for grpo sft")
+        return (
+            f"loads, a wrong answer scores < 1; but {missing} of {size} rows have no reference answer "
+            "(answer None: the scorer checks a solution), so no completion for grpo sft"
+        )
     answers = [row["answer"] for row in rows]
     for label, completions in (("bare", answers), ("tagged", [f"<answer>{a}</answer>" for a in answers])):
         scores = _scores(rows, completions)
@@ -92,7 +100,7 @@ def main() -> int:
             problem = check(name, args.size, args.seed)
         except _Late:
             problem = f"took longer than {args.timeout} s"
-        except Exception as exc:  # noqa: BLE001: a survey reports every failure and goes on
+        except Exception as exc:  # noqa: BLE001 (a survey reports every failure and goes on)
             problem = describe(exc)
         finally:
             signal.alarm(0)

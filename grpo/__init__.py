@@ -9,7 +9,6 @@ and `grpo.eval` as pure, tested functions; everything else imports it.
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str):
     # `grpo.train(config)` is the Python API of `grpo train`. It is imported on first use,
     # so that `grpo --version` and the pure math do not pay for loading transformers.

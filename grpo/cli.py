@@ -66,10 +66,6 @@ scores above the rejected one (accuracy; ties count 1/2) and the mean score diff
 """
 
 
-
-
-
-
 def _config_reference() -> str:
     from grpo.config import describe_fields
 
@@ -87,11 +83,21 @@ def _train(args: argparse.Namespace) -> int:
     from grpo.train import train
 
     hf_logging.disable_progress_bar()  # our own bar shows the run; no bars per weight file
-    result = train(args.config, overrides=args.set, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+    result = train(
+        args.config, overrides=args.set, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet
+    )
     last = result.metrics[-1] if result.metrics else {}
     if launched_rank() == 0:  # under torchrun, process 0 speaks for all
-        print(json.dumps({"output_dir": str(result.output_dir), "final": str(result.final_dir),
-                          "steps": last.get("step"), "reward/mean": last.get("reward/mean")}))
+        print(
+            json.dumps(
+                {
+                    "output_dir": str(result.output_dir),
+                    "final": str(result.final_dir),
+                    "steps": last.get("step"),
+                    "reward/mean": last.get("reward/mean"),
+                }
+            )
+        )
     return 0
 
 
@@ -102,9 +108,19 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # our own bar shows the training; no bars per weight file
     summary = train_reward_model(
-        args.model, args.data, args.output, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
-        eval_fraction=args.eval_fraction, seed=args.seed, max_length=args.max_length,
-        overwrite=args.overwrite, progress=not args.quiet, log_every=args.log_every, device=args.device,
+        args.model,
+        args.data,
+        args.output,
+        lr=args.lr,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        max_length=args.max_length,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        log_every=args.log_every,
+        device=args.device,
     )
     print(json.dumps(summary))
     return 0
@@ -169,9 +185,21 @@ def _demo(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     config = DemoConfig(seed=args.seed, seeds=args.seeds, neural_rm=args.neural_rm, full=args.full)
     if args.quick:  # a smoke run of every stage, in about a minute
-        config = DemoConfig(seed=args.seed, seeds=min(args.seeds, 2), neural_rm=args.neural_rm, full=args.full,
-                            sft_steps=300, eval_prompts=12, n=8, ks=[1, 2, 4, 8], train_prompts=64, steps=4,
-                            prompts_per_step=4, group_size=4, rm_prompts=16)
+        config = DemoConfig(
+            seed=args.seed,
+            seeds=min(args.seeds, 2),
+            neural_rm=args.neural_rm,
+            full=args.full,
+            sft_steps=300,
+            eval_prompts=12,
+            n=8,
+            ks=[1, 2, 4, 8],
+            train_prompts=64,
+            steps=4,
+            prompts_per_step=4,
+            group_size=4,
+            rm_prompts=16,
+        )
     if args.steps:
         config.steps = args.steps
     summary = demo(args.output, config, progress=not args.quiet, overwrite=args.overwrite)
@@ -185,9 +213,18 @@ def _compare(args: argparse.Namespace) -> int:
     from grpo.compare import compare
 
     hf_logging.disable_progress_bar()
-    summary = compare(args.config_a, args.config_b, args.output, overrides=args.set, task=args.task,
-                      eval_data=args.eval_data, n=args.n, answer=args.answer, answer_pattern=args.answer_pattern,
-                      progress=not args.quiet)
+    summary = compare(
+        args.config_a,
+        args.config_b,
+        args.output,
+        overrides=args.set,
+        task=args.task,
+        eval_data=args.eval_data,
+        n=args.n,
+        answer=args.answer,
+        answer_pattern=args.answer_pattern,
+        progress=not args.quiet,
+    )
     if summary["aligned"]:
         print("B took A's data and budget: " + "; ".join(summary["aligned"]))
     print(summary["table"])
@@ -212,13 +249,24 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("config", help="the YAML config file")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key, e.g. --set rollout.group_size=4 (repeatable)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set rollout.group_size=4 (repeatable)",
+    )
     resume = train.add_mutually_exclusive_group()
-    resume.add_argument("--resume", action="store_true",
-                        help="continue the run in output_dir from its newest intact checkpoint (a folder with no completed step starts afresh)")
-    resume.add_argument("--overwrite", action="store_true",
-                        help="start afresh in output_dir: remove the files an earlier run wrote there (checkpoints, logs, final/)")
+    resume.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in output_dir from its newest intact checkpoint (a folder with no completed step starts afresh)",
+    )
+    resume.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in output_dir: remove the files an earlier run wrote there (checkpoints, logs, final/)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
 
@@ -237,24 +285,43 @@ def build_parser() -> argparse.ArgumentParser:
         description=RM_TRAIN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rm_train.add_argument("--model", required=True, metavar="BASE", help="the causal LM to start from (directory or hub id)")
-    rm_train.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
+    rm_train.add_argument(
+        "--model", required=True, metavar="BASE", help="the causal LM to start from (directory or hub id)"
+    )
+    rm_train.add_argument(
+        "--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected"
+    )
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
     rm_train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: %(default)s)")
     rm_train.add_argument("--epochs", type=positive_int, default=1, help="passes over the pairs (default: %(default)s)")
     rm_train.add_argument("--batch-size", type=positive_int, default=16, help="pairs per update (default: %(default)s)")
-    rm_train.add_argument("--eval-fraction", type=fraction, default=0.1,
-                          help="fraction of the pairs held out to measure accuracy (default: %(default)s)")
-    rm_train.add_argument("--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)")
-    rm_train.add_argument("--max-length", type=positive_int, default=None,
-                          help="tokens per text; longer texts lose their beginning (default: the model's limit)")
+    rm_train.add_argument(
+        "--eval-fraction",
+        type=fraction,
+        default=0.1,
+        help="fraction of the pairs held out to measure accuracy (default: %(default)s)",
+    )
+    rm_train.add_argument(
+        "--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)"
+    )
+    rm_train.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        help="tokens per text; longer texts lose their beginning (default: the model's limit)",
+    )
     rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
-    rm_train.add_argument("--log-every", type=positive_int, default=10, metavar="N",
-                          help="when stderr is not a terminal (a file, a cluster's log), one line every N batches "
-                               "(step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always "
-                               "(default: %(default)s)")
+    rm_train.add_argument(
+        "--log-every",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="when stderr is not a terminal (a file, a cluster's log), one line every N batches "
+        "(step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always "
+        "(default: %(default)s)",
+    )
     rm_train.set_defaults(handler=_rm_train)
 
     rm_eval = rm_commands.add_parser(
@@ -265,43 +332,75 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
     rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
-    rm_eval.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)")
+    rm_eval.add_argument(
+        "--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)"
+    )
     rm_eval.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_eval.set_defaults(handler=_rm_eval)
 
     register_eval(commands, load_task=load_task)
     register_sft(commands)
 
-    demo = commands.add_parser("demo", help="the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)",
-                               description=DEMO_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo = commands.add_parser(
+        "demo",
+        help="the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)",
+        description=DEMO_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="seed of every stage (default: %(default)s)")
     demo.add_argument("--steps", type=positive_int, default=None, help="RL steps per run (default: the demo's)")
-    demo.add_argument("--seeds", type=positive_int, default=3,
-                      help="RL runs per arm, seeds --seed, --seed + 1, ... (default: %(default)s; 1 for a quick look)")
-    demo.add_argument("--full", action="store_true",
-                      help="also outcome vs process supervision and one vs two iterations of iterative RL (longer)")
-    demo.add_argument("--neural-rm", action="store_true",
-                      help="also a GRPO run driven by a reward model trained on the base's own answers (on with --full)")
+    demo.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=3,
+        help="RL runs per arm, seeds --seed, --seed + 1, ... (default: %(default)s; 1 for a quick look)",
+    )
+    demo.add_argument(
+        "--full",
+        action="store_true",
+        help="also outcome vs process supervision and one vs two iterations of iterative RL (longer)",
+    )
+    demo.add_argument(
+        "--neural-rm",
+        action="store_true",
+        help="also a GRPO run driven by a reward model trained on the base's own answers (on with --full)",
+    )
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
     demo.add_argument("--quiet", action="store_true", help="no progress output")
     demo.set_defaults(handler=_demo)
 
-    compare = commands.add_parser("compare", help="train two configs on the same data and budget, side by side",
-                                  description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare = commands.add_parser(
+        "compare",
+        help="train two configs on the same data and budget, side by side",
+        description=COMPARE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     compare.add_argument("config_a", help="the first YAML config (its data and budget are used for both)")
     compare.add_argument("config_b", help="the second YAML config")
-    compare.add_argument("--output", default="runs/compare", help="where both runs and the table go (default: %(default)s)")
-    compare.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in both configs")
-    compare.add_argument("--task", default=None, metavar="SPEC",
-                         help="measure accuracy (pass@1) and maj@n with this task's verifier: a built-in name "
-                              "(arithmetic, reasoning_gym) or 'pkg.module:name' naming a grpo.tasks.Task")
-    compare.add_argument("--eval-data", default=None,
-                         help="problems for the accuracy: a data file or dataset, or 'reasoning_gym:NAME?size=N&seed=S' "
-                              "with --task reasoning_gym (default: 100 rows generated by the task)")
-    compare.add_argument("--n", type=positive_int, default=8,
-                         help="samples per problem for pass@1 and maj@n (default: %(default)s)")
+    compare.add_argument(
+        "--output", default="runs/compare", help="where both runs and the table go (default: %(default)s)"
+    )
+    compare.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in both configs"
+    )
+    compare.add_argument(
+        "--task",
+        default=None,
+        metavar="SPEC",
+        help="measure accuracy (pass@1) and maj@n with this task's verifier: a built-in name "
+        "(arithmetic, reasoning_gym) or 'pkg.module:name' naming a grpo.tasks.Task",
+    )
+    compare.add_argument(
+        "--eval-data",
+        default=None,
+        help="problems for the accuracy: a data file or dataset, or 'reasoning_gym:NAME?size=N&seed=S' "
+        "with --task reasoning_gym (default: 100 rows generated by the task)",
+    )
+    compare.add_argument(
+        "--n", type=positive_int, default=8, help="samples per problem for pass@1 and maj@n (default: %(default)s)"
+    )
     add_answer_options(compare, votes="maj@n", default="the task's extractor")
     compare.add_argument("--quiet", action="store_true", help="no progress output")
     compare.set_defaults(handler=_compare)

@@ -19,8 +19,16 @@ from grpo.infra.child import train_in_child
 from grpo.tasks import Task, load_task
 
 # What the second run takes from the first: the same data and budget.
-ALIGNED = ["data.path", "data.prompt_column", "data.split", "data.task_options", "seed", "train.steps",
-           "rollout.prompts_per_step", "rollout.max_new_tokens"]
+ALIGNED = [
+    "data.path",
+    "data.prompt_column",
+    "data.split",
+    "data.task_options",
+    "seed",
+    "train.steps",
+    "rollout.prompts_per_step",
+    "rollout.max_new_tokens",
+]
 
 ROWS = [
     ("models held", "models", "{:d}"),
@@ -89,7 +97,9 @@ def _verifier(task: Task | None, rows: list[dict], answer: str | None, answer_pa
     extract = answer_extractor(answer, answer_pattern)
     if task is None:
         if extract is not None:
-            raise UserError("compare: --answer and --answer-pattern read the answers of the evaluation; give --task too")
+            raise UserError(
+                "compare: --answer and --answer-pattern read the answers of the evaluation; give --task too"
+            )
         return None
     verifier = task_verifier(task, extract=extract)
     try_on_rows(verifier, rows, f"task {task.name!r}", "prompt", command="compare", data_option="--eval-data")
@@ -105,8 +115,12 @@ def _evaluate(model_dir: Path, verifier, rows: list[dict], n: int, seed: int, pr
 
     result = evaluate_saved(model_dir, rows, n=n, ks=sorted({1, n}), verifier=verifier, seed=seed, progress=progress)
     result.pop("per_prompt")
-    return {"accuracy": result["pass@k"]["1"], "maj@n": result["maj@k"][str(n)], "no_answer": result["no_answer"],
-            "eval": result}
+    return {
+        "accuracy": result["pass@k"]["1"],
+        "maj@n": result["maj@k"][str(n)],
+        "no_answer": result["no_answer"],
+        "eval": result,
+    }
 
 
 def format_table(names: list[str], runs: list[dict], *, n: int | None = None) -> str:
@@ -173,7 +187,11 @@ def compare(
         "warnings": warnings,
     }
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
-    note = ("B took A's data and budget: " + "; ".join(changed)) if changed else "Both configs had the same data and budget."
+    note = (
+        ("B took A's data and budget: " + "; ".join(changed))
+        if changed
+        else "Both configs had the same data and budget."
+    )
     said = "".join(f"\n{warning}\n" for warning in warnings)
     (out / "compare.md").write_text(f"# {names[0]} vs {names[1]}\n\n{note}\n\n{table}\n{said}")
     return summary

@@ -41,92 +41,225 @@ def opt(default: Any, doc: str, **kw) -> Any:
 
 @dataclass
 class DataConfig:
-    path: str = opt("", "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see the README's reasoning-gym section).")
-    prompt_column: str = opt("prompt", "Column holding the prompt: a string, or a list of chat messages (then the tokenizer's chat template is applied).")
+    path: str = opt(
+        "",
+        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see the README's reasoning-gym section).",
+    )
+    prompt_column: str = opt(
+        "prompt",
+        "Column holding the prompt: a string, or a list of chat messages (then the tokenizer's chat template is applied).",
+    )
     split: str = opt("train", "Split to use when `path` is a `datasets` name or a saved DatasetDict.")
     shuffle: bool = opt(True, "Shuffle the prompts by `seed`, reshuffling at each pass over the data.")
-    task_options: dict[str, Any] = opt({}, "With a reasoning_gym:NAME data.path: the task's own options (the fields of its config, e.g. {min_digits: 2}).")
+    task_options: dict[str, Any] = opt(
+        {},
+        "With a reasoning_gym:NAME data.path: the task's own options (the fields of its config, e.g. {min_digits: 2}).",
+    )
 
 
 @dataclass
 class RewardConfig:
-    function: str | Callable | None = opt(None, "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).")
-    model: str | None = opt(None, "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.")
+    function: str | Callable | None = opt(
+        None,
+        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
+    )
+    model: str | None = opt(
+        None,
+        "A reward model (a directory from `grpo rm train`, or a hub id of a sequence-classification model with one output) scoring prompt + completion.",
+    )
     weight: float = opt(1.0, "Weight of this reward in the weighted sum.")
-    normalize: bool = opt(False, "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.")
-    process: bool = opt(False, "Reward models with loss.supervision: process: score the prefix ending at each step (a process reward model); steps end at the characters in `step_separator`.")
+    normalize: bool = opt(
+        False,
+        "Reward models: standardise the model's scores over each step's batch (mean 0, std 1) before weighting, so they mix with 0/1 rule rewards on a known scale.",
+    )
+    process: bool = opt(
+        False,
+        "Reward models with loss.supervision: process: score the prefix ending at each step (a process reward model); steps end at the characters in `step_separator`.",
+    )
     step_separator: str = opt("\n", "Process reward models: the characters that end a reasoning step.")
-    timeout: float | None = opt(None, "Functions: seconds one call may take (null = no limit). A call that takes longer fails the step (or scores None, with on_timeout: none). The call is abandoned, not stopped, unless isolate is on.")
-    on_timeout: Literal["fail", "none"] = opt("fail", "Functions: what a call past `timeout` does: fail the run (a checkpoint of the last completed step is kept), or score the whole batch None for this function.")
-    isolate: bool = opt(False, "Functions: run the function in a worker process, which is killed when a call passes `timeout` (for rewards that run untrusted or runaway code). Costs a round trip per call (benchmarks/README.md).")
+    timeout: float | None = opt(
+        None,
+        "Functions: seconds one call may take (null = no limit). A call that takes longer fails the step (or scores None, with on_timeout: none). The call is abandoned, not stopped, unless isolate is on.",
+    )
+    on_timeout: Literal["fail", "none"] = opt(
+        "fail",
+        "Functions: what a call past `timeout` does: fail the run (a checkpoint of the last completed step is kept), or score the whole batch None for this function.",
+    )
+    isolate: bool = opt(
+        False,
+        "Functions: run the function in a worker process, which is killed when a call passes `timeout` (for rewards that run untrusted or runaway code). Costs a round trip per call (benchmarks/README.md).",
+    )
 
 
 @dataclass
 class RolloutConfig:
-    group_size: int = opt(8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1.")
+    group_size: int = opt(
+        8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1."
+    )
     prompts_per_step: int = opt(4, "Prompts per step; a step samples prompts_per_step * group_size completions.")
     max_new_tokens: int = opt(64, "Longest completion, in tokens (generation stops earlier at EOS).")
     min_new_tokens: int = opt(0, "Shortest completion: EOS is suppressed before this many tokens.")
     temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
-    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off). A truncation the loss does not score (README, 'Sampling').")
-    top_k: int = opt(0, "Sample among the k most likely tokens (0 = off). A truncation the loss does not score (README, 'Sampling').")
-    min_p: float = opt(0.0, "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (README, 'Sampling').")
-    repetition_penalty: float = opt(1.0, "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (README, 'Sampling').")
-    max_prompt_length: int = opt(0, "Longest prompt, in tokens (0 = no limit): longer prompts keep their last max_prompt_length tokens (truncated from the left, as TRL does); the metric prompts/truncated counts them. max_prompt_length + max_new_tokens must fit the model's positions.")
-    generation_batch_size: int = opt(0, "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.")
-    seed_per_prompt: bool = opt(False, "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).")
-    sampler: Literal["auto", "fast", "hf"] = opt("auto", "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).")
+    top_p: float = opt(
+        1.0,
+        "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off). A truncation the loss does not score (README, 'Sampling').",
+    )
+    top_k: int = opt(
+        0, "Sample among the k most likely tokens (0 = off). A truncation the loss does not score (README, 'Sampling')."
+    )
+    min_p: float = opt(
+        0.0,
+        "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (README, 'Sampling').",
+    )
+    repetition_penalty: float = opt(
+        1.0,
+        "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (README, 'Sampling').",
+    )
+    max_prompt_length: int = opt(
+        0,
+        "Longest prompt, in tokens (0 = no limit): longer prompts keep their last max_prompt_length tokens (truncated from the left, as TRL does); the metric prompts/truncated counts them. max_prompt_length + max_new_tokens must fit the model's positions.",
+    )
+    generation_batch_size: int = opt(
+        0,
+        "Completions generated per call (0 = the whole step at once). Smaller bounds generation memory (the KV cache); results are the same up to sampling order.",
+    )
+    seed_per_prompt: bool = opt(
+        False,
+        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
+    )
+    sampler: Literal["auto", "fast", "hf"] = opt(
+        "auto",
+        "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).",
+    )
 
 
 @dataclass
 class TrainConfig:
     steps: int = opt(100, "Total RL steps (each: sample, score, advantages, update).")
-    iterations: int = opt(1, "Outer iterations of DeepSeekMath Algorithm 1; the reference model is reset to the policy at the start of each. Steps are split evenly among them.")
-    lr: float = opt(1e-6, "Policy learning rate (DeepSeekMath: 1e-6 for 7B; ~1e-3 suits tiny models trained from scratch).")
-    epochs: int = opt(1, "mu: update epochs over each step's batch. With 1 the old policy is the current one: no extra forward pass, the ratio is 1.")
-    minibatches: int = opt(1, "Optimizer steps per epoch: the batch of completions is split into this many minibatches.")
-    micro_batch_size: int = opt(0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch.")
-    length_grouping: bool = opt(True, "Order a minibatch's completions by length before splitting it into micro-batches (micro_batch_size), so that each micro-batch holds completions of similar length; a prompt's completions stay together while the update shares their prompt pass. Every pass is cut to its micro-batch's longest completion either way; this makes that cut deeper. The same gradient as false (only which completions share a pass changes); also orders the reference, old-policy and critic passes.")
+    iterations: int = opt(
+        1,
+        "Outer iterations of DeepSeekMath Algorithm 1; the reference model is reset to the policy at the start of each. Steps are split evenly among them.",
+    )
+    lr: float = opt(
+        1e-6, "Policy learning rate (DeepSeekMath: 1e-6 for 7B; ~1e-3 suits tiny models trained from scratch)."
+    )
+    epochs: int = opt(
+        1,
+        "mu: update epochs over each step's batch. With 1 the old policy is the current one: no extra forward pass, the ratio is 1.",
+    )
+    minibatches: int = opt(
+        1, "Optimizer steps per epoch: the batch of completions is split into this many minibatches."
+    )
+    micro_batch_size: int = opt(
+        0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch."
+    )
+    length_grouping: bool = opt(
+        True,
+        "Order a minibatch's completions by length before splitting it into micro-batches (micro_batch_size), so that each micro-batch holds completions of similar length; a prompt's completions stay together while the update shares their prompt pass. Every pass is cut to its micro-batch's longest completion either way; this makes that cut deeper. The same gradient as false (only which completions share a pass changes); also orders the reference, old-policy and critic passes.",
+    )
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (0 = no clipping).")
     checkpoint_every: int = opt(0, "Also save a resumable checkpoint every N steps (0 = by time only).")
-    checkpoint_minutes: float = opt(10.0, "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.")
+    checkpoint_minutes: float = opt(
+        10.0,
+        "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.",
+    )
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
-    max_unscored_steps: int = opt(5, "Stop the run (with a checkpoint) after this many steps in a row where no reward scored any completion (0 = never); each such step warns.")
-    log_every: int = opt(10, "When stderr is not a terminal (a file, a cluster's log), print one plain line every N steps (step, reward, KL, length, s/step) instead of a progress bar; on a terminal the bar. --quiet prints neither.")
-    sample_every: int = opt(10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never).")
-    report_to: list[str] | str | None = opt([], "Where the metrics go besides metrics.jsonl, from process 0 (TRL's report_to): a list of tensorboard (output_dir/tensorboard; grpo[tensorboard]), wandb (Weights & Biases; grpo[wandb]; follows WANDB_MODE, e.g. offline, and WANDB_DIR, else output_dir/wandb) and trackio (its local SQLite store under TRACKIO_DIR, no network; grpo[trackio]); one name, or several joined by commas; or none / [] for metrics.jsonl only.")
+    max_unscored_steps: int = opt(
+        5,
+        "Stop the run (with a checkpoint) after this many steps in a row where no reward scored any completion (0 = never); each such step warns.",
+    )
+    log_every: int = opt(
+        10,
+        "When stderr is not a terminal (a file, a cluster's log), print one plain line every N steps (step, reward, KL, length, s/step) instead of a progress bar; on a terminal the bar. --quiet prints neither.",
+    )
+    sample_every: int = opt(
+        10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never)."
+    )
+    report_to: list[str] | str | None = opt(
+        [],
+        "Where the metrics go besides metrics.jsonl, from process 0 (TRL's report_to): a list of tensorboard (output_dir/tensorboard; grpo[tensorboard]), wandb (Weights & Biases; grpo[wandb]; follows WANDB_MODE, e.g. offline, and WANDB_DIR, else output_dir/wandb) and trackio (its local SQLite store under TRACKIO_DIR, no network; grpo[trackio]); one name, or several joined by commas; or none / [] for metrics.jsonl only.",
+    )
     tensorboard: bool = opt(False, "true: the same as adding tensorboard to report_to (the older spelling).")
     run_name: str = opt("", "The run's name in wandb and trackio (TRL's run_name); empty: output_dir's folder name.")
-    project: str = opt("", "The wandb and trackio project the run is filed under (TRL's project); empty: $WANDB_PROJECT for wandb if set, else 'grpo'.")
-    device: str = opt("auto", "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.")
-    backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend under torchrun: auto (NCCL on GPUs, gloo on CPUs), nccl or gloo.")
-    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the models are loaded in (the weights, gradients and optimizer state; see autocast for the compute dtype).")
-    attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = opt("auto", "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: on a CPU, eager up to 512 new tokens (its backward is the faster one at such lengths, benchmarks/README.md; it holds the (B, heads, T, T) scores) and the model's default beyond; on a GPU the model's default (SDPA). flash_attention_2 needs the flash-attn package.")
-    gradient_checkpointing: bool = opt(True, "Activation checkpointing for the policy's update (TRL's default): each layer keeps only its input and recomputes the rest in the backward, one more forward pass of compute for much less activation memory. The update then runs one pass per row, without sharing a group's prompt. false: faster steps where memory allows (measured in benchmarks/README.md). A model without transformers' checkpointing support trains without, with a warning.")
-    chunked_head: bool = opt(True, "Compute the log-probs (reference, old-policy and update passes) and the entropy metric from the last hidden states through the LM head a chunk of positions at a time, the backward recomputing each chunk's logits: no (completions x tokens x vocabulary) logits are ever held. The same numbers as false (full logits, then the log-probs); a model whose logits are not its head's output (soft-capping, a logit scale) or whose head is not a plain linear layer runs that path whatever this says.")
-    autocast: Literal["auto", "off", "bfloat16"] = opt("auto", "Mixed precision (auto: bfloat16 on a GPU, off on a CPU): run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Pays on GPUs and on CPUs with AVX512-BF16/AMX once matmuls are big enough (models of ~1M parameters and up; below that it can be slower; measured in benchmarks/README.md). Changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones; learning does not (same README).")
+    project: str = opt(
+        "",
+        "The wandb and trackio project the run is filed under (TRL's project); empty: $WANDB_PROJECT for wandb if set, else 'grpo'.",
+    )
+    device: str = opt(
+        "auto",
+        "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "torch.distributed backend under torchrun: auto (NCCL on GPUs, gloo on CPUs), nccl or gloo."
+    )
+    dtype: Literal["float32", "bfloat16"] = opt(
+        "float32",
+        "Dtype the models are loaded in (the weights, gradients and optimizer state; see autocast for the compute dtype).",
+    )
+    attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = opt(
+        "auto",
+        "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: on a CPU, eager up to 512 new tokens (its backward is the faster one at such lengths, benchmarks/README.md; it holds the (B, heads, T, T) scores) and the model's default beyond; on a GPU the model's default (SDPA). flash_attention_2 needs the flash-attn package.",
+    )
+    gradient_checkpointing: bool = opt(
+        True,
+        "Activation checkpointing for the policy's update (TRL's default): each layer keeps only its input and recomputes the rest in the backward, one more forward pass of compute for much less activation memory. The update then runs one pass per row, without sharing a group's prompt. false: faster steps where memory allows (measured in benchmarks/README.md). A model without transformers' checkpointing support trains without, with a warning.",
+    )
+    chunked_head: bool = opt(
+        True,
+        "Compute the log-probs (reference, old-policy and update passes) and the entropy metric from the last hidden states through the LM head a chunk of positions at a time, the backward recomputing each chunk's logits: no (completions x tokens x vocabulary) logits are ever held. The same numbers as false (full logits, then the log-probs); a model whose logits are not its head's output (soft-capping, a logit scale) or whose head is not a plain linear layer runs that path whatever this says.",
+    )
+    autocast: Literal["auto", "off", "bfloat16"] = opt(
+        "auto",
+        "Mixed precision (auto: bfloat16 on a GPU, off on a CPU): run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Pays on GPUs and on CPUs with AVX512-BF16/AMX once matmuls are big enough (models of ~1M parameters and up; below that it can be slower; measured in benchmarks/README.md). Changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones; learning does not (same README).",
+    )
 
 
 @dataclass
 class LossConfig:
-    baseline: Literal["group", "critic"] | None = opt(None, "Where advantages come from: 'group' (GRPO: (r - mean) / std over the G samples of a prompt) or 'critic' (PPO: a value model and GAE). Default: the algorithm's.")
-    kl_in: Literal["loss", "reward"] | None = opt(None, "Where the KL penalty goes: 'loss' (GRPO: + beta * KL per token in the loss) or 'reward' (PPO: - beta * KL per token in the reward). Default: the algorithm's.")
-    kl_estimator: Literal["k1", "k2", "k3"] | None = opt(None, "KL estimator: k3 (GRPO, unbiased and >= 0), k1 (PPO), k2. Default: the algorithm's.")
+    baseline: Literal["group", "critic"] | None = opt(
+        None,
+        "Where advantages come from: 'group' (GRPO: (r - mean) / std over the G samples of a prompt) or 'critic' (PPO: a value model and GAE). Default: the algorithm's.",
+    )
+    kl_in: Literal["loss", "reward"] | None = opt(
+        None,
+        "Where the KL penalty goes: 'loss' (GRPO: + beta * KL per token in the loss) or 'reward' (PPO: - beta * KL per token in the reward). Default: the algorithm's.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] | None = opt(
+        None, "KL estimator: k3 (GRPO, unbiased and >= 0), k1 (PPO), k2. Default: the algorithm's."
+    )
     beta: float = opt(0.04, "KL coefficient. 0 loads no reference model.")
-    supervision: Literal["outcome", "process"] = opt("outcome", "Outcome: one reward per completion, every token gets its advantage. Process (DeepSeekMath §4.1.3): rewards per reasoning step, normalised over the group; a token's advantage sums the normalised rewards of the steps ending at or after it.")
-    scale: Literal["group", "batch", "none"] = opt("group", "GRPO advantage divisor: the group's std (paper), the batch's std, or none (Dr. GRPO).")
+    supervision: Literal["outcome", "process"] = opt(
+        "outcome",
+        "Outcome: one reward per completion, every token gets its advantage. Process (DeepSeekMath §4.1.3): rewards per reasoning step, normalised over the group; a token's advantage sums the normalised rewards of the steps ending at or after it.",
+    )
+    scale: Literal["group", "batch", "none"] = opt(
+        "group", "GRPO advantage divisor: the group's std (paper), the batch's std, or none (Dr. GRPO)."
+    )
     eps: float = opt(1e-4, "Added to the std in the GRPO advantage.")
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = opt("seq-mean-token-mean", "How per-token losses are averaged: per sequence then over sequences (DeepSeekMath), over all tokens (DAPO), or summed over a constant max_new_tokens (Dr. GRPO).")
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = opt(
+        "seq-mean-token-mean",
+        "How per-token losses are averaged: per sequence then over sequences (DeepSeekMath), over all tokens (DAPO), or summed over a constant max_new_tokens (Dr. GRPO).",
+    )
     clip_low: float = opt(0.2, "Lower clip range epsilon: the ratio is clipped at 1 - clip_low.")
     clip_high: float = opt(0.2, "Upper clip range: 1 + clip_high (DAPO's clip-higher uses 0.28).")
-    ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token (PPO/GRPO) or per sequence (GSPO).")
-    dual_clip: float | None = opt(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (off by default).")
-    mask_truncated_completions: bool = opt(False, "Leave out of the loss the completions cut off at rollout.max_new_tokens (no EOS): their tokens get no gradient and no KL (DAPO's overlong filtering; TRL's mask_truncated_completions). They still count in their group's baseline and in the number of sequences.")
-    drop_zero_std_groups: bool = opt(False, "Leave out of the update the groups whose rewards are all equal (their advantages are all 0; DAPO's dynamic sampling without the refill).")
+    ratio_level: Literal["token", "sequence"] = opt(
+        "token", "Importance ratio per token (PPO/GRPO) or per sequence (GSPO)."
+    )
+    dual_clip: float | None = opt(
+        None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (off by default)."
+    )
+    mask_truncated_completions: bool = opt(
+        False,
+        "Leave out of the loss the completions cut off at rollout.max_new_tokens (no EOS): their tokens get no gradient and no KL (DAPO's overlong filtering; TRL's mask_truncated_completions). They still count in their group's baseline and in the number of sequences.",
+    )
+    drop_zero_std_groups: bool = opt(
+        False,
+        "Leave out of the update the groups whose rewards are all equal (their advantages are all 0; DAPO's dynamic sampling without the refill).",
+    )
     gamma: float = opt(1.0, "PPO: discount in GAE.")
     lam: float = opt(0.95, "PPO: GAE lambda.")
     whiten_advantages: bool = opt(True, "PPO: whiten the GAE advantages over the batch.")
@@ -135,10 +268,20 @@ class LossConfig:
 
 @dataclass
 class RewardModelUpdateConfig:
-    verifier: str | None = opt(None, "Iterative RL (DeepSeekMath §4.1.4): a reward function (built-in or 'pkg.module:function') that labels the policy's fresh samples; between iterations the reward model keeps training on comparisons of its higher- over lower-scored samples. Unset: the reward model stays fixed.")
-    reward: int = opt(-1, "Which `rewards` entry is the reward model to train (its index; -1 = the first entry with a `model`).")
-    data: str | None = opt(None, "The reward model's earlier training comparisons (rows prompt, chosen, rejected), the first history that replay draws from.")
-    replay: float = opt(0.1, "Fraction of the historical comparisons replayed beside the new ones at each update (DeepSeekMath: 10%).")
+    verifier: str | None = opt(
+        None,
+        "Iterative RL (DeepSeekMath §4.1.4): a reward function (built-in or 'pkg.module:function') that labels the policy's fresh samples; between iterations the reward model keeps training on comparisons of its higher- over lower-scored samples. Unset: the reward model stays fixed.",
+    )
+    reward: int = opt(
+        -1, "Which `rewards` entry is the reward model to train (its index; -1 = the first entry with a `model`)."
+    )
+    data: str | None = opt(
+        None,
+        "The reward model's earlier training comparisons (rows prompt, chosen, rejected), the first history that replay draws from.",
+    )
+    replay: float = opt(
+        0.1, "Fraction of the historical comparisons replayed beside the new ones at each update (DeepSeekMath: 10%)."
+    )
     prompts: int = opt(16, "Prompts sampled for new comparisons at each update.")
     samples_per_prompt: int = opt(4, "Completions sampled per prompt for new comparisons.")
     max_pairs_per_prompt: int = opt(4, "Most comparisons built from one prompt's samples.")
@@ -150,30 +293,42 @@ class RewardModelUpdateConfig:
 
 @dataclass
 class ValueConfig:
-    model: str | None = opt(None, "PPO's value model: a causal LM whose backbone gets a scalar head. Default: the policy's `model`.")
+    model: str | None = opt(
+        None, "PPO's value model: a causal LM whose backbone gets a scalar head. Default: the policy's `model`."
+    )
     lr: float | None = opt(None, "Value model learning rate. Default: train.lr.")
 
 
 @dataclass
 class LoraConfig:
-    r: int = opt(0, "LoRA rank (0 = full fine-tuning). With LoRA the reference is the same weights with the adapter off: no second copy.")
+    r: int = opt(
+        0,
+        "LoRA rank (0 = full fine-tuning). With LoRA the reference is the same weights with the adapter off: no second copy.",
+    )
     alpha: float = opt(16.0, "LoRA alpha.")
     target_modules: list[str] | str = opt("all-linear", "Modules to adapt (peft's target_modules).")
 
 
 @dataclass
 class Config:
-    algorithm: Literal["grpo", "ppo"] = opt("grpo", "The preset for loss.baseline, loss.kl_in and loss.kl_estimator: grpo (group, loss, k3) or ppo (critic, reward, k1).")
+    algorithm: Literal["grpo", "ppo"] = opt(
+        "grpo",
+        "The preset for loss.baseline, loss.kl_in and loss.kl_estimator: grpo (group, loss, k3) or ppo (critic, reward, k1).",
+    )
     model: str = opt("", "The policy: a Hugging Face causal LM directory or hub id.")
     seed: int = opt(0, "Seed for sampling, shuffling and initialisation.")
     output_dir: str = opt("runs/train", "Where config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ go.")
     data: DataConfig = opt(DataConfig(), "The prompts.")
-    rewards: list[RewardConfig] = opt([], "Reward functions (or models) and their weights; the reward is their weighted sum.")
+    rewards: list[RewardConfig] = opt(
+        [], "Reward functions (or models) and their weights; the reward is their weighted sum."
+    )
     rollout: RolloutConfig = opt(RolloutConfig(), "Sampling.")
     train: TrainConfig = opt(TrainConfig(), "The optimisation loop.")
     loss: LossConfig = opt(LossConfig(), "The objective.")
     value: ValueConfig = opt(ValueConfig(), "PPO's value model.")
-    reward_model_update: RewardModelUpdateConfig = opt(RewardModelUpdateConfig(), "Iterative RL: keep training the reward model between iterations.")
+    reward_model_update: RewardModelUpdateConfig = opt(
+        RewardModelUpdateConfig(), "Iterative RL: keep training the reward model between iterations."
+    )
     lora: LoraConfig = opt(LoraConfig(), "Parameter-efficient fine-tuning.")
 
 
@@ -269,7 +424,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 # None with what to do instead. Looked up by the bare name, in whatever section it was put.
 TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "num_generations": ("rollout.group_size", "G, completions per prompt"),
-    "per_device_train_batch_size": ("rollout.prompts_per_step", "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes / num_generations"),
+    "per_device_train_batch_size": (
+        "rollout.prompts_per_step",
+        "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes / num_generations",
+    ),
     "generation_batch_size": ("rollout.generation_batch_size", "completions per decoding call"),
     "max_completion_length": ("rollout.max_new_tokens", "longest completion"),
     "max_prompt_length": ("rollout.max_prompt_length", "longest prompt, cut from the left"),
@@ -279,7 +437,10 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "min_p": ("rollout.min_p", "min-p sampling"),
     "repetition_penalty": ("rollout.repetition_penalty", "the repetition penalty, which the loss scores too"),
     "learning_rate": ("train.lr", "the policy's learning rate"),
-    "num_iterations": ("train.epochs", "mu, update epochs per batch; our train.iterations resets the reference instead"),
+    "num_iterations": (
+        "train.epochs",
+        "mu, update epochs per batch; our train.iterations resets the reference instead",
+    ),
     "max_steps": ("train.steps", "RL steps"),
     "save_steps": ("train.checkpoint_every", "steps between checkpoints"),
     "logging_steps": ("train.log_every", "steps between log lines (when stderr is not a terminal)"),
@@ -291,12 +452,18 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "weight_decay": ("train.weight_decay", "AdamW weight decay"),
     "max_grad_norm": ("train.max_grad_norm", "gradient clipping"),
     "gradient_checkpointing": ("train.gradient_checkpointing", "activation checkpointing"),
-    "gradient_accumulation_steps": ("train.micro_batch_size", "completions per forward/backward pass: a minibatch's completions / gradient_accumulation_steps"),
+    "gradient_accumulation_steps": (
+        "train.micro_batch_size",
+        "completions per forward/backward pass: a minibatch's completions / gradient_accumulation_steps",
+    ),
     "bf16": ("train.autocast", "bfloat16 mixed precision: train.autocast: bfloat16"),
     "epsilon": ("loss.clip_low", "the clip range's lower epsilon (and loss.clip_high); loss.eps is the std's epsilon"),
     "epsilon_high": ("loss.clip_high", "DAPO's clip-higher"),
     "beta": ("loss.beta", "the KL coefficient"),
-    "loss_type": ("loss.aggregation", "grpo/bnpo/dapo/dr_grpo are seq-mean-token-mean/token-mean/token-mean/seq-mean-token-sum-norm"),
+    "loss_type": (
+        "loss.aggregation",
+        "grpo/bnpo/dapo/dr_grpo are seq-mean-token-mean/token-mean/token-mean/seq-mean-token-sum-norm",
+    ),
     "scale_rewards": ("loss.scale", "group, batch or none"),
     "mask_truncated_completions": ("loss.mask_truncated_completions", "leave cut-off completions out of the loss"),
     "model_name_or_path": ("model", "the policy"),
@@ -321,7 +488,9 @@ def reporters(train: TrainConfig) -> list[str]:
         if name not in REPORTERS:
             close = difflib.get_close_matches(str(name), REPORTERS, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"train.report_to: unknown logger {name!r}{hint}; choose among {', '.join(REPORTERS)}, or none")
+            raise UserError(
+                f"train.report_to: unknown logger {name!r}{hint}; choose among {', '.join(REPORTERS)}, or none"
+            )
     if train.tensorboard:
         names.append("tensorboard")
     return list(dict.fromkeys(names))
@@ -428,35 +597,68 @@ def validate(c: Config) -> None:
     _require(len(c.rewards) > 0, "rewards: at least one reward is required, e.g. [{function: exact_answer}]")
     for i, r in enumerate(c.rewards):
         _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
-        _require(not r.process or r.model is not None, f"rewards.{i}.process: only reward models have a process mode; a function returns its own steps")
-        _require(not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process")
+        _require(
+            not r.process or r.model is not None,
+            f"rewards.{i}.process: only reward models have a process mode; a function returns its own steps",
+        )
+        _require(
+            not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process"
+        )
         _require(bool(r.step_separator), f"rewards.{i}.step_separator: must not be empty")
         _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
-        _require(r.timeout is None or r.timeout > 0, f"rewards.{i}.timeout: must be > 0 seconds or null, got {r.timeout}")
-        _require(r.function is not None or (r.timeout is None and not r.isolate), f"rewards.{i}: timeout and isolate apply to reward functions, not reward models")
+        _require(
+            r.timeout is None or r.timeout > 0, f"rewards.{i}.timeout: must be > 0 seconds or null, got {r.timeout}"
+        )
+        _require(
+            r.function is not None or (r.timeout is None and not r.isolate),
+            f"rewards.{i}: timeout and isolate apply to reward functions, not reward models",
+        )
     ro, tr, lo = c.rollout, c.train, c.loss
     if lo.baseline == "group":
-        _require(ro.group_size >= 2, f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}")
-        _require(lo.kl_in == "loss", "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')")
+        _require(
+            ro.group_size >= 2,
+            f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}",
+        )
+        _require(
+            lo.kl_in == "loss",
+            "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')",
+        )
     _require(ro.group_size >= 1, f"rollout.group_size: must be >= 1, got {ro.group_size}")
-    _require(not lo.drop_zero_std_groups or ro.group_size >= 2, "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)")
+    _require(
+        not lo.drop_zero_std_groups or ro.group_size >= 2,
+        "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)",
+    )
     _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
     _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
-    _require(0 <= ro.min_new_tokens <= ro.max_new_tokens, "rollout.min_new_tokens: must be between 0 and rollout.max_new_tokens")
+    _require(
+        0 <= ro.min_new_tokens <= ro.max_new_tokens,
+        "rollout.min_new_tokens: must be between 0 and rollout.max_new_tokens",
+    )
     _require(ro.temperature > 0, f"rollout.temperature: must be > 0, got {ro.temperature}")
     _require(0 < ro.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {ro.top_p}")
     _require(ro.top_k >= 0, f"rollout.top_k: must be >= 0, got {ro.top_k}")
     _require(0 <= ro.min_p < 1, f"rollout.min_p: must be in [0, 1) (0 = off), got {ro.min_p}")
-    _require(ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}")
-    _require(ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}")
+    _require(
+        ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}"
+    )
+    _require(
+        ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
+    )
     _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
-    _require(1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}")
+    _require(
+        1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}"
+    )
     _require(tr.lr > 0, f"train.lr: must be > 0, got {tr.lr}")
     _require(tr.epochs >= 1, f"train.epochs: must be >= 1, got {tr.epochs}")
     batch = ro.prompts_per_step * ro.group_size
-    _require(1 <= tr.minibatches <= batch, f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}")
+    _require(
+        1 <= tr.minibatches <= batch,
+        f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}",
+    )
     _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
-    _require(len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)")
+    _require(
+        len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
+    )
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
     _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
     reporters(tr)  # an unknown name is one line, before anything is loaded
@@ -467,7 +669,10 @@ def validate(c: Config) -> None:
     _require(tr.max_unscored_steps >= 0, f"train.max_unscored_steps: must be >= 0, got {tr.max_unscored_steps}")
     _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
     _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
-    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None, f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}")
+    _require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None,
+        f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}",
+    )
     _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
     _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
     _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")
@@ -477,20 +682,38 @@ def validate(c: Config) -> None:
     _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
     _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")
     _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
-    _require(lo.supervision == "outcome" or lo.baseline == "group", "loss.supervision: process supervision needs the group baseline (loss.baseline: group)")
+    _require(
+        lo.supervision == "outcome" or lo.baseline == "group",
+        "loss.supervision: process supervision needs the group baseline (loss.baseline: group)",
+    )
     u = c.reward_model_update
     if u.verifier is not None:
         models = [i for i, r in enumerate(c.rewards) if r.model is not None]
-        _require(bool(models), "reward_model_update.verifier: there is no reward model to update; add a rewards entry with a `model`")
-        _require(u.reward == -1 or u.reward in models, f"reward_model_update.reward: rewards.{u.reward} is not a reward model")
-        _require(tr.iterations >= 2, "reward_model_update.verifier: the reward model is updated between iterations; set train.iterations >= 2")
+        _require(
+            bool(models),
+            "reward_model_update.verifier: there is no reward model to update; add a rewards entry with a `model`",
+        )
+        _require(
+            u.reward == -1 or u.reward in models,
+            f"reward_model_update.reward: rewards.{u.reward} is not a reward model",
+        )
+        _require(
+            tr.iterations >= 2,
+            "reward_model_update.verifier: the reward model is updated between iterations; set train.iterations >= 2",
+        )
     _require(0 <= u.replay < 1, f"reward_model_update.replay: must be in [0, 1), got {u.replay}")
     for name in ("prompts", "epochs", "batch_size", "max_pairs_per_prompt"):
         _require(getattr(u, name) >= 1, f"reward_model_update.{name}: must be >= 1")
-    _require(u.samples_per_prompt >= 2, "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt")
+    _require(
+        u.samples_per_prompt >= 2,
+        "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt",
+    )
     _require(u.lr > 0, "reward_model_update.lr: must be > 0")
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
-    _require(c.lora.r == 0 or c.rollout.sampler != "fast", "rollout.sampler: fast cannot decode a LoRA-wrapped policy; use auto (falls back to hf) or hf")
+    _require(
+        c.lora.r == 0 or c.rollout.sampler != "fast",
+        "rollout.sampler: fast cannot decode a LoRA-wrapped policy; use auto (falls back to hf) or hf",
+    )
 
 
 # ---- writing and documenting ----------------------------------------------------------------
@@ -518,7 +741,11 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
             rows.extend(describe_fields(hint, key + "."))
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if typing.get_origin(hint) is list and typing.get_args(hint) and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        if (
+            typing.get_origin(hint) is list
+            and typing.get_args(hint)
+            and dataclasses.is_dataclass(typing.get_args(hint)[0])
+        ):
             rows.append((key, "[]", f.metadata.get("doc", "")))
             rows.extend(describe_fields(typing.get_args(hint)[0], key + "[]."))
             continue

@@ -77,7 +77,9 @@ def load_rows(
     return [row for _, row in located]
 
 
-def load_rows_for_options(path: str, *, prompt_column: str = "prompt", column_option: str = "--prompt-column") -> list[dict]:
+def load_rows_for_options(
+    path: str, *, prompt_column: str = "prompt", column_option: str = "--prompt-column"
+) -> list[dict]:
     """`load_rows` for a command's options: its errors name `--data` and `column_option`
     where they would name the config keys data.path and data.prompt_column."""
     try:
@@ -157,13 +159,13 @@ def _read_json(path: Path, name: str) -> list[Located]:
         if len(list_keys) != 1:
             found = ", ".join(list_keys) if list_keys else "none"
             raise UserError(
-                f'{name}: expected a list of objects or an object with a single list value such '
+                f"{name}: expected a list of objects or an object with a single list value such "
                 f'as {{"data": [...]}}, got an object with list values: {found}'
             )
         value = value[list_keys[0]]
     elif not isinstance(value, list):
         raise UserError(
-            f'{name}: expected a list of objects or an object with a single list value such as '
+            f"{name}: expected a list of objects or an object with a single list value such as "
             f'{{"data": [...]}}, got {_describe(value)}'
         )
     rows = []
@@ -204,8 +206,7 @@ def _read_csv(path: Path, name: str) -> list[Located]:
                 if surplus or missing:
                     header = len(reader.fieldnames)
                     raise UserError(
-                        f"{name} line {line}: {header + len(surplus) - missing} fields, "
-                        f"the header has {header}"
+                        f"{name} line {line}: {header + len(surplus) - missing} fields, the header has {header}"
                     )
                 rows.append((f"line {line}", row))
     except csv.Error as err:
@@ -267,8 +268,7 @@ def _import_optional(module: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         raise UserError(
-            f"data.path: {purpose} needs the {module.split('.')[0]} package: "
-            "pip install 'grpo[data]'"
+            f"data.path: {purpose} needs the {module.split('.')[0]} package: pip install 'grpo[data]'"
         ) from err
 
 
@@ -279,9 +279,7 @@ def _check_prompts(located: list[Located], name: str, prompt_column: str) -> Non
     """Every row holds a usable prompt; otherwise name the first row that does not."""
     if not any(prompt_column in row for _, row in located):
         columns = ", ".join(dict.fromkeys(key for _, row in located for key in row)) or "none"
-        raise UserError(
-            f"data.prompt_column: no column {prompt_column!r} in {name} (columns: {columns})"
-        )
+        raise UserError(f"data.prompt_column: no column {prompt_column!r} in {name} (columns: {columns})")
     for where, row in located:
         if prompt_column not in row:
             raise UserError(

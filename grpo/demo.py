@@ -116,7 +116,9 @@ def _prompts_per_step(c: DemoConfig, arm: str) -> int:
     return c.prompts_per_step * (c.group_size if arm == "ppo_equal_tokens" else 1)
 
 
-def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, arm: str, rewards: list[dict], seed: int) -> dict:
+def _train_config(
+    c: DemoConfig, output_dir: Path, base: str, data: str, arm: str, rewards: list[dict], seed: int
+) -> dict:
     """The run's config: GRPO and the PPO arms differ only where the algorithms differ, in
     PPO's own settings and in the budget (PPO with equal tokens takes G times the prompts)."""
     ppo = arm.startswith("ppo")
@@ -134,10 +136,16 @@ def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, arm: st
             "temperature": c.temperature,
             "generation_batch_size": c.micro_batch_size,
         },
-        "train": {"steps": c.steps, "lr": c.ppo_lr if ppo else c.lr, "warmup_steps": c.warmup_steps,
-                  "minibatches": c.minibatches, "micro_batch_size": c.micro_batch_size, "sample_every": 50,
-                  "log_every": 25,
-                  "gradient_checkpointing": False},  # a ~100k-parameter model: memory is not what binds
+        "train": {
+            "steps": c.steps,
+            "lr": c.ppo_lr if ppo else c.lr,
+            "warmup_steps": c.warmup_steps,
+            "minibatches": c.minibatches,
+            "micro_batch_size": c.micro_batch_size,
+            "sample_every": 50,
+            "log_every": 25,
+            "gradient_checkpointing": False,
+        },  # a ~100k-parameter model: memory is not what binds
         "loss": {"beta": c.beta},
     }
     if ppo:
@@ -151,9 +159,17 @@ def _train_config(c: DemoConfig, output_dir: Path, base: str, data: str, arm: st
 def _evaluate(model_dir: str, rows: list[dict], verifier: Verifier, c: DemoConfig, progress: bool) -> dict:
     from grpo.eval.runner import evaluate_saved
 
-    return evaluate_saved(model_dir, rows, n=c.n, ks=c.ks, verifier=verifier,
-                          temperature=c.eval_temperature, max_new_tokens=c.max_new_tokens, seed=c.seed,
-                          progress=progress)
+    return evaluate_saved(
+        model_dir,
+        rows,
+        n=c.n,
+        ks=c.ks,
+        verifier=verifier,
+        temperature=c.eval_temperature,
+        max_new_tokens=c.max_new_tokens,
+        seed=c.seed,
+        progress=progress,
+    )
 
 
 def _comparisons_from_base(base: str, rows: list[dict], verifier: Verifier, c: DemoConfig) -> list[dict]:
@@ -190,7 +206,9 @@ def _train_reward_model(c: DemoConfig, out: Path, base: str, verifier: Verifier,
     its held-out numbers, or the reason it could not be trained."""
     from grpo.rewards.model import RewardModel, split_pairs
 
-    pairs = _comparisons_from_base(base, arithmetic.make_rows(c.rm_prompts, seed=c.seed + 3000, digits=c.digits), verifier, c)
+    pairs = _comparisons_from_base(
+        base, arithmetic.make_rows(c.rm_prompts, seed=c.seed + 3000, digits=c.digits), verifier, c
+    )
     if len(pairs) < 10:
         return f"the base model's samples gave only {len(pairs)} right/wrong pairs to learn from"
     train_pairs, held_out = split_pairs(pairs, 0.2, seed=c.seed)
@@ -201,8 +219,10 @@ def _train_reward_model(c: DemoConfig, out: Path, base: str, verifier: Verifier,
 
 
 def _rm_rewards(out: Path) -> list[dict]:
-    return [{"model": str(out / "reward_model"), "weight": 1.0},
-            {"function": "arithmetic_correct", "weight": 0.0}]  # weight 0: watched, not trained on
+    return [
+        {"model": str(out / "reward_model"), "weight": 1.0},
+        {"function": "arithmetic_correct", "weight": 0.0},
+    ]  # weight 0: watched, not trained on
 
 
 @dataclass
@@ -239,13 +259,20 @@ def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> tuple[dict[st
                 continue
             rewards = [m["reward/mean"] for m in run["metrics"]]
             head, tail = rewards[: max(1, len(rewards) // 10)], rewards[-max(1, len(rewards) // 10) :]
-            say(f"      {job.label}: {run['time_s']:.0f} s, mean reward {sum(head) / len(head):.3f} -> "
-                f"{sum(tail) / len(tail):.3f} ({len(done) + len(failed)}/{len(jobs)})")
+            say(
+                f"      {job.label}: {run['time_s']:.0f} s, mean reward {sum(head) / len(head):.3f} -> "
+                f"{sum(tail) / len(tail):.3f} ({len(done) + len(failed)}/{len(jobs)})"
+            )
     return done, failed
 
 
-def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, progress: bool = True,
-         overwrite: bool = False) -> dict:
+def demo(
+    output: str | Path = "runs/demo",
+    config: DemoConfig | None = None,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
     """Run the whole demo; return what summary.json holds. `overwrite` replaces an earlier
     demo's output (a directory holding its data/ and base/), never anything else."""
     from grpo.eval.plots import plot_curves, plot_rewards
@@ -259,7 +286,11 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     if out.exists() and any(out.iterdir()):
         earlier_demo = (out / "data").is_dir() and (out / "base").is_dir()
         if not (overwrite and earlier_demo):
-            hint = "pass --overwrite to replace it" if earlier_demo else "it is not an earlier demo's output; choose another --output"
+            hint = (
+                "pass --overwrite to replace it"
+                if earlier_demo
+                else "it is not an earlier demo's output; choose another --output"
+            )
             raise UserError(f"demo: '{out}' is not empty; {hint}")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,8 +330,13 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
             skipped_rm = rm_info
             say(f"      skipped: {rm_info}")
         else:
-            jobs.append(_Job("grpo-rm", "GRPO on the neural reward model",
-                             _train_config(c, out / "grpo-rm", base, train_data, "grpo", _rm_rewards(out), c.seed)))
+            jobs.append(
+                _Job(
+                    "grpo-rm",
+                    "GRPO on the neural reward model",
+                    _train_config(c, out / "grpo-rm", base, train_data, "grpo", _rm_rewards(out), c.seed),
+                )
+            )
     if c.full:
         process = [{"function": "arithmetic_steps", "weight": 1.0}, {"function": "arithmetic_correct", "weight": 0.0}]
         config = _train_config(c, out / "grpo-process", base, train_data, "grpo", process, c.seed)
@@ -316,27 +352,45 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
     order = ("ppo_equal_tokens/", "grpo/", "grpo-", "ppo/")
     jobs.sort(key=lambda job: next(i for i, prefix in enumerate(order) if job.name.startswith(prefix)))
     at_once = f"{c.parallel} at a time, one thread each" if c.parallel > 1 else "one at a time"
-    say(f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}): " + "; ".join(
-        f"{label} {c.seeds} seed(s), {c.steps} steps x "
-        f"{_prompts_per_step(c, arm)} prompts" for arm, label in ARMS.items()))
+    say(
+        f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}): "
+        + "; ".join(
+            f"{label} {c.seeds} seed(s), {c.steps} steps x {_prompts_per_step(c, arm)} prompts"
+            for arm, label in ARMS.items()
+        )
+    )
     runs, failed = _train_all(jobs, out, c.parallel, say)
     lost = [name for name in failed if "/" in name]  # an arm's seed: the comparison cannot be made without it
     if lost:
-        raise UserError(f"demo: {len(lost)} run(s) failed, first {lost[0]}: {failed[lost[0]]} "
-                        f"(the other runs are in {out})")
+        raise UserError(
+            f"demo: {len(lost)} run(s) failed, first {lost[0]}: {failed[lost[0]]} (the other runs are in {out})"
+        )
 
     say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
     evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
     if "grpo-rm" in runs:
         runs["grpo-rm"]["reward_model"] = rm_info
-    arms = {arm: [(c.seed + i, runs[f"{arm}/seed-{c.seed + i}"], evaluated[f"{arm}/seed-{c.seed + i}"])
-                  for i in range(c.seeds)] for arm in ARMS}
-    single = {name: (runs[name], evaluated[name]) for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative")
-              if name in runs}
+    arms = {
+        arm: [
+            (c.seed + i, runs[f"{arm}/seed-{c.seed + i}"], evaluated[f"{arm}/seed-{c.seed + i}"])
+            for i in range(c.seeds)
+        ]
+        for arm in ARMS
+    }
+    single = {
+        name: (runs[name], evaluated[name]) for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative") if name in runs
+    }
 
     say(f"[{stages}/{stages}] Writing the report")
-    summary = {"config": asdict(c), "sft": base_info, "time_s": None, "neural_rm_skipped": skipped_rm,
-               "failed": failed, "ppo_tuning": PPO_TUNING, "base": _public(results["base"], None)}
+    summary = {
+        "config": asdict(c),
+        "sft": base_info,
+        "time_s": None,
+        "neural_rm_skipped": skipped_rm,
+        "failed": failed,
+        "ppo_tuning": PPO_TUNING,
+        "base": _public(results["base"], None),
+    }
     summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)
     for arm, done in arms.items():
         summary[arm] = _over_seeds(done, eval_rows)
@@ -354,23 +408,44 @@ def demo(output: str | Path = "runs/demo", config: DemoConfig | None = None, *, 
 
 def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
     names = {"base": "base (SFT)", **ARMS, "grpo-rm": "GRPO, neural RM"}
-    plot_curves({label: s[key] for key, label in names.items() if key in s and key != "grpo-rm"},
-                out / "pass_maj_at_k.png", title="Held-out addition problems (means over seeds)")
-    plot_rewards({ARMS[arm]: list(enumerate(s[arm]["reward"], start=1)) for arm in ARMS},
-                 out / "rewards.png", ylabel="mean reward (fraction correct), mean over seeds")
+    plot_curves(
+        {label: s[key] for key, label in names.items() if key in s and key != "grpo-rm"},
+        out / "pass_maj_at_k.png",
+        title="Held-out addition problems (means over seeds)",
+    )
+    plot_rewards(
+        {ARMS[arm]: list(enumerate(s[arm]["reward"], start=1)) for arm in ARMS},
+        out / "rewards.png",
+        ylabel="mean reward (fraction correct), mean over seeds",
+    )
     if "grpo-rm" in s:
         r = s["grpo-rm"]
-        plot_rewards({"reward model's score": list(enumerate(r["rm_score"], start=1)),
-                      "true accuracy": list(enumerate(r["true_accuracy"], start=1))},
-                     out / "neural_rm.png", ylabel="per step, during GRPO")
+        plot_rewards(
+            {
+                "reward model's score": list(enumerate(r["rm_score"], start=1)),
+                "true accuracy": list(enumerate(r["true_accuracy"], start=1)),
+            },
+            out / "neural_rm.png",
+            ylabel="per step, during GRPO",
+        )
     if "grpo-process" in s:
-        plot_rewards({"outcome supervision": list(enumerate(s["grpo"]["per_seed"][0]["true_accuracy"], start=1)),
-                      "process supervision": list(enumerate(s["grpo-process"]["true_accuracy"], start=1))},
-                     out / "supervision.png", ylabel="true accuracy of the samples, per step")
+        plot_rewards(
+            {
+                "outcome supervision": list(enumerate(s["grpo"]["per_seed"][0]["true_accuracy"], start=1)),
+                "process supervision": list(enumerate(s["grpo-process"]["true_accuracy"], start=1)),
+            },
+            out / "supervision.png",
+            ylabel="true accuracy of the samples, per step",
+        )
     if "grpo-rm-iterative" in s and "grpo-rm" in s:
-        plot_rewards({"one iteration": list(enumerate(s["grpo-rm"]["true_accuracy"], start=1)),
-                      "two iterations": list(enumerate(s["grpo-rm-iterative"]["true_accuracy"], start=1))},
-                     out / "iterative.png", ylabel="true accuracy of the samples, per step")
+        plot_rewards(
+            {
+                "one iteration": list(enumerate(s["grpo-rm"]["true_accuracy"], start=1)),
+                "two iterations": list(enumerate(s["grpo-rm-iterative"]["true_accuracy"], start=1)),
+            },
+            out / "iterative.png",
+            ylabel="true accuracy of the samples, per step",
+        )
 
 
 def _true_accuracy(run: dict) -> list[float]:
@@ -380,11 +455,29 @@ def _true_accuracy(run: dict) -> list[float]:
 
 def _public(result: dict, run: dict | None) -> dict:
     """One model's entry in summary.json: its curves, and for trained ones what it cost."""
-    entry = {"pass@k": result["pass@k"], "maj@k": result["maj@k"], "pass@k_ci": result["pass@k_ci"],
-             "maj@k_ci": result["maj@k_ci"], "no_answer": result["no_answer"]}
+    entry = {
+        "pass@k": result["pass@k"],
+        "maj@k": result["maj@k"],
+        "pass@k_ci": result["pass@k_ci"],
+        "maj@k_ci": result["maj@k_ci"],
+        "no_answer": result["no_answer"],
+    }
     if run is not None:
-        entry.update({key: run[key] for key in ("models", "parameters", "peak_memory_mb", "time_s",
-                                                 "generated_tokens", "steps", "prompts", "time_per_step_s")})
+        entry.update(
+            {
+                key: run[key]
+                for key in (
+                    "models",
+                    "parameters",
+                    "peak_memory_mb",
+                    "time_s",
+                    "generated_tokens",
+                    "steps",
+                    "prompts",
+                    "time_per_step_s",
+                )
+            }
+        )
         entry["reward"] = [m["reward/mean"] for m in run["metrics"]]
         entry["true_accuracy"] = _true_accuracy(run)
         if "reward_model" in run:
@@ -399,8 +492,13 @@ def _by_digits(result: dict, rows: list[dict]) -> dict:
     groups: dict[int, list[dict]] = {}
     for row, prompt in zip(rows, result["per_prompt"]):
         groups.setdefault(row["digits"], []).append(prompt)
-    return {str(d): {metric: {k: sum(p[metric][k] for p in ps) / len(ps) for k in ps[0][metric]}
-                     for metric in ("pass@k", "maj@k")} for d, ps in sorted(groups.items())}
+    return {
+        str(d): {
+            metric: {k: sum(p[metric][k] for p in ps) / len(ps) for k in ps[0][metric]}
+            for metric in ("pass@k", "maj@k")
+        }
+        for d, ps in sorted(groups.items())
+    }
 
 
 def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
@@ -409,19 +507,28 @@ def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
     every seed's own numbers under per_seed."""
     from grpo.eval.runner import mean_ci
 
-    per_seed = [{"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)}
-                for seed, run, result in done]
+    per_seed = [
+        {"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)} for seed, run, result in done
+    ]
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     metrics = ("pass@k", "maj@k")
     # Each problem's values averaged over seeds: the intervals over problems and the lengths' means.
-    averaged = {"per_prompt": [{m: {k: mean([result["per_prompt"][i][m][k] for _, _, result in done])
-                                    for k in per_seed[0][m]} for m in metrics} for i in range(len(rows))]}
+    averaged = {
+        "per_prompt": [
+            {
+                m: {k: mean([result["per_prompt"][i][m][k] for _, _, result in done]) for k in per_seed[0][m]}
+                for m in metrics
+            }
+            for i in range(len(rows))
+        ]
+    }
     entry: dict = {}
     for metric in metrics:
         ks = list(per_seed[0][metric])
         entry[metric] = {k: mean([s[metric][k] for s in per_seed]) for k in ks}
-        entry[f"{metric}_range"] = {k: [min(s[metric][k] for s in per_seed), max(s[metric][k] for s in per_seed)]
-                                    for k in ks}
+        entry[f"{metric}_range"] = {
+            k: [min(s[metric][k] for s in per_seed), max(s[metric][k] for s in per_seed)] for k in ks
+        }
         entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged["per_prompt"]])[1] for k in ks}
     for key in ("no_answer", "peak_memory_mb", "time_s", "generated_tokens", "time_per_step_s"):
         entry[key] = mean([s[key] for s in per_seed])

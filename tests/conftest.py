@@ -10,9 +10,7 @@ from grpo.rewards.model import RewardModel
 from grpo.tasks.tiny import save_tiny_model
 
 # Property tests draw shapes and seeds; tensors come from a seeded torch generator.
-settings.register_profile(
-    "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
@@ -30,7 +28,12 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "tag": i}) + "\n" for i, p in enumerate(["a", "b", "c", "ab", "ba", "cab", "abc", "cc"])))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": p, "tag": i}) + "\n"
+            for i, p in enumerate(["a", "b", "c", "ab", "ba", "cab", "abc", "cc"])
+        )
+    )
     return str(path)
 
 
@@ -77,7 +80,9 @@ def sevens_pairs(n, seed):
         rejected = [rng.choice(CHARS.replace("7", "")) for _ in range(8)]
         for i in rng.sample(range(8), rng.randint(0, k - 1)):
             rejected[i] = "7"
-        pairs.append({"prompt": rng.choice(["a", "b", "c", "ab"]), "chosen": "".join(chosen), "rejected": "".join(rejected)})
+        pairs.append(
+            {"prompt": rng.choice(["a", "b", "c", "ab"]), "chosen": "".join(chosen), "rejected": "".join(rejected)}
+        )
     return pairs
 
 

@@ -16,8 +16,12 @@ def sources(*parts):
 
 
 def test_nothing_outside_the_critic_classes_asks_whether_there_is_a_critic():
-    hits = [f"{path.relative_to(PACKAGE)}:{n}" for path in sources() for n, line in enumerate(path.read_text().splitlines(), 1)
-            if re.search(r"critic is (not )?None|critic is\b", line)]
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{n}"
+        for path in sources()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"critic is (not )?None|critic is\b", line)
+    ]
     assert hits == []
 
 
@@ -41,7 +45,10 @@ def imported_modules(path):
 
 
 def test_rewards_and_eval_import_no_task():
-    edges = [f"{path.relative_to(PACKAGE)} imports {module}"
-             for path in sources("rewards") + sources("eval") for module in imported_modules(path)
-             if module == "grpo.tasks" or module.startswith("grpo.tasks.")]
+    edges = [
+        f"{path.relative_to(PACKAGE)} imports {module}"
+        for path in sources("rewards") + sources("eval")
+        for module in imported_modules(path)
+        if module == "grpo.tasks" or module.startswith("grpo.tasks.")
+    ]
     assert edges == []

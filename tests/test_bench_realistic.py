@@ -16,9 +16,16 @@ TEXT = "ab c  12 = x\tq\n7+7"
 def _save_beside_qwen2(directory, tokenizer, vocab_size):
     from transformers import Qwen2Config
 
-    Qwen2Config(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, intermediate_size=64, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id).save_pretrained(directory)
+    Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    ).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 
@@ -118,8 +125,19 @@ def test_sweep_argument():
 
 
 def test_sweep_refuses_more_tokens_than_positions(tmp_path, capsys):
-    argv = ["--sweep", "max_new_tokens=64,1000", "--realistic-shape", "tiny", "--skip-trl", "--sweep-steps", "2",
-            "--cache-dir", str(tmp_path), "--results", str(tmp_path)]
+    argv = [
+        "--sweep",
+        "max_new_tokens=64,1000",
+        "--realistic-shape",
+        "tiny",
+        "--skip-trl",
+        "--sweep-steps",
+        "2",
+        "--cache-dir",
+        str(tmp_path),
+        "--results",
+        str(tmp_path),
+    ]
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     assert exit_.value.code == 2
@@ -127,12 +145,28 @@ def test_sweep_refuses_more_tokens_than_positions(tmp_path, capsys):
 
 
 def test_sweep_table_marks_failures_not_skips():
-    ours = {"median_step_s": 1.5, "peak_rss_mb": 900.0,
-            "lengths_timed": {"n": 32, "mean": 47.5, "p50": 40, "p90": 99, "max": 140, "frac_truncated": 0.0}}
+    ours = {
+        "median_step_s": 1.5,
+        "peak_rss_mb": 900.0,
+        "lengths_timed": {"n": 32, "mean": 47.5, "p50": 40, "p90": 99, "max": 140, "frac_truncated": 0.0},
+    }
     points = [
-        {"value": 4, "ours": ours, "trl": None, "ours_note": None, "trl_note": "skipped (--skip-trl)", "trl_failed": False},
-        {"value": 32, "ours": None, "trl": None, "ours_note": "grpo train failed (killed by signal 9)",
-         "trl_note": "TRL run failed (exit 1): boom", "trl_failed": True},
+        {
+            "value": 4,
+            "ours": ours,
+            "trl": None,
+            "ours_note": None,
+            "trl_note": "skipped (--skip-trl)",
+            "trl_failed": False,
+        },
+        {
+            "value": 32,
+            "ours": None,
+            "trl": None,
+            "ours_note": "grpo train failed (killed by signal 9)",
+            "trl_note": "TRL run failed (exit 1): boom",
+            "trl_failed": True,
+        },
     ]
     printed = bench.sweep_table("group_size", points, "fp32", 3)
     rows = [line for line in printed.splitlines() if line.startswith("| 4 ") or line.startswith("| 32 ")]

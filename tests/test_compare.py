@@ -16,8 +16,9 @@ from tests.tasks import user_task
 
 # The user's "avoid a letter" task with the built-in answer reader: the tiny models' answers
 # (a first character) are in no format it reads (<answer>, \boxed{}, ####).
-unread = Task(name="avoid, answers unread", verifier=user_task.verify, extract_answer=extract_answer,
-              rows=user_task.rows)
+unread = Task(
+    name="avoid, answers unread", verifier=user_task.verify, extract_answer=extract_answer, rows=user_task.rows
+)
 
 
 def explodes(completion):
@@ -26,10 +27,18 @@ def explodes(completion):
 
 
 def test_second_config_takes_the_first_ones_data_and_budget():
-    a = {"seed": 1, "data": {"path": "a.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
-         "train": {"steps": 10, "lr": 1.0}, "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 8}}
-    b = {"seed": 2, "data": {"path": "b.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
-         "train": {"steps": 20, "lr": 2.0}, "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 1}}
+    a = {
+        "seed": 1,
+        "data": {"path": "a.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
+        "train": {"steps": 10, "lr": 1.0},
+        "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 8},
+    }
+    b = {
+        "seed": 2,
+        "data": {"path": "b.jsonl", "prompt_column": "q", "split": "train", "task_options": {}},
+        "train": {"steps": 20, "lr": 2.0},
+        "rollout": {"prompts_per_step": 4, "max_new_tokens": 8, "group_size": 1},
+    }
     aligned, changed = aligned_configs(a, b)
     assert aligned["data"]["path"] == "a.jsonl" and aligned["seed"] == 1 and aligned["train"]["steps"] == 10
     assert aligned["train"]["lr"] == 2.0 and aligned["rollout"]["group_size"] == 1  # what B is about stays
@@ -38,8 +47,16 @@ def test_second_config_takes_the_first_ones_data_and_budget():
 
 
 def test_table_formats_every_row_and_marks_missing_numbers():
-    run = {"models": 3, "parameters": 1234567, "peak_memory_mb": 512.4, "generated_tokens": 1000,
-           "time_per_step_s": 0.25, "time_s": 10.0, "reward/final": 0.5, "accuracy": None}
+    run = {
+        "models": 3,
+        "parameters": 1234567,
+        "peak_memory_mb": 512.4,
+        "generated_tokens": 1000,
+        "time_per_step_s": 0.25,
+        "time_s": 10.0,
+        "reward/final": 0.5,
+        "accuracy": None,
+    }
     table = format_table(["A", "B"], [run, {**run, "models": 4}])
     assert "| models held | 3 | 4 |" in table
     assert "| parameters held | 1,234,567 | 1,234,567 |" in table
@@ -55,8 +72,20 @@ def test_compare_grpo_and_ppo_configs(capsys, make_config, tmp_path):
     ppo = make_config("ppo", train={"steps": 3})
     ppo["data"]["path"] = "elsewhere.jsonl"
     ppo_path.write_text(yaml.safe_dump(ppo))
-    code = main(["compare", str(grpo_path), str(ppo_path), "--output", str(tmp_path / "cmp"), "--quiet",
-                 "--task", "tests.tasks.user_task:task", "--n", "2"])
+    code = main(
+        [
+            "compare",
+            str(grpo_path),
+            str(ppo_path),
+            "--output",
+            str(tmp_path / "cmp"),
+            "--quiet",
+            "--task",
+            "tests.tasks.user_task:task",
+            "--n",
+            "2",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "train.steps: 3 -> 2" in out and "| models held | 3 | 4 |" in out
@@ -69,8 +98,12 @@ def test_compare_grpo_and_ppo_configs(capsys, make_config, tmp_path):
     # first character is right there, while the arithmetic task would give these models 0.
     assert all(0.5 < run["accuracy"] <= 1.0 for run in (grpo_run, ppo_run))
     # Evaluated as `grpo eval` does: maj@n with the task's answers (all but empty samples have one).
-    assert all(run["eval"]["pass@k"]["1"] == run["accuracy"] and run["maj@n"] == run["eval"]["maj@k"]["2"] > 0
-               and run["no_answer"] < 0.5 for run in (grpo_run, ppo_run))
+    assert all(
+        run["eval"]["pass@k"]["1"] == run["accuracy"]
+        and run["maj@n"] == run["eval"]["maj@k"]["2"] > 0
+        and run["no_answer"] < 0.5
+        for run in (grpo_run, ppo_run)
+    )
     assert summary["n"] == 2 and summary["warnings"] == []
     assert (tmp_path / "cmp" / "compare.md").read_text().startswith("# A: grpo vs B: ppo")
 
@@ -80,29 +113,46 @@ def test_a_wrong_task_fails_before_either_run_trains(capsys, make_config, tmp_pa
     path.write_text(yaml.safe_dump(make_config(train={"steps": 2})))
     out = tmp_path / "cmp"
     for task, message in [
-        ("mypkg_nowhere.tasks:mytask", "grpo: error: compare --task: task 'mypkg_nowhere.tasks:mytask': cannot import "
-                                       "module 'mypkg_nowhere.tasks' (No module named 'mypkg_nowhere')"),
-        ("tests.tasks.user_task:verify_only", "grpo: error: compare: task 'avoid (verify only)' generates no rows; "
-                                              "give --eval-data"),
+        (
+            "mypkg_nowhere.tasks:mytask",
+            "grpo: error: compare --task: task 'mypkg_nowhere.tasks:mytask': cannot import "
+            "module 'mypkg_nowhere.tasks' (No module named 'mypkg_nowhere')",
+        ),
+        (
+            "tests.tasks.user_task:verify_only",
+            "grpo: error: compare: task 'avoid (verify only)' generates no rows; give --eval-data",
+        ),
     ]:
         assert main(["compare", str(path), str(path), "--output", str(out), "--quiet", "--task", task]) == 2
         assert capsys.readouterr().err == message + "\n"
         assert not out.exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--task", "arithmetic", "--answer", "tests.tasks.user_task:nope"],
-     "grpo: error: --answer 'tests.tasks.user_task:nope': module 'tests.tasks.user_task' has no attribute 'nope'"),
-    (["--task", "arithmetic", "--answer", "tests.test_compare:explodes"],
-     "grpo: error: answer extractor 'tests.test_compare:explodes' raised ValueError: cannot read this on "
-     "completion ''"),
-    (["--task", "arithmetic", "--answer-pattern", "([a-"],
-     "grpo: error: --answer-pattern: not a regular expression (unterminated character set at position 1)"),
-    (["--answer", "tests.tasks.user_task:extract"],
-     "grpo: error: compare: --answer and --answer-pattern read the answers of the evaluation; give --task too"),
-])
-def test_a_bad_answer_extractor_fails_before_either_run_trains(capsys, make_config, tmp_path, monkeypatch, argv,
-                                                               message):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--task", "arithmetic", "--answer", "tests.tasks.user_task:nope"],
+            "grpo: error: --answer 'tests.tasks.user_task:nope': module 'tests.tasks.user_task' has no attribute 'nope'",
+        ),
+        (
+            ["--task", "arithmetic", "--answer", "tests.test_compare:explodes"],
+            "grpo: error: answer extractor 'tests.test_compare:explodes' raised ValueError: cannot read this on "
+            "completion ''",
+        ),
+        (
+            ["--task", "arithmetic", "--answer-pattern", "([a-"],
+            "grpo: error: --answer-pattern: not a regular expression (unterminated character set at position 1)",
+        ),
+        (
+            ["--answer", "tests.tasks.user_task:extract"],
+            "grpo: error: compare: --answer and --answer-pattern read the answers of the evaluation; give --task too",
+        ),
+    ],
+)
+def test_a_bad_answer_extractor_fails_before_either_run_trains(
+    capsys, make_config, tmp_path, monkeypatch, argv, message
+):
     def no_training(*args, **kwargs):
         raise AssertionError("nothing may train when the arguments are wrong")
 
@@ -119,6 +169,7 @@ def test_a_bad_answer_extractor_fails_before_either_run_trains(capsys, make_conf
 def trained_instantly(monkeypatch, tiny_model):
     """train_in_child replaced by a copy of the tiny model as each run's final/: what is
     tested is the evaluation of the runs, not their training."""
+
     def fake(config, config_path, *, progress=True):
         shutil.copytree(tiny_model, Path(config["output_dir"]) / "final")
         return {"models": 3, "steps": 2, "metrics": []}
@@ -126,8 +177,9 @@ def trained_instantly(monkeypatch, tiny_model):
     monkeypatch.setattr(compare_module, "train_in_child", fake)
 
 
-def test_answers_no_extractor_reads_are_said_and_a_users_extractor_reads_them(capsys, make_config, tmp_path,
-                                                                               trained_instantly):
+def test_answers_no_extractor_reads_are_said_and_a_users_extractor_reads_them(
+    capsys, make_config, tmp_path, trained_instantly
+):
     """The task's verifier marks most samples right, but its answer reader finds none: maj@n
     would be a silent 0. A warning line says so (stderr, compare.md, compare.json);
     --answer with the user's reader gives the votes, and maj@n is no longer 0."""
@@ -140,13 +192,17 @@ def test_answers_no_extractor_reads_are_said_and_a_users_extractor_reads_them(ca
     summary = json.loads((tmp_path / "unread" / "compare.json").read_text())
     for name, run in zip(("A: grpo", "B: grpo"), summary["runs"]):
         assert run["accuracy"] > 0.5 and run["maj@n"] == 0.0 and run["no_answer"] == 1.0
-        warning = (f"grpo compare: warning: {name}: no final answer found in 100% of the samples, so maj@k has "
-                   "few votes to count; say how to read the answer with --answer or --answer-pattern")
+        warning = (
+            f"grpo compare: warning: {name}: no final answer found in 100% of the samples, so maj@k has "
+            "few votes to count; say how to read the answer with --answer or --answer-pattern"
+        )
         assert warning in err.splitlines() and warning in summary["warnings"]
         assert warning in (tmp_path / "unread" / "compare.md").read_text()
     assert "| majority vote (maj@4) | 0.000 | 0.000 |" in summary["table"]
 
-    assert main(["compare", *common, "--output", str(tmp_path / "read"), "--answer", "tests.tasks.user_task:extract"]) == 0
+    assert (
+        main(["compare", *common, "--output", str(tmp_path / "read"), "--answer", "tests.tasks.user_task:extract"]) == 0
+    )
     assert "warning" not in capsys.readouterr().err
     summary = json.loads((tmp_path / "read" / "compare.json").read_text())
     assert summary["warnings"] == []

@@ -67,7 +67,12 @@ def test_minimal_mapping_gets_the_documented_defaults():
     c = config_from_dict(minimal())
     assert isinstance(c, Config)
     assert (c.algorithm, c.model, c.seed, c.output_dir) == ("grpo", "tiny-model", 0, "runs/train")
-    assert (c.data.path, c.data.prompt_column, c.data.split, c.data.shuffle) == ("prompts.jsonl", "prompt", "train", True)
+    assert (c.data.path, c.data.prompt_column, c.data.split, c.data.shuffle) == (
+        "prompts.jsonl",
+        "prompt",
+        "train",
+        True,
+    )
     assert len(c.rewards) == 1
     assert (c.rewards[0].function, c.rewards[0].model, c.rewards[0].weight) == ("exact_answer", None, 1.0)
     r = c.rollout
@@ -75,11 +80,29 @@ def test_minimal_mapping_gets_the_documented_defaults():
     assert (r.temperature, r.top_p, r.top_k) == (1.0, 1.0, 0)
     t = c.train
     assert (t.steps, t.iterations, t.lr, t.epochs, t.minibatches, t.micro_batch_size) == (100, 1, 1e-6, 1, 1, 0)
-    assert (t.weight_decay, t.adam_betas, t.warmup_steps, t.schedule, t.max_grad_norm) == (0.0, [0.9, 0.999], 0, "constant", 1.0)
-    assert (t.checkpoint_every, t.keep_checkpoints, t.sample_every, t.tensorboard, t.dtype) == (0, 2, 10, False, "float32")
+    assert (t.weight_decay, t.adam_betas, t.warmup_steps, t.schedule, t.max_grad_norm) == (
+        0.0,
+        [0.9, 0.999],
+        0,
+        "constant",
+        1.0,
+    )
+    assert (t.checkpoint_every, t.keep_checkpoints, t.sample_every, t.tensorboard, t.dtype) == (
+        0,
+        2,
+        10,
+        False,
+        "float32",
+    )
     lo = c.loss
     assert (lo.beta, lo.scale, lo.eps, lo.aggregation) == (0.04, "group", 1e-4, "seq-mean-token-mean")
-    assert (lo.clip_low, lo.clip_high, lo.ratio_level, lo.dual_clip, lo.drop_zero_std_groups) == (0.2, 0.2, "token", None, False)
+    assert (lo.clip_low, lo.clip_high, lo.ratio_level, lo.dual_clip, lo.drop_zero_std_groups) == (
+        0.2,
+        0.2,
+        "token",
+        None,
+        False,
+    )
     assert (lo.gamma, lo.lam, lo.whiten_advantages, lo.value_clip) == (1.0, 0.95, True, 0.2)
     assert (c.value.model, c.value.lr) == (None, None)
     assert (c.lora.r, c.lora.alpha, c.lora.target_modules) == (0, 16.0, "all-linear")
@@ -143,7 +166,11 @@ def test_explicit_loss_keys_beat_the_preset():
         ("lora.target_modules=[q_proj, v_proj]", lambda c: c.lora.target_modules, ["q_proj", "v_proj"]),
         ("rewards.0.weight=2", lambda c: c.rewards[0].weight, 2.0),
         ("rewards.0.function=pkg.mod:fn", lambda c: c.rewards[0].function, "pkg.mod:fn"),
-        ("rewards=[{function: a}, {function: b, weight: 0.5}]", lambda c: [(r.function, r.weight) for r in c.rewards], [("a", 1.0), ("b", 0.5)]),
+        (
+            "rewards=[{function: a}, {function: b, weight: 0.5}]",
+            lambda c: [(r.function, r.weight) for r in c.rewards],
+            [("a", 1.0), ("b", 0.5)],
+        ),
         ("data.path=a=b.jsonl", lambda c: c.data.path, "a=b.jsonl"),  # only the first '=' splits
         (" seed = 7", lambda c: c.seed, 7),
         ("algorithm=ppo", lambda c: c.loss.baseline, "critic"),
@@ -290,15 +317,33 @@ def test_yaml_exponent_without_dot_is_read_as_float():
     "data, expected",
     [
         (minimal(algoritm="ppo"), "unknown config key 'algoritm' (did you mean 'algorithm'?)"),
-        (minimal(rollout={"gropu_size": 4}), "unknown config key 'rollout.gropu_size' (did you mean 'rollout.group_size'?)"),
-        (minimal(data={"path": "p", "promt_column": "q"}), "unknown config key 'data.promt_column' (did you mean 'data.prompt_column'?)"),
-        (minimal(train={"learning_rate": 1e-3}), "unknown config key 'train.learning_rate': that is TRL's GRPOConfig name; "
-                                                 "it is 'train.lr' here (the policy's learning rate)"),
-        (minimal(loss={"kl_estimater": "k3"}), "unknown config key 'loss.kl_estimater' (did you mean 'loss.kl_estimator'?)"),
+        (
+            minimal(rollout={"gropu_size": 4}),
+            "unknown config key 'rollout.gropu_size' (did you mean 'rollout.group_size'?)",
+        ),
+        (
+            minimal(data={"path": "p", "promt_column": "q"}),
+            "unknown config key 'data.promt_column' (did you mean 'data.prompt_column'?)",
+        ),
+        (
+            minimal(train={"learning_rate": 1e-3}),
+            "unknown config key 'train.learning_rate': that is TRL's GRPOConfig name; "
+            "it is 'train.lr' here (the policy's learning rate)",
+        ),
+        (
+            minimal(loss={"kl_estimater": "k3"}),
+            "unknown config key 'loss.kl_estimater' (did you mean 'loss.kl_estimator'?)",
+        ),
         (minimal(value={"modle": "v"}), "unknown config key 'value.modle' (did you mean 'value.model'?)"),
         (minimal(lora={"rank": 8}), "unknown config key 'lora.rank'"),
-        (minimal(rewards=[{"functon": "exact_answer"}]), "unknown config key 'rewards.0.functon' (did you mean 'rewards.0.function'?)"),
-        (minimal(rewards=[{"function": "a"}, {"function": "b", "wieght": 2}]), "unknown config key 'rewards.1.wieght' (did you mean 'rewards.1.weight'?)"),
+        (
+            minimal(rewards=[{"functon": "exact_answer"}]),
+            "unknown config key 'rewards.0.functon' (did you mean 'rewards.0.function'?)",
+        ),
+        (
+            minimal(rewards=[{"function": "a"}, {"function": "b", "wieght": 2}]),
+            "unknown config key 'rewards.1.wieght' (did you mean 'rewards.1.weight'?)",
+        ),
     ],
 )
 def test_unknown_key_with_hint(data, expected):
@@ -318,8 +363,14 @@ def test_unknown_key_far_from_any_name_has_no_hint():
     "override, expected",
     [
         ("algorithm=gpro", "algorithm: expected one of 'grpo' | 'ppo', got 'gpro' (did you mean 'grpo'?)"),
-        ("train.schedule=cosin", "train.schedule: expected one of 'constant' | 'linear' | 'cosine', got 'cosin' (did you mean 'cosine'?)"),
-        ("loss.aggregation=token_mean", "loss.aggregation: expected one of 'seq-mean-token-mean' | 'token-mean' | 'seq-mean-token-sum-norm', got 'token_mean' (did you mean 'token-mean'?)"),
+        (
+            "train.schedule=cosin",
+            "train.schedule: expected one of 'constant' | 'linear' | 'cosine', got 'cosin' (did you mean 'cosine'?)",
+        ),
+        (
+            "loss.aggregation=token_mean",
+            "loss.aggregation: expected one of 'seq-mean-token-mean' | 'token-mean' | 'seq-mean-token-sum-norm', got 'token_mean' (did you mean 'token-mean'?)",
+        ),
         ("train.dtype=fp16", "train.dtype: expected one of 'float32' | 'bfloat16', got 'fp16'"),
     ],
 )
@@ -327,7 +378,14 @@ def test_literal_value_with_hint(override, expected):
     assert user_error(minimal(), [override]) == expected
 
 
-@pytest.mark.parametrize("override, key", [("loss.baseline=critc", "loss.baseline"), ("loss.kl_in=reward", None), ("loss.kl_estimator=k4", "loss.kl_estimator")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("loss.baseline=critc", "loss.baseline"),
+        ("loss.kl_in=reward", None),
+        ("loss.kl_estimator=k4", "loss.kl_estimator"),
+    ],
+)
 def test_optional_literal_rejects_other_values(override, key):
     if key is None:  # valid value, but group baseline + reward KL is impossible
         assert user_error(minimal(), [override]).startswith("loss.kl_in:")
@@ -410,7 +468,14 @@ def test_impossible_value_names_the_key(overrides, key):
     assert message.startswith(f"{key}:"), message
 
 
-@pytest.mark.parametrize("data, key", [({k: v for k, v in minimal().items() if k != "model"}, "model"), (minimal(data={}), "data.path"), ({k: v for k, v in minimal().items() if k != "rewards"}, "rewards")])
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({k: v for k, v in minimal().items() if k != "model"}, "model"),
+        (minimal(data={}), "data.path"),
+        ({k: v for k, v in minimal().items() if k != "rewards"}, "rewards"),
+    ],
+)
 def test_missing_required_key(data, key):
     assert user_error(data).startswith(f"{key}:")
 
@@ -476,7 +541,9 @@ def test_invalid_yaml_is_a_one_line_error_naming_the_file(tmp_path, text):
     assert "invalid YAML" in message
 
 
-@pytest.mark.parametrize("text, kind", [("- model: m\n- seed: 0\n", "list"), ("just a string\n", "str"), ("42\n", "int")])
+@pytest.mark.parametrize(
+    "text, kind", [("- model: m\n- seed: 0\n", "list"), ("just a string\n", "str"), ("42\n", "int")]
+)
 def test_yaml_top_level_must_be_a_mapping(tmp_path, text, kind):
     path = tmp_path / "list.yaml"
     path.write_text(text)
@@ -505,7 +572,10 @@ def test_empty_file_reports_the_first_missing_key(tmp_path):
     "source",
     [
         lambda: config_from_dict(minimal()),
-        lambda: config_from_dict(minimal(algorithm="ppo"), ["rollout.group_size=1", "loss.dual_clip=3", "value.lr=1e-5", "lora.target_modules=[q, v]"]),
+        lambda: config_from_dict(
+            minimal(algorithm="ppo"),
+            ["rollout.group_size=1", "loss.dual_clip=3", "value.lr=1e-5", "lora.target_modules=[q, v]"],
+        ),
         lambda: load_config(GRPO_YAML),
         lambda: load_config(PPO_YAML),
     ],
@@ -531,8 +601,20 @@ def test_describe_fields_lists_every_leaf_key_with_a_doc():
     rows = describe_fields()
     keys = [key for key, _default, _doc in rows]
     assert len(keys) == len(set(keys))
-    for key in ("rollout.group_size", "loss.kl_in", "rewards[].function", "rewards[].model", "rewards[].weight",
-                "algorithm", "model", "data.path", "train.lr", "loss.beta", "value.lr", "lora.target_modules"):
+    for key in (
+        "rollout.group_size",
+        "loss.kl_in",
+        "rewards[].function",
+        "rewards[].model",
+        "rewards[].weight",
+        "algorithm",
+        "model",
+        "data.path",
+        "train.lr",
+        "loss.beta",
+        "value.lr",
+        "lora.target_modules",
+    ):
         assert key in keys
     # Every leaf of a resolved config appears, and nothing else (rewards items as rewards[]).
     expected = set()
@@ -562,8 +644,18 @@ THE_DIFFERENCE = {"algorithm", "output_dir", "rollout.group_size", "loss.baselin
 
 def test_shipped_configs_load_and_validate():
     grpo, ppo = load_config(GRPO_YAML), load_config(PPO_YAML)
-    assert (grpo.algorithm, grpo.loss.baseline, grpo.loss.kl_in, grpo.loss.kl_estimator) == ("grpo", "group", "loss", "k3")
-    assert (ppo.algorithm, ppo.loss.baseline, ppo.loss.kl_in, ppo.loss.kl_estimator) == ("ppo", "critic", "reward", "k1")
+    assert (grpo.algorithm, grpo.loss.baseline, grpo.loss.kl_in, grpo.loss.kl_estimator) == (
+        "grpo",
+        "group",
+        "loss",
+        "k3",
+    )
+    assert (ppo.algorithm, ppo.loss.baseline, ppo.loss.kl_in, ppo.loss.kl_estimator) == (
+        "ppo",
+        "critic",
+        "reward",
+        "k1",
+    )
     assert grpo.rollout.group_size >= 2
     assert ppo.rollout.group_size == 1
     # The shipped loss keys agree with the presets they spell out.
@@ -614,16 +706,28 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         assert math.isfinite(loss["beta"])
 
 
-@pytest.mark.parametrize("override,message", [
-    ("loss.epsilon=0.3", "unknown config key 'loss.epsilon': that is TRL's GRPOConfig name; it is 'loss.clip_low' here"),
-    ("train.num_iterations=2", "it is 'train.epochs' here (mu, update epochs per batch; our train.iterations resets the reference instead)"),
-    ("train.save_steps=5", "it is 'train.checkpoint_every' here"),
-    ("num_generations=4", "unknown config key 'num_generations': that is TRL's GRPOConfig name; it is 'rollout.group_size' here"),
-    ("learning_rate=1e-6", "it is 'train.lr' here"),
-    ("train.loss_type=dapo", "it is 'loss.aggregation' here"),
-    ("use_vllm=true", "there is no vLLM engine"),
-    ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "loss.epsilon=0.3",
+            "unknown config key 'loss.epsilon': that is TRL's GRPOConfig name; it is 'loss.clip_low' here",
+        ),
+        (
+            "train.num_iterations=2",
+            "it is 'train.epochs' here (mu, update epochs per batch; our train.iterations resets the reference instead)",
+        ),
+        ("train.save_steps=5", "it is 'train.checkpoint_every' here"),
+        (
+            "num_generations=4",
+            "unknown config key 'num_generations': that is TRL's GRPOConfig name; it is 'rollout.group_size' here",
+        ),
+        ("learning_rate=1e-6", "it is 'train.lr' here"),
+        ("train.loss_type=dapo", "it is 'loss.aggregation' here"),
+        ("use_vllm=true", "there is no vLLM engine"),
+        ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
+    ],
+)
 def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):
     """A TRL user's GRPOConfig name is pointed at our key with its meaning, never at a key
     spelt alike (loss.epsilon is the clip range, not loss.eps, the std's epsilon)."""

@@ -479,9 +479,7 @@ def test_taken_rows_are_copies():
 )
 def test_load_state_dict_rejects_a_malformed_state(state):
     stream = PromptStream(numbered(3), seed=0)
-    assert user_error(stream.load_state_dict, state).startswith(
-        "checkpoint: the prompt stream state must be"
-    )
+    assert user_error(stream.load_state_dict, state).startswith("checkpoint: the prompt stream state must be")
 
 
 def test_load_state_dict_rejects_a_position_past_the_rows():

@@ -15,14 +15,29 @@ KS = [1, 2, 4, 8, 16, 32, 64]
 
 
 def curves(pass_at, maj_at):
-    return {"pass@k": {str(k): v for k, v in zip(KS, pass_at)}, "maj@k": {str(k): v for k, v in zip(KS, maj_at)},
-            "pass@k_ci": {}, "maj@k_ci": {}, "no_answer": 0.0}
+    return {
+        "pass@k": {str(k): v for k, v in zip(KS, pass_at)},
+        "maj@k": {str(k): v for k, v in zip(KS, maj_at)},
+        "pass@k_ci": {},
+        "maj@k_ci": {},
+        "no_answer": 0.0,
+    }
 
 
 def run(models, parameters, memory, tokens, pass_at, maj_at, prompts=1600):
-    return {**curves(pass_at, maj_at), "models": models, "parameters": parameters, "peak_memory_mb": memory,
-            "time_s": 60.0, "generated_tokens": tokens, "steps": 100, "prompts": prompts, "time_per_step_s": 0.5,
-            "reward": [0.2, 0.5], "true_accuracy": [0.2, 0.5]}
+    return {
+        **curves(pass_at, maj_at),
+        "models": models,
+        "parameters": parameters,
+        "peak_memory_mb": memory,
+        "time_s": 60.0,
+        "generated_tokens": tokens,
+        "steps": 100,
+        "prompts": prompts,
+        "time_per_step_s": 0.5,
+        "reward": [0.2, 0.5],
+        "true_accuracy": [0.2, 0.5],
+    }
 
 
 def arm(seeds: list[dict]) -> dict:
@@ -30,23 +45,38 @@ def arm(seeds: list[dict]) -> dict:
     entry = dict(seeds[0])
     for metric in ("pass@k", "maj@k"):
         entry[metric] = {k: sum(s[metric][k] for s in seeds) / len(seeds) for k in seeds[0][metric]}
-        entry[f"{metric}_range"] = {k: [min(s[metric][k] for s in seeds), max(s[metric][k] for s in seeds)]
-                                    for k in seeds[0][metric]}
+        entry[f"{metric}_range"] = {
+            k: [min(s[metric][k] for s in seeds), max(s[metric][k] for s in seeds)] for k in seeds[0][metric]
+        }
     entry["per_seed"] = seeds
     return entry
 
 
-def summary(grpo_pass_at_64=0.86, grpo_p1=(0.48, 0.50, 0.52), ppo_p1=(0.40, 0.41, 0.42), ppo_tokens_p1=(0.47, 0.50, 0.55)):
+def summary(
+    grpo_pass_at_64=0.86, grpo_p1=(0.48, 0.50, 0.52), ppo_p1=(0.40, 0.41, 0.42), ppo_tokens_p1=(0.47, 0.50, 0.55)
+):
     def seeds(p1s, models, parameters, memory, tokens, prompts, p64):
-        return [run(models, parameters, memory, tokens, [p1, 0.62, 0.73, 0.80, 0.83, 0.85, p64],
-                    [p1, p1, 0.58, 0.62, 0.64, 0.65, 0.66], prompts) for p1 in p1s]
+        return [
+            run(
+                models,
+                parameters,
+                memory,
+                tokens,
+                [p1, 0.62, 0.73, 0.80, 0.83, 0.85, p64],
+                [p1, p1, 0.58, 0.62, 0.64, 0.65, 0.66],
+                prompts,
+            )
+            for p1 in p1s
+        ]
 
     return {
         "config": asdict(DemoConfig()),
         "sft": {"parameters": 84544, "steps": 450},
         "time_s": 540.0,
-        "base": {**curves([0.30, 0.45, 0.60, 0.70, 0.78, 0.83, 0.85], [0.30, 0.30, 0.40, 0.45, 0.50, 0.52, 0.53]),
-                 "by_digits": {"2": curves([0.4] * 7, [0.5] * 7), "3": curves([0.2] * 7, [0.3] * 7)}},
+        "base": {
+            **curves([0.30, 0.45, 0.60, 0.70, 0.78, 0.83, 0.85], [0.30, 0.30, 0.40, 0.45, 0.50, 0.52, 0.53]),
+            "by_digits": {"2": curves([0.4] * 7, [0.5] * 7), "3": curves([0.2] * 7, [0.3] * 7)},
+        },
         "grpo": arm(seeds(grpo_p1, 3, 169088, 400.0, 160000, 1600, grpo_pass_at_64)),
         "ppo": arm(seeds(ppo_p1, 4, 253700, 430.0, 10000, 1600, 0.85)),
         "ppo_equal_tokens": arm(seeds(ppo_tokens_p1, 4, 253700, 480.0, 159000, 25600, 0.85)),
@@ -56,7 +86,10 @@ def summary(grpo_pass_at_64=0.86, grpo_p1=(0.48, 0.50, 0.52), ppo_p1=(0.40, 0.41
 def test_report_states_what_moved_by_how_much_and_over_how_many_seeds(tmp_path):
     write_report(tmp_path / "report.md", summary())
     text = (tmp_path / "report.md").read_text()
-    assert "The base solved 85.0% of the problems within 64 samples (2-digit: 40.0%, 3-digit: 20.0%): pass@64 had room to rise" in text
+    assert (
+        "The base solved 85.0% of the problems within 64 samples (2-digit: 40.0%, 3-digit: 20.0%): pass@64 had room to rise"
+        in text
+    )
     assert "GRPO moved pass@1 from 30.0% to 50.0% [48.0–52.0%] (+20.0 points; 3 of 3 seeds above the base)" in text
     assert "maj@16 from 50.0% to 64.0% [64.0–64.0%] (+14.0 points; 3 of 3 seeds above the base)" in text
     assert "pass@64 barely moved: 85.0% → 86.0% [86.0–86.0%] (+1.0 points)" in text
@@ -106,17 +139,28 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
         return {"pass@k": mean, "maj@k": mean, "pass@k_ci": {}, "maj@k_ci": {}, "no_answer": 0.0, "per_prompt": per}
 
     def trained(memory, accuracy):
-        return {"models": 3, "parameters": 10, "peak_memory_mb": memory, "time_s": 1.0, "generated_tokens": 100,
-                "steps": 2, "prompts": 8, "time_per_step_s": 0.5,
-                "metrics": [{"reward/mean": a, "reward/arithmetic_correct": a} for a in accuracy]}
+        return {
+            "models": 3,
+            "parameters": 10,
+            "peak_memory_mb": memory,
+            "time_s": 1.0,
+            "generated_tokens": 100,
+            "steps": 2,
+            "prompts": 8,
+            "time_per_step_s": 0.5,
+            "metrics": [{"reward/mean": a, "reward/arithmetic_correct": a} for a in accuracy],
+        }
 
-    entry = _over_seeds([(0, trained(100.0, [0.1, 0.3]), result([0.6, 0.4])),
-                         (1, trained(200.0, [0.3, 0.5]), result([0.4, 0.2]))], rows)
+    entry = _over_seeds(
+        [(0, trained(100.0, [0.1, 0.3]), result([0.6, 0.4])), (1, trained(200.0, [0.3, 0.5]), result([0.4, 0.2]))], rows
+    )
     assert entry["pass@k"]["1"] == pytest.approx(0.4) and entry["pass@k_range"]["1"] == pytest.approx([0.3, 0.5])
     assert entry["peak_memory_mb"] == 150.0 and entry["true_accuracy"] == pytest.approx([0.2, 0.4])
     assert [s["seed"] for s in entry["per_seed"]] == [0, 1]
-    assert entry["per_seed"][0]["by_digits"] == {"2": {"pass@k": {"1": 0.6, "2": 0.6}, "maj@k": {"1": 0.6, "2": 0.6}},
-                                                 "3": {"pass@k": {"1": 0.4, "2": 0.4}, "maj@k": {"1": 0.4, "2": 0.4}}}
+    assert entry["per_seed"][0]["by_digits"] == {
+        "2": {"pass@k": {"1": 0.6, "2": 0.6}, "maj@k": {"1": 0.6, "2": 0.6}},
+        "3": {"pass@k": {"1": 0.4, "2": 0.4}, "maj@k": {"1": 0.4, "2": 0.4}},
+    }
     # Per problem, averaged over seeds: 0.5 and 0.3; the interval is over those two.
     assert entry["pass@k_ci"]["1"] == pytest.approx(mean_ci([0.5, 0.3])[1])
     assert mean_ci([0.5, 0.3])[1] != pytest.approx(mean_ci([0.6, 0.4])[1])
@@ -125,8 +169,20 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
 
 
 def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
-    config = DemoConfig(seeds=2, full=True, sft_steps=300, eval_prompts=8, n=8, ks=[1, 2, 4, 8], train_prompts=64,
-                        steps=4, prompts_per_step=2, group_size=4, rm_prompts=16, rm_samples=8)
+    config = DemoConfig(
+        seeds=2,
+        full=True,
+        sft_steps=300,
+        eval_prompts=8,
+        n=8,
+        ks=[1, 2, 4, 8],
+        train_prompts=64,
+        steps=4,
+        prompts_per_step=2,
+        group_size=4,
+        rm_prompts=16,
+        rm_samples=8,
+    )
     out = tmp_path / "demo"
     result = demo(out, config, progress=False)
     saved = json.loads((out / "summary.json").read_text())
@@ -144,7 +200,11 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
     assert saved["grpo"]["generated_tokens"] > saved["ppo"]["generated_tokens"]
     ppo_config = yaml.safe_load((out / "ppo" / "seed-1.yaml").read_text())
     c = DemoConfig()  # PPO's own settings, not GRPO's
-    assert ppo_config["seed"] == 1 and ppo_config["train"]["lr"] == c.ppo_lr and ppo_config["value"]["lr"] == c.ppo_value_lr
+    assert (
+        ppo_config["seed"] == 1
+        and ppo_config["train"]["lr"] == c.ppo_lr
+        and ppo_config["value"]["lr"] == c.ppo_value_lr
+    )
     assert (ppo_config["train"]["epochs"], ppo_config["train"]["minibatches"]) == (c.ppo_epochs, c.ppo_minibatches)
     assert ppo_config["loss"]["lam"] == c.ppo_lam
     grpo_config = yaml.safe_load((out / "grpo" / "seed-1.yaml").read_text())
@@ -179,8 +239,20 @@ def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
         return real(config, path, **kwargs)
 
     monkeypatch.setattr(demo_module, "train_in_child", flaky)
-    config = DemoConfig(seeds=1, full=True, neural_rm=False, sft_steps=300, eval_prompts=4, n=4, ks=[1, 2, 4],
-                        train_prompts=32, steps=2, prompts_per_step=2, group_size=2, rm_prompts=8)
+    config = DemoConfig(
+        seeds=1,
+        full=True,
+        neural_rm=False,
+        sft_steps=300,
+        eval_prompts=4,
+        n=4,
+        ks=[1, 2, 4],
+        train_prompts=32,
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        rm_prompts=8,
+    )
     demo(tmp_path / "demo", config, progress=False)
     saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert "grpo-process" not in saved and "planted" in saved["failed"]["grpo-process"]

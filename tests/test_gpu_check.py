@@ -9,8 +9,22 @@ PROMPTS, GROUP, TOKENS = 2, 4, 8
 
 def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
-    argv = ["--shape", "tiny", "--steps", "2", "--prompts", str(PROMPTS), "--group-size", str(GROUP),
-            "--max-new-tokens", str(TOKENS), "--device", "cpu", "--samplers", "fast,hf"]
+    argv = [
+        "--shape",
+        "tiny",
+        "--steps",
+        "2",
+        "--prompts",
+        str(PROMPTS),
+        "--group-size",
+        str(GROUP),
+        "--max-new-tokens",
+        str(TOKENS),
+        "--device",
+        "cpu",
+        "--samplers",
+        "fast,hf",
+    ]
     returned = gpu_check.main(argv, progress=False)
 
     (path,) = tmp_path.glob("gpu-check-*.json")
@@ -28,7 +42,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     assert results["settings"]["device"] == "cpu"
 
     printed = capsys.readouterr().out
-    table = printed[printed.index("sampler  s/step"):]
+    table = printed[printed.index("sampler  s/step") :]
     for r in rows:
         assert f"{r['sampler']}  " in table and f"{r['time/step']:.3f}" in table
     assert f"results: {path}" in printed

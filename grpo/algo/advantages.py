@@ -60,9 +60,7 @@ ADVANTAGE_SCALES: dict[str, Callable[[Tensor, Tensor], Tensor | None]] = {
 }
 
 
-def group_advantages(
-    rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4
-) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
     """GRPO outcome-supervision advantages, one per completion.
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps)      DeepSeekMath §4.1.2, eq. 3
@@ -76,8 +74,7 @@ def group_advantages(
         raise ValueError(f"scale must be one of {sorted(ADVANTAGE_SCALES)}, got {scale!r}")
     if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
         raise ValueError(
-            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-            f"got shape {tuple(rewards.shape)}"
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
         )
     groups = rewards.view(-1, group_size)  # (N/G, G)
     group_mean, _ = _nan_mean_std(groups, dim=1)  # (N/G, 1)
@@ -159,8 +156,14 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
-def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8,
-           total: Callable[[Tensor], Tensor] = _identity) -> Tensor:
+def whiten(
+    x: Tensor,
+    mask: Tensor,
+    *,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    total: Callable[[Tensor], Tensor] = _identity,
+) -> Tensor:
     """Masked whitening: (x - mean) / sqrt(var + eps) over the valid entries of the batch.
 
     The variance is the unbiased one (as TRL's `masked_whiten`). With `shift_mean=False` the

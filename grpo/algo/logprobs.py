@@ -64,7 +64,9 @@ class _History:
 
     def seen(self, start: int, stop: int) -> Tensor:
         """(stop - start, V) bool: the tokens seen before flat positions start..stop-1."""
-        flat = torch.arange(start, stop, device=self.ids.device) if self.positions is None else self.positions[start:stop]
+        flat = (
+            torch.arange(start, stop, device=self.ids.device) if self.positions is None else self.positions[start:stop]
+        )
         row, t = flat // self.t_len, flat % self.t_len  # (m,), (m,)
         seen = torch.zeros(len(flat), self.vocab + 1, dtype=torch.bool, device=self.ids.device)
         seen.scatter_(1, self.context[row], True)
@@ -88,8 +90,16 @@ def _entropy(scores: Tensor, lse: Tensor) -> Tensor:
     return lse - (torch.softmax(scores, dim=-1) * scores).sum(-1)
 
 
-def _chunk_grad(x: Tensor, ids: Tensor, lse: Tensor, grad_out: Tensor, start: int, temperature: float,
-                penalty: float, history: _History | None) -> Tensor:
+def _chunk_grad(
+    x: Tensor,
+    ids: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    start: int,
+    temperature: float,
+    penalty: float,
+    history: _History | None,
+) -> Tensor:
     """(m, V) float32: d(sum_i grad_out_i * logp_i) / dx for one chunk of raw scores `x` (m, V)
     float32, which this edits in place (pass a copy). `lse` (m,) is the forward's logsumexp of
     the chunk's scores.
@@ -118,8 +128,15 @@ class _TokenLogprobs(torch.autograd.Function):
     itself when there is no history); the gradient is `_chunk_grad`'s."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, ids: Tensor, temperature: float, chunk_elements: int,
-                penalty: float, history: _History | None) -> Tensor:
+    def forward(
+        ctx,
+        logits: Tensor,
+        ids: Tensor,
+        temperature: float,
+        chunk_elements: int,
+        penalty: float,
+        history: _History | None,
+    ) -> Tensor:
         rows, _ = logits.shape  # (M, V), M = N * T
         step = _rows_per_chunk(history.width if history else logits.shape[1], chunk_elements)
         out = torch.empty(rows, dtype=torch.float32, device=logits.device)  # (M,)
@@ -144,13 +161,22 @@ class _TokenLogprobs(torch.autograd.Function):
         for start in range(0, logits.shape[0], step):
             stop = start + step
             chunk = logits[start:stop].to(torch.float32, copy=True)  # (m, V) scratch, ours to edit
-            grad_logits[start:stop] = _chunk_grad(chunk, ids[start:stop], lse[start:stop], grad_out[start:stop], start,
-                                                  ctx.temperature, ctx.penalty, ctx.history)
+            grad_logits[start:stop] = _chunk_grad(
+                chunk,
+                ids[start:stop],
+                lse[start:stop],
+                grad_out[start:stop],
+                start,
+                ctx.temperature,
+                ctx.penalty,
+                ctx.history,
+            )
         return grad_logits, None, None, None, None, None
 
 
-def _history(context: Tensor | None, ids: Tensor, vocab: int, repetition_penalty: float,
-             positions: Tensor | None = None) -> _History | None:
+def _history(
+    context: Tensor | None, ids: Tensor, vocab: int, repetition_penalty: float, positions: Tensor | None = None
+) -> _History | None:
     """The penalty's history, or None when the penalty is off (1). `positions`: which flat
     positions of `ids` the rows to score are (default: all, in order)."""
     if repetition_penalty <= 0:
@@ -158,13 +184,20 @@ def _history(context: Tensor | None, ids: Tensor, vocab: int, repetition_penalty
     if repetition_penalty == 1.0:
         return None
     if context is None or context.shape[0] != ids.shape[0]:
-        raise ValueError("a repetition penalty needs the context (N, P): the tokens before the first position, e.g. the prompt")
+        raise ValueError(
+            "a repetition penalty needs the context (N, P): the tokens before the first position, e.g. the prompt"
+        )
     return _History(context, ids, vocab, positions)
 
 
 def token_logprobs(
-    logits: Tensor, ids: Tensor, *, temperature: float = 1.0, repetition_penalty: float = 1.0,
-    context: Tensor | None = None, chunk_elements: int = _CHUNK_ELEMENTS
+    logits: Tensor,
+    ids: Tensor,
+    *,
+    temperature: float = 1.0,
+    repetition_penalty: float = 1.0,
+    context: Tensor | None = None,
+    chunk_elements: int = _CHUNK_ELEMENTS,
 ) -> Tensor:
     """log softmax(penalize(logits) / temperature)[ids], per token.
 
@@ -186,13 +219,20 @@ def token_logprobs(
     history = _history(context, ids, logits.shape[-1], float(repetition_penalty))
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_ids = ids.reshape(-1).long()
-    out = _TokenLogprobs.apply(flat_logits, flat_ids, float(temperature), int(chunk_elements), float(repetition_penalty), history)
+    out = _TokenLogprobs.apply(
+        flat_logits, flat_ids, float(temperature), int(chunk_elements), float(repetition_penalty), history
+    )
     return out.view(lead)
 
 
 def entropy(
-    logits: Tensor, *, temperature: float = 1.0, repetition_penalty: float = 1.0, ids: Tensor | None = None,
-    context: Tensor | None = None, chunk_elements: int = _CHUNK_ELEMENTS
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    repetition_penalty: float = 1.0,
+    ids: Tensor | None = None,
+    context: Tensor | None = None,
+    chunk_elements: int = _CHUNK_ELEMENTS,
 ) -> Tensor:
     """Entropy of softmax(penalize(logits) / temperature) at each position, in float32.
 
@@ -231,9 +271,19 @@ class _HeadLogprobs(torch.autograd.Function):
     them. The entropy is a metric: it is returned without a gradient."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, ids: Tensor, temperature: float,
-                chunk_elements: int, penalty: float, history: _History | None, with_entropy: bool,
-                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ids: Tensor,
+        temperature: float,
+        chunk_elements: int,
+        penalty: float,
+        history: _History | None,
+        with_entropy: bool,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
         rows, vocab = hidden.shape[0], weight.shape[0]  # hidden (M, H), weight (V, H)
         step = _rows_per_chunk(history.width if history else vocab, chunk_elements)
         out = torch.empty(rows, dtype=torch.float32, device=hidden.device)  # (M,)
@@ -252,7 +302,13 @@ class _HeadLogprobs(torch.autograd.Function):
                     ent[start:stop] = _entropy(scores, lse[start:stop])
         ctx.save_for_backward(hidden, w, b, ids, lse)
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
-        ctx.temperature, ctx.chunk_elements, ctx.penalty, ctx.history, ctx.dtype = temperature, chunk_elements, penalty, history, dtype
+        ctx.temperature, ctx.chunk_elements, ctx.penalty, ctx.history, ctx.dtype = (
+            temperature,
+            chunk_elements,
+            penalty,
+            history,
+            dtype,
+        )
         ctx.mark_non_differentiable(ent)
         return out, ent
 
@@ -271,8 +327,16 @@ class _HeadLogprobs(torch.autograd.Function):
             for start in range(0, hidden.shape[0], step):
                 stop = start + step
                 h = hidden[start:stop].to(dtype)  # (m, H)
-                grad = _chunk_grad(_head_logits(h, w, b), ids[start:stop], lse[start:stop], grad_out[start:stop], start,
-                                   ctx.temperature, ctx.penalty, ctx.history)  # (m, V) float32
+                grad = _chunk_grad(
+                    _head_logits(h, w, b),
+                    ids[start:stop],
+                    lse[start:stop],
+                    grad_out[start:stop],
+                    start,
+                    ctx.temperature,
+                    ctx.penalty,
+                    ctx.history,
+                )  # (m, V) float32
                 g = grad.to(dtype)  # what the logits' gradient is in the plain path (their dtype)
                 if need_hidden:
                     grad_hidden[start:stop] = g @ w  # (m, H)
@@ -283,14 +347,32 @@ class _HeadLogprobs(torch.autograd.Function):
                         grad_weight += (g.T @ h).float()
                 if need_bias:
                     grad_bias += grad.sum(0)
-        return (grad_hidden, None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
-                None if grad_bias is None else grad_bias.to(ctx.bias_dtype), None, None, None, None, None, None, None)
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+            None if grad_bias is None else grad_bias.to(ctx.bias_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def head_logprobs(
-    hidden: Tensor, weight: Tensor, ids: Tensor, *, bias: Tensor | None = None, temperature: float = 1.0,
-    repetition_penalty: float = 1.0, context: Tensor | None = None, chunk_elements: int = _CHUNK_ELEMENTS,
-    with_entropy: bool = False, mask: Tensor | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    ids: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    repetition_penalty: float = 1.0,
+    context: Tensor | None = None,
+    chunk_elements: int = _CHUNK_ELEMENTS,
+    with_entropy: bool = False,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` (and `entropy`) of the logits `linear(hidden, weight, bias)`, without
     ever holding them: (N, T) float32 log-probabilities, and the (N, T) entropy when
@@ -326,8 +408,18 @@ def head_logprobs(
         index = mask.reshape(-1).nonzero().squeeze(1)  # (M,) the positions computed
         flat_hidden, flat_ids = flat_hidden[index], flat_ids[index]
     history = _history(context, ids, weight.shape[0], float(repetition_penalty), index)
-    out, ent = _HeadLogprobs.apply(flat_hidden, weight, bias, flat_ids, float(temperature), int(chunk_elements),
-                                   float(repetition_penalty), history, bool(with_entropy), dtype)
+    out, ent = _HeadLogprobs.apply(
+        flat_hidden,
+        weight,
+        bias,
+        flat_ids,
+        float(temperature),
+        int(chunk_elements),
+        float(repetition_penalty),
+        history,
+        bool(with_entropy),
+        dtype,
+    )
     if index is not None:  # back to every position, 0 where nothing was computed
         out = out.new_zeros(ids.numel()).index_copy(0, index, out)
         if with_entropy:

@@ -70,12 +70,12 @@ def plot_curves(results: dict[str, dict], path, *, title: str | None = None) -> 
                 y = [result[metric][k] for k in ks]
                 color = f"C{i}"
                 # Unclipped, above the spines: a curve at 0 or 1 must not hide behind the frame.
-                ax.plot(x, y, marker="o", markersize=4, linewidth=2, color=color, label=label, clip_on=False,
-                        zorder=3)
+                ax.plot(x, y, marker="o", markersize=4, linewidth=2, color=color, label=label, clip_on=False, zorder=3)
                 ci = result.get(f"{metric}_ci")
                 if ci:
-                    ax.fill_between(x, [ci[k][0] for k in ks], [ci[k][1] for k in ks], color=color, alpha=0.18,
-                                    linewidth=0)
+                    ax.fill_between(
+                        x, [ci[k][0] for k in ks], [ci[k][1] for k in ks], color=color, alpha=0.18, linewidth=0
+                    )
                 all_ks.update(x)
             ax.set_xscale("log", base=2)
             ax.set_ylim(0, 1)
@@ -114,8 +114,15 @@ def plot_rewards(
         ax = figure.subplots()
         for i, (label, points) in enumerate(series.items()):
             points = sorted(points)
-            ax.plot([s for s, _ in points], [v for _, v in points], linewidth=2, color=f"C{i}", label=label,
-                    marker="o" if len(points) <= 30 else None, markersize=3)
+            ax.plot(
+                [s for s, _ in points],
+                [v for _, v in points],
+                linewidth=2,
+                color=f"C{i}",
+                label=label,
+                marker="o" if len(points) <= 30 else None,
+                markersize=3,
+            )
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

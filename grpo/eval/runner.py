@@ -151,7 +151,9 @@ def reward_verifier(
         prompts = [prompt] * len(completions)
         clash = sorted(set(columns) & set(RESERVED_ARGUMENTS))
         if clash:
-            raise UserError(f"{kind} {name!r}: data column {clash[0]!r} has the name of a reward-function argument; rename the column")
+            raise UserError(
+                f"{kind} {name!r}: data column {clash[0]!r} has the name of a reward-function argument; rename the column"
+            )
         try:  # called as in training: TRL's convention, contained (a UserError passes through)
             values = contain.call(reward, prompts, as_messages(prompts, list(completions)), columns)
         except contain.Failed as failure:
@@ -239,14 +241,22 @@ def sample_completions(
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     done, fields = 0, {}  # prompts with all n completions; on_prompt's latest fields
     # Counted in completions (a prompt's n may span calls); a line every log_every prompts.
-    bar = Progress(len(rows) * n, desc="eval", prefix="grpo eval", unit="completions", per_second=True,
-                   every=log_every * n, enabled=progress)
+    bar = Progress(
+        len(rows) * n,
+        desc="eval",
+        prefix="grpo eval",
+        unit="completions",
+        per_second=True,
+        every=log_every * n,
+        enabled=progress,
+    )
     with bar, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for indices, group_size in _calls(len(rows), n, batch_size):
             if group_size not in samplers:
-                settings = RolloutConfig(group_size=group_size, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, top_p=top_p)
+                settings = RolloutConfig(
+                    group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+                )
                 samplers[group_size] = Sampler.from_config(tokenizer, settings, prompt_column=prompt_column)
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
@@ -272,8 +282,10 @@ def valid_ks(ks: Sequence[int], n: int) -> list[int]:
     wanted = sorted(set(int(k) for k in ks))
     dropped = [k for k in wanted if k > n]
     if dropped:
-        print(f"grpo eval: warning: dropping k = {', '.join(map(str, dropped))}: more than n = {n} samples",
-              file=sys.stderr)
+        print(
+            f"grpo eval: warning: dropping k = {', '.join(map(str, dropped))}: more than n = {n} samples",
+            file=sys.stderr,
+        )
     kept = [k for k in wanted if k <= n]
     if not kept:
         raise UserError(f"no k <= n = {n} to report (got k = {', '.join(map(str, wanted)) or 'none'})")
@@ -352,8 +364,15 @@ def measure(
         votes: Counter[str] = Counter(str(a) for a in answers if a is not None)
         no_answer += sum(a is None for a in answers)
         length += sum(len(completion) for completion in group)
-        per_prompt.append({"prompt": row.get(prompt_column), "correct": c,
-                           "answers": dict(votes.most_common()), "no_answer": sum(a is None for a in answers), **mine})
+        per_prompt.append(
+            {
+                "prompt": row.get(prompt_column),
+                "correct": c,
+                "answers": dict(votes.most_common()),
+                "no_answer": sum(a is None for a in answers),
+                **mine,
+            }
+        )
     report: dict[str, Any] = {"n": n, "prompts": len(rows)}
     for name, values in (("pass@k", pass_values), ("maj@k", maj_values)):
         stats = {str(k): mean_ci(values[k]) for k in ks}
@@ -417,8 +436,18 @@ def evaluate(
         return {"pass@1": f"{correct / checked:.3f}"}
 
     completions = sample_completions(
-        model, tokenizer, rows, n=n, prompt_column=prompt_column, temperature=temperature, top_p=top_p,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, progress=progress, log_every=log_every,
+        model,
+        tokenizer,
+        rows,
+        n=n,
+        prompt_column=prompt_column,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+        log_every=log_every,
         on_prompt=check,
     )
     sampled = time.perf_counter()
@@ -426,9 +455,16 @@ def evaluate(
     done = time.perf_counter()
     per_prompt = report.pop("per_prompt")
     return {
-        "n": report.pop("n"), "prompts": report.pop("prompts"), "temperature": temperature, "top_p": top_p,
-        "max_new_tokens": max_new_tokens, "seed": seed, **report,
-        "time_s": done - start, "time_metrics_s": done - sampled, "per_prompt": per_prompt,
+        "n": report.pop("n"),
+        "prompts": report.pop("prompts"),
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        **report,
+        "time_s": done - start,
+        "time_metrics_s": done - sampled,
+        "per_prompt": per_prompt,
     }
 
 

@@ -63,8 +63,11 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(directory: Path, step: int, world_size: int) -> None:
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {"step": step, "world_size": world_size,
-                "files": {str(p.relative_to(directory)): _sha256(p) for p in files}}
+    manifest = {
+        "step": step,
+        "world_size": world_size,
+        "files": {str(p.relative_to(directory)): _sha256(p) for p in files},
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -90,7 +93,9 @@ def save_checkpoint(output_dir: Path, step: int, state: dict, *, keep: int) -> P
     return final
 
 
-def save_sharded_checkpoint(world, output_dir: Path, step: int, common: dict, local: dict, sharded: dict, *, keep: int) -> Path:
+def save_sharded_checkpoint(
+    world, output_dir: Path, step: int, common: dict, local: dict, sharded: dict, *, keep: int
+) -> Path:
     """Every process calls this at the same step: `sharded` (a state dict of DTensors and
     plain tensors) goes to `shards/`, `local` to this process's own file, `common` (the
     same in every process) to `state.pt`, written last, then the manifest."""
@@ -187,8 +192,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         "torch.serialization": {"_get_layout"},
         "collections": {"OrderedDict"},
     }
-    _DCP = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-            "torch.distributed.checkpoint.planner")
+    _DCP = (
+        "torch.distributed.checkpoint.metadata",
+        "torch.distributed.checkpoint.filesystem",
+        "torch.distributed.checkpoint.planner",
+    )
 
     def find_class(self, module: str, name: str):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):

@@ -22,8 +22,9 @@ def train_in_child(config: dict, config_path: Path, *, progress: bool = True, th
     command = [sys.executable, "-m", "grpo.cli", "train", str(config_path)] + ([] if progress else ["--quiet"])
     env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     # The child's progress bar goes straight to our stderr; its errors are one line there.
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
-                          env=env)
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, env=env
+    )
     if done.returncode != 0:
         detail = (done.stderr or "").strip().splitlines()[-1:] or ["its error is printed above"]
         raise UserError(f"training {config_path.name} failed: {detail[0]}")

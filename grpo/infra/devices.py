@@ -38,7 +38,9 @@ def resolve_device(name: str, key: str = "train.device", *, local_rank: int | No
         raise UserError(f"{key}: {name!r} is not supported ({DEVICE_CHOICES})")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"{key}: {name} asked for, but torch sees no CUDA device (this torch: {torch.__version__}); use cpu or auto")
+            raise UserError(
+                f"{key}: {name} asked for, but torch sees no CUDA device (this torch: {torch.__version__}); use cpu or auto"
+            )
         index = local_rank if device.index is None else device.index
         if index >= torch.cuda.device_count():
             raise UserError(f"{key}: {name} asked for (GPU {index}), but torch sees {torch.cuda.device_count()} GPU(s)")

@@ -232,7 +232,9 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
     same verdict and none waits for another."""
     backend = c.train.backend
     if backend == "nccl" and device.type != "cuda":
-        raise UserError(f"train.backend: nccl needs CUDA devices, but this run is on the {device.type} (train.device: {c.train.device}); use gloo or auto")
+        raise UserError(
+            f"train.backend: nccl needs CUDA devices, but this run is on the {device.type} (train.device: {c.train.device}); use gloo or auto"
+        )
     if world_size == 1:
         return backend
     prompts = c.rollout.prompts_per_step
@@ -242,9 +244,13 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
             f"(each samples prompts_per_step / world_size prompts with all their completions); use a multiple of {world_size}"
         )
     if c.lora.r:
-        raise UserError(f"lora.r: LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process")
+        raise UserError(
+            f"lora.r: LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process"
+        )
     if c.reward_model_update.verifier:
-        raise UserError(f"reward_model_update.verifier: iterative reward-model training is not supported over several processes yet (this launch has {world_size}); run it in one process")
+        raise UserError(
+            f"reward_model_update.verifier: iterative reward-model training is not supported over several processes yet (this launch has {world_size}); run it in one process"
+        )
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

@@ -34,8 +34,10 @@ class DirectoryLock:
             file.seek(0)
             holder = file.read().strip() or "unknown"
             file.close()
-            raise UserError(f"output_dir '{self.path.parent}' is in use by another run (process {holder}); "
-                            "wait for it to end or choose another output_dir") from None
+            raise UserError(
+                f"output_dir '{self.path.parent}' is in use by another run (process {holder}); "
+                "wait for it to end or choose another output_dir"
+            ) from None
         file.seek(0)
         file.truncate()
         file.write(str(os.getpid()))

@@ -57,8 +57,9 @@ class JsonlSink:
 def _scalars(metrics: dict) -> dict:
     """What a dashboard plots: the metrics that are finite numbers (no bools, strings, lists,
     NaN or inf)."""
-    return {k: v for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 # Each dashboard's module, imported only when train.report_to names it; the extra is its name.
@@ -72,7 +73,9 @@ def _import(name: str):
     except ImportError as err:
         missing = err.name in (module, module.split(".")[0], name)
         detail = "" if missing else f" ({first_line(err)})"
-        raise UserError(f"train.report_to: {name} needs the {name} package: pip install 'grpo[{name}]'{detail}") from None
+        raise UserError(
+            f"train.report_to: {name} needs the {name} package: pip install 'grpo[{name}]'{detail}"
+        ) from None
 
 
 class TensorBoardSink:
@@ -106,8 +109,10 @@ class _Dashboard:
         raise NotImplementedError
 
     def _refused(self, err: Exception) -> UserError:
-        return UserError(f"train.report_to: {self.name} could not start a run ({first_line(err)}); "
-                         f"fix its settings, or take {self.name} out of train.report_to")
+        return UserError(
+            f"train.report_to: {self.name} could not start a run ({first_line(err)}); "
+            f"fix its settings, or take {self.name} out of train.report_to"
+        )
 
     def log(self, step, metrics):
         if self.failed:
@@ -118,8 +123,11 @@ class _Dashboard:
             self._log(step, scalars)
         except Exception as err:
             self.failed = True
-            print(f"grpo: warning: {self.name} stopped logging at step {step} ({first_line(err)}); "
-                  "the run goes on and metrics.jsonl has every step", file=sys.stderr)
+            print(
+                f"grpo: warning: {self.name} stopped logging at step {step} ({first_line(err)}); "
+                "the run goes on and metrics.jsonl has every step",
+                file=sys.stderr,
+            )
 
     def close(self):
         try:
@@ -142,9 +150,14 @@ class WandbSink(_Dashboard):
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
         run_id = run_id or uuid.uuid4().hex[:12]
         try:
-            self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "grpo", name=run_name,
-                                  id=run_id, resume="allow", config=config,
-                                  dir=None if os.environ.get("WANDB_DIR") else str(directory))
+            self.run = wandb.init(
+                project=project or os.environ.get("WANDB_PROJECT") or "grpo",
+                name=run_name,
+                id=run_id,
+                resume="allow",
+                config=config,
+                dir=None if os.environ.get("WANDB_DIR") else str(directory),
+            )
         except Exception as err:
             raise self._refused(err) from None
         write_atomic(id_file, run_id + "\n")
@@ -169,8 +182,9 @@ class TrackioSink(_Dashboard):
         self.trackio = _import("trackio")
         try:
             with contextlib.redirect_stdout(sys.stderr):  # its notes; grpo's stdout is the result
-                self.trackio.init(project=project or "grpo", name=run_name, config=config,
-                                  resume="allow" if resume else "never")
+                self.trackio.init(
+                    project=project or "grpo", name=run_name, config=config, resume="allow" if resume else "never"
+                )
         except Exception as err:
             raise self._refused(err) from None
 
@@ -197,8 +211,9 @@ class Sinks:
             sink.close()
 
 
-def open_dashboards(names: list[str], directory: Path, *, config: dict, run_name: str, project: str,
-                    first_step: int, resume: bool) -> Sinks:
+def open_dashboards(
+    names: list[str], directory: Path, *, config: dict, run_name: str, project: str, first_step: int, resume: bool
+) -> Sinks:
     """The sinks train.report_to names (grpo.config.reporters), started now. Every package is
     imported before any service starts a run; one that cannot start closes those started
     before it. `first_step`: the step logged next (TensorBoard hides a stopped run's events

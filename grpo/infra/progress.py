@@ -69,8 +69,19 @@ class Progress:
     where it goes (default: sys.stderr as it is now, so that a test's capture sees it).
     """
 
-    def __init__(self, total: int, *, desc: str, prefix: str = "grpo", unit: str = "step", every: int = 10,
-                 enabled: bool = True, initial: int = 0, per_second: bool = False, stream: TextIO | None = None):
+    def __init__(
+        self,
+        total: int,
+        *,
+        desc: str,
+        prefix: str = "grpo",
+        unit: str = "step",
+        every: int = 10,
+        enabled: bool = True,
+        initial: int = 0,
+        per_second: bool = False,
+        stream: TextIO | None = None,
+    ):
         if every < 1:
             raise ValueError(f"every must be at least 1, got {every}")
         self.total, self.prefix, self.unit, self.every, self.per_second = total, prefix, unit, every, per_second

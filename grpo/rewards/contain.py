@@ -87,7 +87,10 @@ Batch = tuple[list, list, dict[str, list], dict[str, Any]]  # prompts, completio
 
 
 def call(
-    reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]],
+    reward: WeightedReward,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
     shared: dict[str, Any] | None = None,
 ) -> Any:
     """`reward.fn(prompts=..., completions=..., **columns, **shared)` (all by keyword, as TRL's
@@ -128,8 +131,11 @@ def is_async(fn) -> bool:
 
 
 def call_concurrently(
-    rewards: Sequence[WeightedReward], prompts: Sequence[Any], completions: Sequence[Any],
-    columns: dict[str, Sequence[Any]], shared: dict[str, Any] | None = None,
+    rewards: Sequence[WeightedReward],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
+    shared: dict[str, Any] | None = None,
 ) -> dict[int, Outcome]:
     """`call` for each of `rewards` that is async and not isolated, all on one event loop at
     once; keyed by the reward's index in `rewards`. Empty when fewer than two qualify (one
@@ -206,11 +212,16 @@ def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) 
     return (prompts, completions), extras
 
 
-def _copies(prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]],
-            shared: dict[str, Any]) -> Batch:
+def _copies(
+    prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]], shared: dict[str, Any]
+) -> Batch:
     """The batch one call gets: its lists and dicts fresh at every depth (`_fresh`)."""
-    return ([_fresh(p) for p in prompts], [_fresh(c) for c in completions],
-            {key: [_fresh(v) for v in values] for key, values in columns.items()}, shared)
+    return (
+        [_fresh(p) for p in prompts],
+        [_fresh(c) for c in completions],
+        {key: [_fresh(v) for v in values] for key, values in columns.items()},
+        shared,
+    )
 
 
 def _fresh(value: Any) -> Any:
@@ -331,9 +342,18 @@ class _Worker:
         watched, self.alive = os.pipe()  # the worker exits when `alive` closes: when we stop it, or end
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path]), __file__, spec,
-                 str(theirs.fileno()), str(watched)],
-                pass_fds=(theirs.fileno(), watched), stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-c",
+                    _BOOT,
+                    json.dumps([str(p) for p in sys.path]),
+                    __file__,
+                    spec,
+                    str(theirs.fileno()),
+                    str(watched),
+                ],
+                pass_fds=(theirs.fileno(), watched),
+                stdin=subprocess.DEVNULL,
             )
         except BaseException:
             ours.close()

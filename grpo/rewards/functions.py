@@ -82,9 +82,7 @@ class RewardFn(Protocol):
     (TRL's GRPOTrainer convention, so its reward functions work unchanged).
     """
 
-    def __call__(
-        self, prompts: list[str], completions: list[str], **columns: Any
-    ) -> list[float | None]: ...
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
 
 
 @dataclass(frozen=True)
@@ -103,11 +101,17 @@ class WeightedReward:
     def __post_init__(self) -> None:
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf):
-            raise UserError(f"reward {self.name!r}: timeout must be a number of seconds > 0, or None; got {one_line(repr(t))}")
+            raise UserError(
+                f"reward {self.name!r}: timeout must be a number of seconds > 0, or None; got {one_line(repr(t))}"
+            )
         if self.on_timeout not in ("fail", "none"):
-            raise UserError(f"reward {self.name!r}: on_timeout must be 'fail' or 'none', got {one_line(repr(self.on_timeout))}")
+            raise UserError(
+                f"reward {self.name!r}: on_timeout must be 'fail' or 'none', got {one_line(repr(self.on_timeout))}"
+            )
         if self.isolate and not (isinstance(self.spec, str) and ":" in self.spec):
-            raise UserError(f"reward {self.name!r}: isolate needs the function's spec ('{_FORM}'), to import it in a worker process")
+            raise UserError(
+                f"reward {self.name!r}: isolate needs the function's spec ('{_FORM}'), to import it in a worker process"
+            )
 
 
 @dataclass
@@ -161,8 +165,7 @@ def _target(spec: str) -> str:
 def _check_weight(spec: str, weight: Any) -> float:
     if not isinstance(weight, numbers.Real):
         raise UserError(
-            f"reward {spec!r}: weight must be a number, got {one_line(repr(weight))} "
-            f"({type(weight).__name__})"
+            f"reward {spec!r}: weight must be a number, got {one_line(repr(weight))} ({type(weight).__name__})"
         )
     # An infinite weight is as broken as NaN: inf * 0 makes the total NaN.
     if not math.isfinite(weight):
@@ -170,9 +173,7 @@ def _check_weight(spec: str, weight: Any) -> float:
     return float(weight)
 
 
-def load_rewards(
-    specs: list[tuple[str, float]], options: list[dict[str, Any]] | None = None
-) -> list[WeightedReward]:
+def load_rewards(specs: list[tuple[str, float]], options: list[dict[str, Any]] | None = None) -> list[WeightedReward]:
     """Resolve (spec, weight) pairs into WeightedRewards, checking all before any runs.
 
     Names stay unique, as `RewardScores.per_function` is keyed by them: a spec that appears
@@ -198,8 +199,15 @@ def load_rewards(
         seen[target] += 1
         name = target if seen[target] == 1 else f"{target}#{seen[target]}"
         importable = not callable(spec) or ("<" not in target and ":" in target)  # not a lambda or a local function
-        rewards.append(WeightedReward(name=name, fn=fn, weight=_check_weight(target, weight),
-                                      spec=_target(target) if importable else None, **option))
+        rewards.append(
+            WeightedReward(
+                name=name,
+                fn=fn,
+                weight=_check_weight(target, weight),
+                spec=_target(target) if importable else None,
+                **option,
+            )
+        )
     return rewards
 
 
@@ -290,9 +298,7 @@ def as_scores(name: str, values: Any, n: int, *, kind: str = "reward") -> Tensor
         except OverflowError:  # an int beyond even float64's range
             number = None
         if number is not None and not math.isfinite(number):
-            raise UserError(
-                f"{kind} {name!r} returned {value} for row {i}; return None for 'cannot score'"
-            )
+            raise UserError(f"{kind} {name!r} returned {value} for row {i}; return None for 'cannot score'")
         if number is None or abs(number) > _FLOAT32_MAX:
             raise UserError(f"{kind} {name!r} returned {_huge(value, number)} for row {i}, outside float32's range")
         scores.append(number)
@@ -324,8 +330,10 @@ def _run(
         limit = f"reward {reward.name!r} took longer than {reward.timeout} s (rewards[].timeout)"
         left = "its worker process was killed" if reward.isolate else "the call was abandoned and may still be running"
         if reward.on_timeout == "none":
-            print(f"grpo: warning: {limit}: it scores None on this batch of {len(completions)} completions ({left})",
-                  file=sys.stderr)
+            print(
+                f"grpo: warning: {limit}: it scores None on this batch of {len(completions)} completions ({left})",
+                file=sys.stderr,
+            )
             return [None] * len(completions)
         raise UserError(
             f"{limit} on a batch of {len(completions)} completions ({left}); raise the timeout, "
@@ -366,14 +374,10 @@ def _arguments(prompts, completions, columns, completion_ids, trainer_state):
 def _check_batch(prompts: list, completions: list[str], columns: dict[str, Sequence[Any]]) -> None:
     n = len(completions)
     if len(prompts) != n:
-        raise ValueError(
-            f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion"
-        )
+        raise ValueError(f"got {len(prompts)} prompts for {n} completions; repeat each prompt per completion")
     for key, values in columns.items():
         if key in RESERVED_ARGUMENTS:
-            raise UserError(
-                f"data column {key!r} has the name of a reward-function argument; rename the column"
-            )
+            raise UserError(f"data column {key!r} has the name of a reward-function argument; rename the column")
         if len(values) != n:
             raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
 
@@ -426,9 +430,7 @@ class StepScores:
     @property
     def total(self) -> Tensor:
         """(N,) float32: the mean step reward of each completion, NaN where it has none."""
-        return torch.tensor(
-            [sum(r for _, r in s) / len(s) if s else math.nan for s in self.steps], dtype=torch.float32
-        )
+        return torch.tensor([sum(r for _, r in s) / len(s) if s else math.nan for s in self.steps], dtype=torch.float32)
 
 
 def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:

@@ -97,8 +97,9 @@ class RewardModel:
     # ---- loading and saving -------------------------------------------------------------------
 
     @classmethod
-    def from_base(cls, base: str, *, seed: int = 0, dtype: str | torch.dtype = "float32",
-                  device: torch.device | str = "cpu", **kw) -> RewardModel:
+    def from_base(
+        cls, base: str, *, seed: int = 0, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu", **kw
+    ) -> RewardModel:
         """A new, untrained reward model on a causal LM's backbone (a directory or hub id), on `device`.
 
         The head is freshly initialised from `seed` (the global RNG is left as it was), so
@@ -111,8 +112,9 @@ class RewardModel:
         return cls(model.to(device), tokenizer, **kw)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: str | torch.dtype = "float32",
-                        device: torch.device | str = "cpu", **kw) -> RewardModel:
+    def from_pretrained(
+        cls, path: str, *, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu", **kw
+    ) -> RewardModel:
         """A reward model saved by `save` (or any sequence-classification model with one output), on `device`."""
         tokenizer = load_tokenizer(path, "reward model")
         model, info = _load_classifier(path, torch_dtype(dtype, "reward model"))
@@ -123,9 +125,7 @@ class RewardModel:
                 f"train one from it with `grpo rm train --model {path} ...`"
             )
         if model.config.num_labels != 1:
-            raise UserError(
-                f"reward model: '{path}' has {model.config.num_labels} outputs; a reward model has 1"
-            )
+            raise UserError(f"reward model: '{path}' has {model.config.num_labels} outputs; a reward model has 1")
         return cls(model.to(device), tokenizer, **kw)
 
     def save(self, directory: str | Path) -> None:
@@ -159,8 +159,9 @@ class RewardModel:
         for chat in (False, True):
             rows = [i for i, prompt in enumerate(prompts) if isinstance(prompt, str) != chat]
             if rows:
-                encoded = tok([texts[i] for i in rows], add_special_tokens=not chat, truncation=True,
-                              max_length=self.max_length)
+                encoded = tok(
+                    [texts[i] for i in rows], add_special_tokens=not chat, truncation=True, max_length=self.max_length
+                )
                 for i, row_ids in zip(rows, encoded["input_ids"]):
                     ids[i] = row_ids
         if not all(ids):
@@ -185,8 +186,10 @@ class RewardModel:
         if len(prompts) != len(completions):
             raise ValueError(f"got {len(prompts)} prompts for {len(completions)} completions")
         self.model.eval()
-        parts = [self._forward(self._encode(prompts[s], completions[s])).cpu()
-                 for s in self._batches(len(completions), batch_size)]
+        parts = [
+            self._forward(self._encode(prompts[s], completions[s])).cpu()
+            for s in self._batches(len(completions), batch_size)
+        ]
         return torch.cat(parts) if parts else torch.empty(0)
 
     def score_steps(
@@ -249,8 +252,9 @@ class RewardModel:
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         self.model.eval()  # dropout off; gradients flow regardless of the mode
         batches_per_epoch = math.ceil(len(pairs) / batch_size)
-        bar = Progress(epochs * batches_per_epoch, desc="reward model", prefix="grpo rm train", every=log_every,
-                       enabled=progress)
+        bar = Progress(
+            epochs * batches_per_epoch, desc="reward model", prefix="grpo rm train", every=log_every, enabled=progress
+        )
         losses: list[float] = []
         try:
             for epoch in range(1, epochs + 1):
@@ -270,8 +274,12 @@ class RewardModel:
                     epoch_losses.append(loss.item())
                     chosen, rejected = rewards[:b].detach(), rewards[b:].detach()
                     wins += pairwise_wins(chosen, rejected).sum().item()
-                    bar.update(1, epoch=f"{epoch}/{epochs}", loss=sum(epoch_losses) / len(epoch_losses),
-                               accuracy=wins / (start + b))
+                    bar.update(
+                        1,
+                        epoch=f"{epoch}/{epochs}",
+                        loss=sum(epoch_losses) / len(epoch_losses),
+                        accuracy=wins / (start + b),
+                    )
                 losses.extend(epoch_losses)
         finally:
             bar.close()
@@ -364,8 +372,9 @@ def train_reward_model(
     started = time.perf_counter()
     model = RewardModel.from_base(base, seed=seed, max_length=max_length, device=where)
     before = model.evaluate(held_out) if held_out else None
-    losses = model.fit(train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress,
-                       log_every=log_every)
+    losses = model.fit(
+        train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress, log_every=log_every
+    )
     after = model.evaluate(held_out) if held_out else None
     model.save(out)
     none = {"accuracy": None, "margin": None}  # nothing held out

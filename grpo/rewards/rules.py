@@ -158,9 +158,7 @@ def math_answer(
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise UserError(
-            "reward 'math_answer' needs the math-verify package: pip install 'grpo[math]'"
-        ) from None
+        raise UserError("reward 'math_answer' needs the math-verify package: pip install 'grpo[math]'") from None
     timeout = _math_verify_timeout()
     # A prompt's G completions share one reference: parse it once per call.
     parsed_golds: dict[str, list[Any]] = {}
@@ -171,9 +169,7 @@ def math_answer(
             continue
         text = str(gold)
         if text not in parsed_golds:
-            parsed_golds[text] = parse(text, parsing_timeout=timeout) or parse(
-                f"${text}$", parsing_timeout=timeout
-            )
+            parsed_golds[text] = parse(text, parsing_timeout=timeout) or parse(f"${text}$", parsing_timeout=timeout)
         target = parsed_golds[text]
         if not target:
             scores.append(None)

@@ -21,7 +21,9 @@ class Rollout:
     input_ids: Tensor  # (N, P + T) long
     attention_mask: Tensor  # (N, P + T) long: 1 on real prompt and completion tokens
     completion_mask: Tensor  # (N, T) float: 1 on completion tokens up to and including EOS
-    prompts: list[str]  # (N,) the prompt text fed to the model (chat template applied; a truncated prompt's kept tokens, decoded)
+    prompts: list[
+        str
+    ]  # (N,) the prompt text fed to the model (chat template applied; a truncated prompt's kept tokens, decoded)
     completions: list[str]  # (N,) decoded completion text, without special tokens
     rows: list[dict]  # (N,) the data row of each completion (its prompt's row, repeated)
     group_size: int

@@ -125,7 +125,12 @@ def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
     weight = joined([scaled(lin.weight, sc) for lin, sc in zip(linears, scales)])
     if all(lin.bias is None for lin in linears):
         return weight, None
-    return weight, joined([scaled(lin.bias, sc) if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin, sc in zip(linears, scales)])
+    return weight, joined(
+        [
+            scaled(lin.bias, sc) if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+            for lin, sc in zip(linears, scales)
+        ]
+    )
 
 
 def fuse_weights(model, dtype: torch.dtype) -> _Weights:
@@ -149,9 +154,15 @@ def fuse_weights(model, dtype: torch.dtype) -> _Weights:
         layers.append(
             _Layer(
                 norm_attn=layer.input_layernorm.weight.detach().to(dtype),
-                qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
+                qkv=qkv,
+                qkv_bias=qkv_bias,
+                out=out,
+                out_bias=out_bias,
                 norm_mlp=layer.post_attention_layernorm.weight.detach().to(dtype),
-                gate_up=gate_up, gate_up_bias=gate_up_bias, down=down, down_bias=down_bias,
+                gate_up=gate_up,
+                gate_up_bias=gate_up_bias,
+                down=down,
+                down_bias=down_bias,
                 q_norm=None if q_norm is None else (q_norm.weight.detach() * scale).to(dtype),
                 k_norm=None if k_norm is None else k_norm.weight.detach().to(dtype),
             )
@@ -229,8 +240,16 @@ def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) ->
     return torch.matmul(weights, values).view(b, heads, 1, d)
 
 
-def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, start: int, mask: Tensor | None,
-             heads: Tensor | None = None) -> Tensor:
+def _forward(
+    w: _Weights,
+    ids: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: _Cache,
+    start: int,
+    mask: Tensor | None,
+    heads: Tensor | None = None,
+) -> Tensor:
     """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits
     (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V)."""
     b, s = ids.shape
@@ -245,7 +264,13 @@ def _forward(w: _Weights, ids: Tensor, cos: Tensor, sin: Tensor, cache: _Cache, 
         # cache's dtype (`cache_dtype`: float32 on a CPU, the compute dtype on a GPU).
         qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
         if layer.q_norm is not None:
-            qk = torch.cat([_rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps), _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps)], 2)
+            qk = torch.cat(
+                [
+                    _rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps),
+                    _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps),
+                ],
+                2,
+            )
         qk = _rotate(qk.transpose(1, 2).float(), cos, sin)
         q, k = qk[:, : w.heads].to(cache.keys.dtype), qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
@@ -376,8 +401,16 @@ def _draw(probs: Tensor, rows: Tensor, segments: Segments, everyone: Tensor | No
     return torch.cat([torch.multinomial(everyone[a:b], 1, generator=g) for a, b, g in segments]).squeeze(1)[rows]
 
 
-def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, dtype=None,
-           weights: _Weights | None = None, seeds: list[int] | None = None) -> Tensor:
+def decode(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    counts: Tensor,
+    p: SamplingParams,
+    dtype=None,
+    weights: _Weights | None = None,
+    seeds: list[int] | None = None,
+) -> Tensor:
     """Sample completions: prompt i (a row of the left-padded `prompt_ids` (B, P)) gets
     counts[i] consecutive rows. Returns (sum(counts), T) token ids, T <= max_new_tokens,
     padded with `pad_token_id` after each row's EOS. `dtype` is the compute dtype (default:
@@ -393,14 +426,17 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: Sa
         segments: Segments = [(0, n, None)]
         if seeds is not None:
             starts = [0, *counts.cumsum(0).tolist()]
-            segments = [(a, b, torch.Generator(device=prompt_ids.device).manual_seed(seed))
-                        for a, b, seed in zip(starts, starts[1:], seeds)]
+            segments = [
+                (a, b, torch.Generator(device=prompt_ids.device).manual_seed(seed))
+                for a, b, seed in zip(starts, starts[1:], seeds)
+            ]
         out = _decode(model, w, prompt_ids, prompt_mask, counts, p, segments)
     return out.clone()
 
 
-def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams,
-            segments: Segments) -> Tensor:
+def _decode(
+    model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, segments: Segments
+) -> Tensor:
     b, prompt_len = prompt_ids.shape
     total = prompt_len + p.max_new_tokens
     device = prompt_ids.device
@@ -422,7 +458,9 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
     # The G completions of a prompt continue from the same prefix.
     cache.repeat(counts, prompt_len)
     logits = logits.repeat_interleave(counts, 0).float()  # (N, V)
-    valid = torch.cat([valid, torch.ones(b, p.max_new_tokens, dtype=torch.bool, device=device)], 1).repeat_interleave(counts, 0)
+    valid = torch.cat([valid, torch.ones(b, p.max_new_tokens, dtype=torch.bool, device=device)], 1).repeat_interleave(
+        counts, 0
+    )
     next_position = prompt_mask.long().sum(1).repeat_interleave(counts, 0)  # (N,)
     n = int(counts.sum())
 
@@ -482,6 +520,14 @@ def _decode(model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts:
             tokens = tokens.new_full((held,), p.pad_token_id).index_copy_(0, pick, tokens)
         position = next_position + step  # (held,)
         step_mask = valid[:, None, None, : at + 1] if padded else None
-        logits = _forward(w, tokens[:, None], cos[position][:, None, None], sin[position][:, None, None], cache, at,
-                          step_mask, heads=pick).float()
+        logits = _forward(
+            w,
+            tokens[:, None],
+            cos[position][:, None, None],
+            sin[position][:, None, None],
+            cache,
+            at,
+            step_mask,
+            heads=pick,
+        ).float()
     return out[:, :generated]

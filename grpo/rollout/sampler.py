@@ -71,7 +71,9 @@ def check_context(model_or_config, max_prompt_length: int, max_new_tokens: int, 
         )
 
 
-def keep_last_tokens(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def keep_last_tokens(
+    ids: torch.Tensor, mask: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded prompts (B, P) and their mask cut to each prompt's last `length` tokens
     (0 = no limit), and (B,) bool: which prompts lost tokens. With left padding a prompt's last
     `length` tokens are the batch's last `length` columns, so TRL's GRPOTrainer's
@@ -154,8 +156,15 @@ class Sampler:
         )
 
     @classmethod
-    def from_config(cls, tokenizer, rollout, *, prompt_column: str, autocast: torch.dtype | None = None,
-                    group_size: int | None = None) -> Sampler:
+    def from_config(
+        cls,
+        tokenizer,
+        rollout,
+        *,
+        prompt_column: str,
+        autocast: torch.dtype | None = None,
+        group_size: int | None = None,
+    ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt)."""
         return cls(
@@ -193,8 +202,11 @@ class Sampler:
             return
         check_context(model, self.max_prompt_length, max_new_tokens)  # raises when the config's numbers are to blame
         room = positions - max_new_tokens  # the longest prompt that fits
-        remedy = (f"set rollout.max_prompt_length (at most {room}) to keep each prompt's last tokens" if room > 0
-                  else f"rollout.max_new_tokens must be below {positions}")
+        remedy = (
+            f"set rollout.max_prompt_length (at most {room}) to keep each prompt's last tokens"
+            if room > 0
+            else f"rollout.max_new_tokens must be below {positions}"
+        )
         raise UserError(
             f"a prompt of {prompt_length} tokens + rollout.max_new_tokens ({max_new_tokens}) = "
             f"{prompt_length + max_new_tokens} tokens exceed the model's {positions} positions; {remedy}"
@@ -203,7 +215,9 @@ class Sampler:
     def _fast_loop(self, model):
         """fast.decode with the model's fused weights, built once for every chunk of this sample."""
         weights = fast.fuse_weights(model, self.autocast or next(model.parameters()).dtype)
-        return lambda ids, mask, counts, seeds: fast.decode(model, ids, mask, counts, self.params, weights=weights, seeds=seeds)
+        return lambda ids, mask, counts, seeds: fast.decode(
+            model, ids, mask, counts, self.params, weights=weights, seeds=seeds
+        )
 
     def _generate_loop(self, model):
         """transformers' generate, one row per completion; with seeds, one call per prompt,
@@ -236,10 +250,13 @@ class Sampler:
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
         unique_ids, unique_mask, cut = keep_last_tokens(  # (B, P), (B, P), (B,)
-            encoded["input_ids"], encoded["attention_mask"], self.max_prompt_length)
+            encoded["input_ids"], encoded["attention_mask"], self.max_prompt_length
+        )
         self._check_fits(model, unique_ids.shape[1])
         texts = [  # what the model sees: a cut prompt's kept tokens
-            tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False) if was_cut else text
+            tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            if was_cut
+            else text
             for text, ids, mask, was_cut in zip(texts, unique_ids, unique_mask, cut.tolist())
         ]
         device = next(model.parameters()).device

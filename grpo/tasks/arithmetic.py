@@ -153,8 +153,10 @@ def make_rows(n: int, *, seed: int, digits: int | Sequence[int] = 2) -> list[dic
         problems = [make_problem(rng, digits) for _ in range(n)]
         return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution} for p in problems]
     lengths = [digits[i % len(digits)] for i in range(n)]
-    return [{"prompt": p.prompt, "answer": p.answer, "solution": p.solution, "digits": d}
-            for p, d in ((make_problem(rng, d), d) for d in lengths)]
+    return [
+        {"prompt": p.prompt, "answer": p.answer, "solution": p.solution, "digits": d}
+        for p, d in ((make_problem(rng, d), d) for d in lengths)
+    ]
 
 
 def parse_prompt(prompt: str) -> tuple[int, int] | None:
@@ -231,15 +233,10 @@ def _step_rewards(prompt: str, completion: str) -> list[tuple[int, float]]:
     # The solution's items: one step per column, then the answer (empty: nothing is right).
     expected = [] if parsed is None else [*_column_steps(*parsed), str(parsed[0] + parsed[1])]
     items = [*steps, (len(completion), extract_answer(completion))]
-    return [
-        (end, float(i < len(expected) and text == expected[i]))
-        for i, (end, text) in enumerate(items)
-    ]
+    return [(end, float(i < len(expected) and text == expected[i])) for i, (end, text) in enumerate(items)]
 
 
-def step_reward(
-    prompts: list[str], completions: list[str], **columns: Any
-) -> list[list[tuple[int, float]]]:
+def step_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[list[tuple[int, float]]]:
     """Process supervision: per completion, (end, reward) for each step and then the answer.
 
     Item i (step i, or the answer after the last step) earns 1.0 when it equals item i of

@@ -85,9 +85,7 @@ class Task:
             raise UserError(f"task {self.name!r}: rows({n}, seed={seed}) returned {got}, not a list of {n} rows")
         for i, row in enumerate(rows):
             if not isinstance(row, dict) or "prompt" not in row:
-                raise UserError(
-                    f"task {self.name!r}: row {i} is {one_line(repr(row), 80)}, not a dict with a 'prompt'"
-                )
+                raise UserError(f"task {self.name!r}: row {i} is {one_line(repr(row), 80)}, not a dict with a 'prompt'")
         return rows
 
 
@@ -107,7 +105,9 @@ def load_task(spec: str) -> Task:
     attr = target.partition(":")[2]
     if isinstance(obj, type) or not callable(obj):
         what = "a class" if isinstance(obj, type) else f"a {type(obj).__name__}"
-        raise UserError(f"task {spec!r}: {attr!r} is not a grpo.tasks.Task or a function that returns one (it is {what})")
+        raise UserError(
+            f"task {spec!r}: {attr!r} is not a grpo.tasks.Task or a function that returns one (it is {what})"
+        )
     try:
         task = obj()
     except UserError:

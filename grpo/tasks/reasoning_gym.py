@@ -144,12 +144,14 @@ def parse_spec(spec: str, task_options: Mapping[str, Any] | None = None) -> GymS
     """
     if not spec.startswith(PREFIX):
         raise ValueError(f"not a reasoning_gym spec: {spec!r}")
-    name, _, query = spec[len(PREFIX):].partition("?")
+    name, _, query = spec[len(PREFIX) :].partition("?")
     given = _query(query, spec)
     extra = dict(task_options or {})
     reserved = [key for key in _SPEC_KEYS if key in extra]
     if reserved:
-        raise UserError(f"data.task_options: {reserved[0]!r} belongs in data.path: '{PREFIX}{name or 'NAME'}?{reserved[0]}=...'")
+        raise UserError(
+            f"data.task_options: {reserved[0]!r} belongs in data.path: '{PREFIX}{name or 'NAME'}?{reserved[0]}=...'"
+        )
     both = sorted(set(given) & set(extra))
     if both:
         raise UserError(f"data.task_options: {both[0]!r} is also given in data.path {spec!r}; give it once")
@@ -210,8 +212,9 @@ def _create(name: str, options: Mapping[str, Any], spec: str) -> Any:
         raise
     except Exception as exc:  # AssertionError from the config's validate(), TypeError, ...
         detail = one_line(str(exc)) or type(exc).__name__
-        raise UserError(f"data.path: {spec!r}: task {name!r} rejects the options "
-                        f"{one_line(repr(dict(options)), 120)} ({detail})") from exc
+        raise UserError(
+            f"data.path: {spec!r}: task {name!r} rejects the options {one_line(repr(dict(options)), 120)} ({detail})"
+        ) from exc
 
 
 def _json_safe(value: Any) -> Any:
@@ -245,19 +248,23 @@ def make_rows(path: str, *, prompt_column: str = "prompt", task_options: Mapping
         try:
             entry = dataset[index]
         except Exception as exc:
-            raise UserError(f"data.path: {path!r}: task {spec.name!r} failed to generate item {index} ({describe(exc)})") from exc
+            raise UserError(
+                f"data.path: {path!r}: task {spec.name!r} failed to generate item {index} ({describe(exc)})"
+            ) from exc
         question = str(entry["question"])
         answer = entry.get("answer")
         answer = None if answer is None else str(answer)
-        rows.append({
-            prompt_column: question if spec.format == "text" else [{"role": "user", "content": question}],
-            "answer": answer,
-            "completion": answer,
-            "metadata": _json_safe(entry.get("metadata", {})),
-            TASK_COLUMN: spec.name,
-            OPTIONS_COLUMN: dict(options),
-            ENTRY_COLUMN: entry,
-        })
+        rows.append(
+            {
+                prompt_column: question if spec.format == "text" else [{"role": "user", "content": question}],
+                "answer": answer,
+                "completion": answer,
+                "metadata": _json_safe(entry.get("metadata", {})),
+                TASK_COLUMN: spec.name,
+                OPTIONS_COLUMN: dict(options),
+                ENTRY_COLUMN: entry,
+            }
+        )
     return rows
 
 
@@ -293,8 +300,10 @@ def _dataset(name: str, options: Mapping[str, Any]) -> Any:
             try:
                 _datasets[key] = _build(name, options)
             except Exception as exc:
-                raise UserError(f"reward 'reasoning_gym': cannot build task {name!r} with options "
-                                f"{one_line(key[1], 120)} ({describe(exc)})") from exc
+                raise UserError(
+                    f"reward 'reasoning_gym': cannot build task {name!r} with options "
+                    f"{one_line(key[1], 120)} ({describe(exc)})"
+                ) from exc
         return _datasets[key]
 
 
@@ -335,8 +344,11 @@ def reward(
     for i, completion in enumerate(completions):
         entry = entries[i]
         if not isinstance(entry, Mapping) and answer is not None:
-            entry = {"question": text_of(prompts[i]), "answer": answer[i],
-                     "metadata": metadata[i] if metadata is not None else {}}
+            entry = {
+                "question": text_of(prompts[i]),
+                "answer": answer[i],
+                "metadata": metadata[i] if metadata is not None else {},
+            }
         scores.append(_score(completion, tasks[i], options[i], entry))
     return scores
 

@@ -18,8 +18,15 @@ from grpo.rewards.model import RewardModel
 from grpo.rollout import Sampler
 
 
-def comparisons(rows: list[dict], completions: list[str], labels: list[float], group_size: int,
-                prompt_column: str, max_pairs: int, rng: random.Random) -> list[dict]:
+def comparisons(
+    rows: list[dict],
+    completions: list[str],
+    labels: list[float],
+    group_size: int,
+    prompt_column: str,
+    max_pairs: int,
+    rng: random.Random,
+) -> list[dict]:
     """Pairs (chosen, rejected) within each prompt's group: chosen scored strictly higher."""
     pairs = []
     for g in range(0, len(completions), group_size):
@@ -50,8 +57,15 @@ class RewardModelUpdater:
         batch = self.sampler.sample(policy, rows)
         prompts = [row[self.prompt_column] for row in batch.rows]
         labels = score([self.verifier], prompts, batch.completions, batch.columns(exclude=self.prompt_column)).total
-        new = comparisons(batch.rows, batch.completions, labels.tolist(),  # NaN: in no pair
-                          self.samples_per_prompt, self.prompt_column, self.max_pairs_per_prompt, self.rng)
+        new = comparisons(
+            batch.rows,
+            batch.completions,
+            labels.tolist(),  # NaN: in no pair
+            self.samples_per_prompt,
+            self.prompt_column,
+            self.max_pairs_per_prompt,
+            self.rng,
+        )
         replayed = self.rng.sample(self.history, round(self.replay * len(self.history)))
         seed = self.rng.randrange(2**31)  # a fresh order of the pairs at every update
         losses = self.model.fit(new + replayed, seed=seed, progress=False, **self.fit_kwargs) if new + replayed else []
@@ -66,8 +80,12 @@ class RewardModelUpdater:
         return stats
 
     def state_dict(self) -> dict:
-        return {"model": self.model.model.state_dict(), "history": self.history,
-                "rng": self.rng.getstate(), "prompts": self.prompts.state_dict()}
+        return {
+            "model": self.model.model.state_dict(),
+            "history": self.history,
+            "rng": self.rng.getstate(),
+            "prompts": self.prompts.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.model.load_state_dict(state["model"])

@@ -31,7 +31,13 @@ from torch import nn
 from grpo.config import Config, config_from_dict, config_to_dict, load_config, reporters
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError, first_line
-from grpo.infra.checkpoint import list_checkpoints, load_latest_checkpoint, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
+from grpo.infra.checkpoint import (
+    list_checkpoints,
+    load_latest_checkpoint,
+    safe_shards_reader,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, truncate_metrics, write_atomic
@@ -83,7 +89,9 @@ def resolve_functions(c: Config) -> dict[int, WeightedReward]:
     return {i: w for (i, _), w in zip(entries, resolved)}
 
 
-def load_reward_models(c: Config, functions: dict[int, WeightedReward], device: torch.device) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
+def load_reward_models(
+    c: Config, functions: dict[int, WeightedReward], device: torch.device
+) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
     """All rewards in config order: the resolved functions and the loaded reward models (on `device`)."""
     rewards, models = [], {}
     for i, r in enumerate(c.rewards):
@@ -102,8 +110,9 @@ def load_reward_models(c: Config, functions: dict[int, WeightedReward], device: 
     return rewards, models
 
 
-def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device | None = None,
-                 world: World = SingleProcess()) -> Engine:
+def build_engine(
+    c: Config, rewards: list[WeightedReward], device: torch.device | None = None, world: World = SingleProcess()
+) -> Engine:
     """Load the models onto `device` (train.device's) and choose, once, the pieces in which
     GRPO and PPO differ. Over several processes, the policy and the critic are sharded
     (FSDP2) and the reference is a full replica (grpo.infra.distributed says why)."""
@@ -119,8 +128,14 @@ def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device 
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     if c.train.chunked_head:
         chunkable_head(policy)  # its one probe pass, whole (before sharding), inherited by the reference's copy
-    reference = build_reference(policy, beta=c.loss.beta, lora=bool(c.lora.r), dtype=compute_dtype,
-                                full_state_dict=world.full_state_dict, chunked_head=c.train.chunked_head)  # copied before sharding
+    reference = build_reference(
+        policy,
+        beta=c.loss.beta,
+        lora=bool(c.lora.r),
+        dtype=compute_dtype,
+        full_state_dict=world.full_state_dict,
+        chunked_head=c.train.chunked_head,
+    )  # copied before sharding
     critic = build_critic(c, attention, compute_dtype, device)
     policy = world.shard(policy)
     for network in critic.networks:
@@ -130,7 +145,9 @@ def build_engine(c: Config, rewards: list[WeightedReward], device: torch.device 
     groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
     groups += critic.param_groups(c.value.lr or c.train.lr)
     # The fused kernel (CPU and CUDA): one pass over each tensor instead of a dozen ops.
-    optimizer = torch.optim.AdamW(groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True
+    )
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
     return Engine(
@@ -188,12 +205,19 @@ def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) ->
     }
 
 
-def build_updater(c: Config, e: Engine, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]) -> RewardModelUpdater:
+def build_updater(
+    c: Config, e: Engine, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]
+) -> RewardModelUpdater:
     """Iterative RL: what keeps training the reward model between iterations."""
     u = c.reward_model_update
     index = u.reward if u.reward >= 0 else min(models)
-    sampler = Sampler.from_config(e.tokenizer, c.rollout, prompt_column=c.data.prompt_column,
-                                  autocast=e.compute_dtype, group_size=u.samples_per_prompt)
+    sampler = Sampler.from_config(
+        e.tokenizer,
+        c.rollout,
+        prompt_column=c.data.prompt_column,
+        autocast=e.compute_dtype,
+        group_size=u.samples_per_prompt,
+    )
     return RewardModelUpdater(
         model=models[index],
         verifier=verifier,
@@ -228,8 +252,16 @@ def _trained(e: Engine) -> nn.ModuleDict:
     return nn.ModuleDict({"policy": e.policy, **{"critic": n for n in e.critic.networks}})
 
 
-def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iteration: int, snapshot: dict | None = None,
-          metrics: dict | None = None) -> None:
+def _save(
+    e: Engine,
+    c: Config,
+    stream: PromptStream,
+    updater,
+    step: int,
+    iteration: int,
+    snapshot: dict | None = None,
+    metrics: dict | None = None,
+) -> None:
     """A checkpoint of `step` completed steps. `snapshot` (the random and data state taken
     when the following step began) stands in for the current ones when that step failed
     before it changed any weight. `metrics`: step `step`'s line, which resume writes back if
@@ -248,23 +280,34 @@ def _save(e: Engine, c: Config, stream: PromptStream, updater, step: int, iterat
         "has_reference": iteration > 0,
     }
     if e.world.world_size == 1:
-        save_checkpoint(out, step, {
-            **common,
-            "policy": e.policy.state_dict(),
-            "reference": e.reference.state_dict() if iteration > 0 else None,
-            "critic": e.critic.state_dict(),  # None without one
-            "optimizer": e.optimizer.state_dict(),
-            "rng": snapshot["rng"],
-        }, keep=keep)
+        save_checkpoint(
+            out,
+            step,
+            {
+                **common,
+                "policy": e.policy.state_dict(),
+                "reference": e.reference.state_dict() if iteration > 0 else None,
+                "critic": e.critic.state_dict(),  # None without one
+                "optimizer": e.optimizer.state_dict(),
+                "rng": snapshot["rng"],
+            },
+            keep=keep,
+        )
         return
-    save_sharded_checkpoint(e.world, out, step, common, {"rng": snapshot["rng"]}, _sharded_state(e, iteration > 0), keep=keep)
+    save_sharded_checkpoint(
+        e.world, out, step, common, {"rng": snapshot["rng"]}, _sharded_state(e, iteration > 0), keep=keep
+    )
 
 
 def _sharded_state(e: Engine, with_reference: bool) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, optimizer = get_state_dict(_trained(e), e.optimizer)
-    return {"model": model, "optimizer": optimizer, **({"reference": e.reference.state_dict()} if with_reference else {})}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        **({"reference": e.reference.state_dict()} if with_reference else {}),
+    }
 
 
 def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
@@ -281,7 +324,9 @@ def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
 
         sharded = _sharded_state(e, state["has_reference"])
         dcp.load(sharded, storage_reader=safe_shards_reader(state["shards"]))
-        set_state_dict(_trained(e), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"])
+        set_state_dict(
+            _trained(e), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
+        )
         if state["has_reference"]:
             e.reference.load_state_dict(sharded["reference"])
         set_rng_state(state["local"]["rng"])
@@ -296,15 +341,22 @@ def _write_samples(path: Path, step: int, result: StepResult, prompt_column: str
     with open(path, "a", encoding="utf-8") as f:
         for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
             reward = float(result.scores[i])
-            f.write(json.dumps({
-                "step": step,
-                "prompt": batch.rows[i][prompt_column],
-                "completion": batch.completions[i],
-                "reward": reward if math.isfinite(reward) else None,
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "prompt": batch.rows[i][prompt_column],
+                        "completion": batch.completions[i],
+                        "reward": reward if math.isfinite(reward) else None,
+                    }
+                )
+                + "\n"
+            )
 
 
-def _record_update(out: Path, before_step: int, iteration: int, update: dict, updater: RewardModelUpdater, save: bool) -> None:
+def _record_update(
+    out: Path, before_step: int, iteration: int, update: dict, updater: RewardModelUpdater, save: bool
+) -> None:
     with open(out / "reward_model_updates.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"before_step": before_step, "after_iteration": iteration, **update}) + "\n")
     if save:
@@ -331,8 +383,11 @@ def _save_final(e: Engine, final_dir: Path) -> None:
 
 def _progress_fields(metrics: dict) -> dict:
     """What a step's progress shows (the bar's fields, a plain line's): reward, KL, length."""
-    return {"reward": metrics["reward/mean"], "kl": metrics.get("kl"),
-            "length": f"{metrics['completion_length/mean']:.1f}"}
+    return {
+        "reward": metrics["reward/mean"],
+        "kl": metrics.get("kl"),
+        "length": f"{metrics['completion_length/mean']:.1f}",
+    }
 
 
 def unwrapped_architecture(directory: Path, model) -> None:
@@ -379,14 +434,41 @@ def train(
 # weights into another model or continue another algorithm. Everything else (more steps,
 # logging, checkpointing, the learning rate, ...) may change on resume.
 RESUME_FIXED = (
-    "model", "algorithm", "seed", "data.path", "data.prompt_column", "data.split", "data.shuffle",
-    "rollout.group_size", "rollout.prompts_per_step", "train.dtype", "train.iterations", "train.epochs",
-    "train.minibatches", "loss.baseline", "loss.kl_in", "loss.supervision", "value.model",
-    "lora.r", "lora.alpha", "lora.target_modules",
+    "model",
+    "algorithm",
+    "seed",
+    "data.path",
+    "data.prompt_column",
+    "data.split",
+    "data.shuffle",
+    "rollout.group_size",
+    "rollout.prompts_per_step",
+    "train.dtype",
+    "train.iterations",
+    "train.epochs",
+    "train.minibatches",
+    "loss.baseline",
+    "loss.kl_in",
+    "loss.supervision",
+    "value.model",
+    "lora.r",
+    "lora.alpha",
+    "lora.target_modules",
 )
 # Files a run writes into output_dir (what --overwrite removes; nothing else is touched).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "reward_model_updates.jsonl",
-             "checkpoints", "final", "tensorboard", "wandb", "wandb_run_id", "reward_model")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "summary.json",
+    "reward_model_updates.jsonl",
+    "checkpoints",
+    "final",
+    "tensorboard",
+    "wandb",
+    "wandb_run_id",
+    "reward_model",
+)
 
 
 def _dotted(tree: dict, key: str):
@@ -401,12 +483,16 @@ def _check_resume_config(c: Config, state: dict) -> None:
         return  # a checkpoint from before configs were recorded
     ours = config_to_dict(c)
     if (saved.get("loss", {}).get("beta", 0) == 0) != (c.loss.beta == 0):
-        raise UserError("--resume: loss.beta cannot change between 0 and non-zero (it decides whether a reference model is held)")
+        raise UserError(
+            "--resume: loss.beta cannot change between 0 and non-zero (it decides whether a reference model is held)"
+        )
     changed = [k for k in RESUME_FIXED if _dotted(saved, k) != _dotted(ours, k)]
     if changed:
         detail = ", ".join(f"{k}: {_dotted(saved, k)!r} -> {_dotted(ours, k)!r}" for k in changed)
-        raise UserError(f"--resume: the config changes what the checkpoint holds ({detail}); resume with the "
-                        "checkpoint's values, or start afresh with --overwrite")
+        raise UserError(
+            f"--resume: the config changes what the checkpoint holds ({detail}); resume with the "
+            "checkpoint's values, or start afresh with --overwrite"
+        )
 
 
 def _prepare_output(out: Path, *, resume: bool, overwrite: bool, clear: bool, metrics_path: Path) -> bool:
@@ -426,12 +512,16 @@ def _prepare_output(out: Path, *, resume: bool, overwrite: bool, clear: bool, me
     has_checkpoint = bool(list_checkpoints(out))
     if resume:
         if not has_checkpoint and completed:
-            raise UserError(f"--resume: output_dir '{out}' has {len(completed)} logged step(s) but no checkpoint to continue "
-                            "from; pass --overwrite to start afresh")
+            raise UserError(
+                f"--resume: output_dir '{out}' has {len(completed)} logged step(s) but no checkpoint to continue "
+                "from; pass --overwrite to start afresh"
+            )
         return has_checkpoint  # nothing done yet: --resume starts from the beginning
     if completed or has_checkpoint:
-        raise UserError(f"output_dir '{out}' already holds a run; pass --resume to continue it, --overwrite to start "
-                        "afresh, or choose another output_dir")
+        raise UserError(
+            f"output_dir '{out}' already holds a run; pass --resume to continue it, --overwrite to start "
+            "afresh, or choose another output_dir"
+        )
     return False
 
 
@@ -455,15 +545,19 @@ class _Signals:
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum
-        print(f"\ngrpo: {self.NAMES[signum]}: stopping after this step and saving a checkpoint "
-              "(again to stop at once)", file=sys.stderr)
+        print(
+            f"\ngrpo: {self.NAMES[signum]}: stopping after this step and saving a checkpoint (again to stop at once)",
+            file=sys.stderr,
+        )
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-def _train(c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False) -> TrainResult:
+def _train(
+    c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False
+) -> TrainResult:
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     lock = DirectoryLock(out) if world.is_main else NoLock()
@@ -474,12 +568,15 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
         if out.exists() and not out.is_dir():
             raise UserError(f"output_dir '{out}' is a file, not a directory")
         lock.acquire()  # before anything in the folder is read, let alone removed
-        resumable = _prepare_output(out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path)
+        resumable = _prepare_output(
+            out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
+        )
         functions = resolve_functions(c)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-        rows = load_rows(c.data.path, prompt_column=c.data.prompt_column, split=c.data.split,
-                         task_options=c.data.task_options)
+        rows = load_rows(
+            c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
+        )
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
             _check_resume_config(c, state)
@@ -490,8 +587,15 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
         missing package or a refusal stops every process, in one line, before any step."""
         if not world.is_main:
             return Sinks([])
-        return open_dashboards(reporters(c.train), out, config=config_to_dict(c), run_name=c.train.run_name or out.resolve().name,
-                               project=c.train.project, first_step=int(state["step"]) + 1 if state else 1, resume=state is not None)
+        return open_dashboards(
+            reporters(c.train),
+            out,
+            config=config_to_dict(c),
+            run_name=c.train.run_name or out.resolve().name,
+            project=c.train.project,
+            first_step=int(state["step"]) + 1 if state else 1,
+            resume=state is not None,
+        )
 
     opened = Sinks([])
     try:
@@ -503,8 +607,9 @@ def _train(c: Config, world: World, device: torch.device, *, resume: bool, progr
         lock.release()
 
 
-def _run(c: Config, world: World, device: torch.device, functions, verifier, rows, state, dashboards: Sinks,
-         progress: bool) -> TrainResult:
+def _run(
+    c: Config, world: World, device: torch.device, functions, verifier, rows, state, dashboards: Sinks, progress: bool
+) -> TrainResult:
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
@@ -536,8 +641,9 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
 
     # On a terminal a progress bar; redirected to a file or a cluster's log, one plain line
     # every train.log_every steps (a bar there is one ever-growing line).
-    bar = Progress(c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every,
-                   enabled=progress and world.is_main)
+    bar = Progress(
+        c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
+    )
     with _Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -568,20 +674,31 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
                 unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
                 give_up = bool(c.train.max_unscored_steps) and unscored >= c.train.max_unscored_steps
                 if unscored and world.is_main:
-                    print(f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)", file=sys.stderr)
-                due = (number == c.train.steps or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0)
-                       or (c.train.checkpoint_minutes and time.monotonic() - saved_at >= 60 * c.train.checkpoint_minutes))
+                    print(
+                        f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)",
+                        file=sys.stderr,
+                    )
+                due = (
+                    number == c.train.steps
+                    or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0)
+                    or (c.train.checkpoint_minutes and time.monotonic() - saved_at >= 60 * c.train.checkpoint_minutes)
+                )
                 # Saving and stopping are collective: every process does both at the same step.
                 stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
                 if due or stop or give_up:
                     _save(e, c, stream, updater, number, iteration, metrics=metrics)
                     saved_at = time.monotonic()
                 if stop:
-                    raise Stopped(f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
-                                  f"checkpoint saved: continue with `grpo train CONFIG --resume`", 128 + stop)
+                    raise Stopped(
+                        f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
+                        f"checkpoint saved: continue with `grpo train CONFIG --resume`",
+                        128 + stop,
+                    )
                 if give_up:
-                    raise UserError(f"no reward scored any completion in {unscored} steps in a row (steps {number - unscored + 1}-{number}): "
-                                    "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)")
+                    raise UserError(
+                        f"no reward scored any completion in {unscored} steps in a row (steps {number - unscored + 1}-{number}): "
+                        "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)"
+                    )
         except (Stopped, KeyboardInterrupt):
             raise
         except Exception as err:
@@ -591,7 +708,11 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
             # and signal stops (both collective) are what survives it.
             agreed = world.world_size == 1 or isinstance(err, UserError)
             iteration = max(completed - 1, 0) // steps_per_iteration  # that of the last completed step
-            saved = _save_after_failure(e, c, stream, updater, completed, iteration, snapshot, last_metrics) if agreed else None
+            saved = (
+                _save_after_failure(e, c, stream, updater, completed, iteration, snapshot, last_metrics)
+                if agreed
+                else None
+            )
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:
@@ -609,8 +730,16 @@ def _run(c: Config, world: World, device: torch.device, functions, verifier, row
     return TrainResult(out, out / "final", metrics, held, summary)
 
 
-def _save_after_failure(e: Engine, c: Config, stream: PromptStream, updater, completed: int, iteration: int,
-                        snapshot: dict | None, metrics: dict | None) -> str | None:
+def _save_after_failure(
+    e: Engine,
+    c: Config,
+    stream: PromptStream,
+    updater,
+    completed: int,
+    iteration: int,
+    snapshot: dict | None,
+    metrics: dict | None,
+) -> str | None:
     """After an error: a checkpoint of the last completed step (of `iteration`), when the
     weights are still those it ended with; what was done, in words (None when there was
     nothing to save)."""

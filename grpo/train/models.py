@@ -35,8 +35,10 @@ from grpo.errors import UserError, first_line
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
 
-def load_causal_lm(path: str, dtype: str, key: str = "model", attention: str | None = None,
-                   device: torch.device | str = "cpu"):
+
+def load_causal_lm(
+    path: str, dtype: str, key: str = "model", attention: str | None = None, device: torch.device | str = "cpu"
+):
     """A causal LM from a Hugging Face directory or hub id, on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -62,8 +64,11 @@ def enable_checkpointing(model) -> bool:
     policy's forward only. A model that cannot checkpoint (no transformers support) trains
     without, with a warning, since checkpointing is on by default: returns whether it is on."""
     if not getattr(model, "supports_gradient_checkpointing", False):
-        print(f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} does not support it; "
-              "training without (more activation memory)", file=sys.stderr)
+        print(
+            f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} does not support it; "
+            "training without (more activation memory)",
+            file=sys.stderr,
+        )
         return False
     for module in model.modules():
         if isinstance(module, nn.Dropout):
@@ -107,7 +112,9 @@ def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
     if p_len == 0 or len(batch) < 2:
         return None
     prompts = batch.input_ids[:, :p_len]
-    same = (prompts[1:] == prompts[:-1]).all(1) & (batch.attention_mask[1:, :p_len] == batch.attention_mask[:-1, :p_len]).all(1)
+    same = (prompts[1:] == prompts[:-1]).all(1) & (
+        batch.attention_mask[1:, :p_len] == batch.attention_mask[:-1, :p_len]
+    ).all(1)
     if not bool(same.any()):
         return None
     starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
@@ -204,7 +211,9 @@ def _head_inputs(model):
 
     def read(output) -> Tensor:
         if len(kept) != 1:
-            raise UserError(f"train.chunked_head: {type(model).__name__} ran its LM head {len(kept)} times in one forward pass; set it to false")
+            raise UserError(
+                f"train.chunked_head: {type(model).__name__} ran its LM head {len(kept)} times in one forward pass; set it to false"
+            )
         return kept.pop()
 
     handle = model.get_output_embeddings().register_forward_pre_hook(keep)
@@ -226,7 +235,9 @@ def chunkable_head(model) -> nn.Linear | None:
     reference) inherits it; build_engine asks before the first step."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if not (isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward and head.weight.is_floating_point()):
+    if not (
+        isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward and head.weight.is_floating_point()
+    ):
         return None
     if not hasattr(model, _VERDICT):
         setattr(model, _VERDICT, _logits_are_the_heads(model, head))
@@ -246,9 +257,16 @@ def _logits_are_the_heads(model, head: nn.Linear) -> bool:
     return len(outputs) == 1 and torch.equal(outputs[0].float(), logits.float())
 
 
-def completion_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0, *,
-                        share_prompts: bool = True, chunked_head: bool = True,
-                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def completion_logprobs(
+    model,
+    batch: Rollout,
+    temperature: float,
+    repetition_penalty: float = 1.0,
+    *,
+    share_prompts: bool = True,
+    chunked_head: bool = True,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
     sampler's temperature and repetition penalty, and with `with_entropy` the (N, T) entropy
     of each position's distribution (a metric, without a gradient; else None).
@@ -265,8 +283,15 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
     if head is not None:
         hidden = completion_hidden(model, batch, share_prompts)  # (N, T, H)
         # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
-        return head_logprobs(hidden, head.weight, ids, bias=head.bias, with_entropy=with_entropy,
-                             mask=batch.completion_mask.bool(), **scoring)
+        return head_logprobs(
+            hidden,
+            head.weight,
+            ids,
+            bias=head.bias,
+            with_entropy=with_entropy,
+            mask=batch.completion_mask.bool(),
+            **scoring,
+        )
     logits = completion_logits(model, batch, share_prompts)  # (N, T, V)
     logprobs = token_logprobs(logits, ids, **scoring)
     if not with_entropy:
@@ -275,8 +300,9 @@ def completion_logprobs(model, batch: Rollout, temperature: float, repetition_pe
         return logprobs, entropy(logits, ids=ids, **scoring)
 
 
-def micro_batches(batch: Rollout, rows: Tensor, size: int, *, by_length: bool = False,
-                  whole_groups: bool = True) -> list[Tensor]:
+def micro_batches(
+    batch: Rollout, rows: Tensor, size: int, *, by_length: bool = False, whole_groups: bool = True
+) -> list[Tensor]:
     """`rows` (indices of `batch`) split into micro-batches of `size` (0 = all in one).
 
     With `by_length` (train.length_grouping), ordered by completion length first, longest
@@ -297,7 +323,9 @@ def micro_batches(batch: Rollout, rows: Tensor, size: int, *, by_length: bool = 
     return [m for m in rows.split(size or max(len(rows), 1)) if len(m)]
 
 
-def no_grad_pass(forward, batch: Rollout, size: int, *, by_length: bool = False, whole_groups: bool = True) -> Tensor | None:
+def no_grad_pass(
+    forward, batch: Rollout, size: int, *, by_length: bool = False, whole_groups: bool = True
+) -> Tensor | None:
     """forward(rows) of `batch` without autograd, `size` rows at a time (all at once when size
     is 0), so that no pass holds a whole large batch's activations. Each micro-batch
     (`micro_batches`: ordered by length with `by_length`) is trimmed to its own longest
@@ -305,8 +333,12 @@ def no_grad_pass(forward, batch: Rollout, size: int, *, by_length: bool = False,
     padded with zeros to T, past every row's completion mask. In inference mode (no autograd
     bookkeeping per op); the result is copied out of it, since the update's graph uses it."""
     with torch.inference_mode():
-        parts = [(rows, forward(batch.select(rows, trim=True)))
-                 for rows in micro_batches(batch, torch.arange(len(batch)), size, by_length=by_length, whole_groups=whole_groups)]
+        parts = [
+            (rows, forward(batch.select(rows, trim=True)))
+            for rows in micro_batches(
+                batch, torch.arange(len(batch)), size, by_length=by_length, whole_groups=whole_groups
+            )
+        ]
         if not parts or parts[0][1] is None:
             return None
         first = parts[0][1]
@@ -323,8 +355,9 @@ def prompt_context(batch: Rollout) -> Tensor:
     return batch.input_ids[:, :p_len].masked_fill(batch.attention_mask[:, :p_len] == 0, -1)
 
 
-def policy_logprobs(model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0,
-                    chunked_head: bool = True) -> Tensor:
+def policy_logprobs(
+    model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0, chunked_head: bool = True
+) -> Tensor:
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
     sampler's temperature and repetition penalty (see `completion_logprobs`)."""
     return completion_logprobs(model, batch, temperature, repetition_penalty, chunked_head=chunked_head)[0]
@@ -372,7 +405,9 @@ class FrozenCopy:
 
     held = True
 
-    def __init__(self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True):
+    def __init__(
+        self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True
+    ):
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
         self.chunked_head = chunked_head
         # The policy's whole weights (sharded under FSDP, the reference is a full replica).
@@ -432,8 +467,9 @@ class AdapterOff:
         pass
 
 
-def build_reference(policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None,
-                    chunked_head: bool = True) -> Reference:
+def build_reference(
+    policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None, chunked_head: bool = True
+) -> Reference:
     """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
     off; else a frozen copy (its linear weights in `dtype` under train.autocast), reset from
     `full_state_dict(policy)` (default: the policy's own state dict). `chunked_head`:
@@ -469,13 +505,17 @@ class ValueModel(nn.Module):
         return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1).clone()
 
 
-def load_value_model(path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu") -> ValueModel:
+def load_value_model(
+    path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu"
+) -> ValueModel:
     from transformers import AutoModel
 
     # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
     try:
         with quiet_loading():
-            backbone = AutoModel.from_pretrained(path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention)
+            backbone = AutoModel.from_pretrained(
+                path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention
+            )
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()

@@ -25,7 +25,16 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from grpo.algo import aggregate, gae, group_advantages, kl_estimate, kl_penalized_rewards, process_advantages, value_loss, whiten
+from grpo.algo import (
+    aggregate,
+    gae,
+    group_advantages,
+    kl_estimate,
+    kl_penalized_rewards,
+    process_advantages,
+    value_loss,
+    whiten,
+)
 from grpo.infra.distributed import SingleProcess, World
 from grpo.rollout import Rollout
 from grpo.rollout.batch import char_to_token_ends
@@ -105,7 +114,9 @@ class KLInReward:
         return 0.0
 
     def token_rewards(self, scores, passes, mask):
-        return kl_penalized_rewards(scores, passes.old_logprobs, passes.ref_logprobs, mask, beta=self.beta, kind=self.estimator)
+        return kl_penalized_rewards(
+            scores, passes.old_logprobs, passes.ref_logprobs, mask, beta=self.beta, kind=self.estimator
+        )
 
 
 class NoKL:
@@ -179,7 +190,9 @@ class GAEBaseline:
     """PPO: per-token rewards (the score at the last token; minus beta * KL per token when the
     KL goes into the reward), then GAE against the critic's values, whitened over the batch."""
 
-    def __init__(self, kl: KLPlacement, gamma: float, lam: float, whiten_advantages: bool, world: World = SingleProcess()):
+    def __init__(
+        self, kl: KLPlacement, gamma: float, lam: float, whiten_advantages: bool, world: World = SingleProcess()
+    ):
         self.kl, self.gamma, self.lam, self.whiten_advantages = kl, gamma, lam, whiten_advantages
         self.world = world  # whitening's mean and variance are over every process's tokens
 
@@ -232,8 +245,14 @@ class Critic:
         per-token tensors are cut to its width), scaled for accumulation."""
         with autocast(self.model, self.dtype):
             values = self.model(part)  # (n, T')
-        return value_loss(values, part.fit(passes.old_values[rows]), part.fit(targets.returns[rows]), part.completion_mask,
-                          clip=self.value_clip, num_tokens=num_tokens)
+        return value_loss(
+            values,
+            part.fit(passes.old_values[rows]),
+            part.fit(targets.returns[rows]),
+            part.completion_mask,
+            clip=self.value_clip,
+            num_tokens=num_tokens,
+        )
 
     def clip_grad(self, max_norm: float) -> None:
         clip_grad_norm(list(self.model.parameters()), max_norm)
@@ -282,10 +301,14 @@ class NoCritic:
 
 # (loss.baseline, loss.supervision) -> the baseline, built from the config, the tokenizer and the KL placement.
 BASELINES: dict[tuple[str, str], Callable[..., Baseline]] = {
-    ("group", "outcome"): lambda c, tokenizer, kl, world: GroupBaseline(c.rollout.group_size, c.loss.scale, c.loss.eps, world),
+    ("group", "outcome"): lambda c, tokenizer, kl, world: GroupBaseline(
+        c.rollout.group_size, c.loss.scale, c.loss.eps, world
+    ),
     # Normalised within each group, and a group never spans processes: nothing to share.
     ("group", "process"): lambda c, tokenizer, kl, world: ProcessBaseline(c.rollout.group_size, c.loss.eps, tokenizer),
-    ("critic", "outcome"): lambda c, tokenizer, kl, world: GAEBaseline(kl, c.loss.gamma, c.loss.lam, c.loss.whiten_advantages, world),
+    ("critic", "outcome"): lambda c, tokenizer, kl, world: GAEBaseline(
+        kl, c.loss.gamma, c.loss.lam, c.loss.whiten_advantages, world
+    ),
 }
 
 
@@ -297,7 +320,9 @@ def build_baseline(c, tokenizer, kl: KLPlacement, world: World = SingleProcess()
     return BASELINES[c.loss.baseline, c.loss.supervision](c, tokenizer, kl, world)
 
 
-def build_critic(c, attention: str | None, dtype: torch.dtype | None, device: torch.device | str = "cpu") -> Critic | NoCritic:
+def build_critic(
+    c, attention: str | None, dtype: torch.dtype | None, device: torch.device | str = "cpu"
+) -> Critic | NoCritic:
     """The critic the baseline needs: a value model for the critic baseline (PPO), else none.
     The value model is the policy's `model` with a scalar head unless value.model names another."""
     if c.loss.baseline != "critic":

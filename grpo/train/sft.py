@@ -291,8 +291,10 @@ def completion_batch(tokenizer, prompts: list, completions: list[str]) -> dict[s
     on the prompt and the padding, so only the completion and its EOS are learned."""
     from grpo.rollout.sampler import prompt_text
 
-    examples = [encode_pieces(tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)])
-                for prompt, completion in zip(prompts, completions, strict=True)]
+    examples = [
+        encode_pieces(tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)])
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
     return _pad(examples, _pad_id(tokenizer))
 
 
@@ -339,9 +341,20 @@ def completion_loss(logits: Tensor, labels: Tensor) -> Tensor:
 # ---- the training loop both modes share --------------------------------------------------------
 
 
-def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps: int, weight_decay: float,
-         device, max_grad_norm: float = 0.0, compute_dtype=None, progress: bool = True,
-         log_every: int = 10) -> list[float]:
+def _fit(
+    model,
+    batches: Iterator[dict],
+    *,
+    steps: int,
+    lr: float,
+    warmup_steps: int,
+    weight_decay: float,
+    device,
+    max_grad_norm: float = 0.0,
+    compute_dtype=None,
+    progress: bool = True,
+    log_every: int = 10,
+) -> list[float]:
     """`steps` AdamW updates of `model`'s trainable parameters, one per batch of `batches`,
     on `completion_loss`; the learning rate warms up linearly over `warmup_steps`, then
     decays to 0 on a cosine. `compute_dtype`: the forward's autocast dtype (None: the
@@ -363,7 +376,9 @@ def _fit(model, batches: Iterator[dict], *, steps: int, lr: float, warmup_steps:
         for batch in itertools.islice(batches, steps):
             batch = {key: value.to(device) for key, value in batch.items()}
             with autocast(model, compute_dtype):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+                logits = model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+                ).logits
             loss = completion_loss(logits, batch["labels"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -393,8 +408,15 @@ def _save(out: Path, model, tokenizer, provenance: dict) -> None:
     (out / "sft_config.json").write_text(json.dumps(provenance, indent=2) + "\n")  # provenance
 
 
-def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *, progress: bool = True,
-        overwrite: bool = False, device: str = "auto", log_every: int = 10) -> dict:
+def sft(
+    output: str | Path,
+    config: SFTConfig | FineTuneConfig = SFTConfig(),
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+    device: str = "auto",
+    log_every: int = 10,
+) -> dict:
     """Train and save a model to `output`, a Hugging Face directory (model, tokenizer and
     sft_config.json, the settings it was made with) that `grpo train` starts from.
 
@@ -422,20 +444,32 @@ def sft(output: str | Path, config: SFTConfig | FineTuneConfig = SFTConfig(), *,
 
     started = time.perf_counter()
     tokenizer = char_tokenizer(arithmetic.ALPHABET)
-    model = tiny_llama(tokenizer, hidden_size=c.hidden_size, layers=c.layers, heads=c.heads,
-                       max_positions=c.max_positions, seed=c.seed).to(where)
+    model = tiny_llama(
+        tokenizer, hidden_size=c.hidden_size, layers=c.layers, heads=c.heads, max_positions=c.max_positions, seed=c.seed
+    ).to(where)
     model.eval()  # dropout off; gradients flow regardless of the mode
 
     def problems() -> Iterator[dict]:
         rng = random.Random(c.seed)  # private: the global random state is neither read nor moved
         lengths = digit_choices(c.digits)
         while True:  # one length: the same problems as before mixes existed (no draw of the length)
-            drawn = [arithmetic.make_problem(rng, rng.choice(lengths) if len(lengths) > 1 else lengths[0])
-                     for _ in range(c.batch_size)]
+            drawn = [
+                arithmetic.make_problem(rng, rng.choice(lengths) if len(lengths) > 1 else lengths[0])
+                for _ in range(c.batch_size)
+            ]
             yield completion_batch(tokenizer, [p.prompt for p in drawn], [p.solution for p in drawn])
 
-    losses = _fit(model, problems(), steps=c.steps, lr=c.lr, warmup_steps=c.warmup_steps,
-                  weight_decay=c.weight_decay, device=where, progress=progress, log_every=log_every)
+    losses = _fit(
+        model,
+        problems(),
+        steps=c.steps,
+        lr=c.lr,
+        warmup_steps=c.warmup_steps,
+        weight_decay=c.weight_decay,
+        device=where,
+        progress=progress,
+        log_every=log_every,
+    )
     _save(out, model, tokenizer, dataclasses.asdict(c))
     return {
         "output": str(out),
@@ -455,14 +489,18 @@ def _load_rows(c: FineTuneConfig) -> tuple[str, list[dict]]:
     from grpo.data import load_rows_for_options
 
     if c.messages_column is not None:
-        return "messages", load_rows_for_options(c.data, prompt_column=c.messages_column, column_option="--messages-column")
+        return "messages", load_rows_for_options(
+            c.data, prompt_column=c.messages_column, column_option="--messages-column"
+        )
     try:
         return "prompt", load_rows_for_options(c.data, prompt_column=c.prompt_column)
     except UserError as err:
         if c.prompt_column != FineTuneConfig.prompt_column:
             raise
         try:  # no prompts, but maybe conversations
-            return "messages", load_rows_for_options(c.data, prompt_column="messages", column_option="--messages-column")
+            return "messages", load_rows_for_options(
+                c.data, prompt_column="messages", column_option="--messages-column"
+            )
         except UserError:
             raise err from None
 
@@ -473,8 +511,13 @@ def _completion_text(value) -> str | None:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    if (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
-            and value[0].get("role") == "assistant" and isinstance(value[0].get("content"), str)):
+    if (
+        isinstance(value, list)
+        and len(value) == 1
+        and isinstance(value[0], dict)
+        and value[0].get("role") == "assistant"
+        and isinstance(value[0].get("content"), str)
+    ):
         return value[0]["content"]
     return None
 
@@ -497,11 +540,15 @@ def _row_pieces(row: dict, shape: str, c: FineTuneConfig, tokenizer, where: str)
         return conversation_pieces(tokenizer, messages)
     column = c.completion_column
     if column not in row:
-        raise UserError(f"{where}: no column {column!r} (columns: {', '.join(row)}); "
-                        "name the completions' column with --completion-column")
+        raise UserError(
+            f"{where}: no column {column!r} (columns: {', '.join(row)}); "
+            "name the completions' column with --completion-column"
+        )
     completion = _completion_text(row[column])
     if completion is None:
-        raise UserError(f"{where}: {column!r} must be a string or an assistant message, got {type(row[column]).__name__}")
+        raise UserError(
+            f"{where}: {column!r} must be a string or an assistant message, got {type(row[column]).__name__}"
+        )
     if not completion.strip():
         raise UserError(f"{where}: empty completion in {column!r}")
     return [(prompt_text(row[c.prompt_column], tokenizer), False), (completion, True)], True
@@ -523,7 +570,9 @@ def _examples(rows: list[dict], shape: str, c: FineTuneConfig, tokenizer) -> tup
     return examples, last_only
 
 
-def _fit_length(examples: list[Example], positions: int | None, max_length: int | None, name: str) -> tuple[list[Example], int]:
+def _fit_length(
+    examples: list[Example], positions: int | None, max_length: int | None, name: str
+) -> tuple[list[Example], int]:
     """The examples within `max_length` tokens (None: the model's positions), and how many
     were cut to their last max_length tokens; a row that cannot be cut is an error."""
     if max_length is not None and positions is not None and max_length > positions:
@@ -536,13 +585,18 @@ def _fit_length(examples: list[Example], positions: int | None, max_length: int 
             continue
         where = f"{name} row {number}"
         if max_length is None:
-            raise UserError(f"{where}: {len(ids)} tokens, more than the model's {positions} positions; "
-                            "pass --max-length N to cut long rows to their last N tokens")
+            raise UserError(
+                f"{where}: {len(ids)} tokens, more than the model's {positions} positions; "
+                "pass --max-length N to cut long rows to their last N tokens"
+            )
         # The learned tokens after the last read one: the final completion and its EOS.
-        completion = len(labels) - 1 - next((i for i in range(len(labels) - 1, -1, -1) if labels[i] == IGNORE_INDEX), -1)
+        completion = (
+            len(labels) - 1 - next((i for i in range(len(labels) - 1, -1, -1) if labels[i] == IGNORE_INDEX), -1)
+        )
         if completion > max_length - 1:  # the completion needs at least one token of context before it
-            raise UserError(f"{where}: its completion and EOS alone are {completion} tokens, "
-                            f"too many for --max-length {max_length}")
+            raise UserError(
+                f"{where}: its completion and EOS alone are {completion} tokens, too many for --max-length {max_length}"
+            )
         kept.append((ids[-max_length:], labels[-max_length:]))
         cut += 1
     return kept, cut
@@ -563,8 +617,9 @@ def _warn(message: str) -> None:
     print(f"grpo sft: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwrite: bool, device: str,
-               log_every: int = 10) -> dict:
+def _fine_tune(
+    output: str | Path, c: FineTuneConfig, *, progress: bool, overwrite: bool, device: str, log_every: int = 10
+) -> dict:
     import torch
 
     from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
@@ -579,31 +634,56 @@ def _fine_tune(output: str | Path, c: FineTuneConfig, *, progress: bool, overwri
     started = time.perf_counter()
     tokenizer = load_tokenizer(c.model, "--model")
     if tokenizer.eos_token_id is None:
-        raise UserError(f"--model: the tokenizer of '{c.model}' has no EOS token, so the end of a completion cannot be learned")
+        raise UserError(
+            f"--model: the tokenizer of '{c.model}' has no EOS token, so the end of a completion cannot be learned"
+        )
     shape, rows = _load_rows(c)
     examples, last_only = _examples(rows, shape, c, tokenizer)
     longest = max(len(ids) for ids, _ in examples)
-    model = load_causal_lm(c.model, c.dtype, key="--model", device=where,
-                           attention=attention_for("auto", min(longest, c.max_length or longest), where))
+    model = load_causal_lm(
+        c.model,
+        c.dtype,
+        key="--model",
+        device=where,
+        attention=attention_for("auto", min(longest, c.max_length or longest), where),
+    )
     examples, cut = _fit_length(examples, context_length(model), c.max_length, c.data)
     if last_only:
-        _warn(f"in {last_only} of {len(rows)} rows the chat template does not render the conversation turn by turn "
-              "(it rewrites earlier turns, or ends a turn with something other than EOS): only the last assistant message is learned")
+        _warn(
+            f"in {last_only} of {len(rows)} rows the chat template does not render the conversation turn by turn "
+            "(it rewrites earlier turns, or ends a turn with something other than EOS): only the last assistant message is learned"
+        )
     if cut:
-        _warn(f"{cut} of {len(rows)} rows are longer than --max-length {c.max_length} tokens: each keeps its last "
-              f"{c.max_length} (the prompt loses its start)")
+        _warn(
+            f"{cut} of {len(rows)} rows are longer than --max-length {c.max_length} tokens: each keeps its last "
+            f"{c.max_length} (the prompt loses its start)"
+        )
     if c.lora_r:
         with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []):
             torch.manual_seed(c.seed)  # the adapter's initialisation, without moving the global state
-            model = apply_lora(model, c.lora_r, c.lora_alpha, list(c.lora_target_modules)
-                               if isinstance(c.lora_target_modules, tuple) else c.lora_target_modules)
+            model = apply_lora(
+                model,
+                c.lora_r,
+                c.lora_alpha,
+                list(c.lora_target_modules) if isinstance(c.lora_target_modules, tuple) else c.lora_target_modules,
+            )
 
     steps = c.steps or c.epochs * math.ceil(len(examples) / c.batch_size)
     warmup = steps // 10 if c.warmup_steps is None else c.warmup_steps
     trainable = sum(p.numel() for p in trainable_parameters(model))
-    losses = _fit(model, _epochs(examples, c.batch_size, c.seed, _pad_id(tokenizer)), steps=steps, lr=c.lr,
-                  warmup_steps=warmup, weight_decay=c.weight_decay, device=where, max_grad_norm=c.max_grad_norm,
-                  compute_dtype=autocast_dtype("auto", where), progress=progress, log_every=log_every)
+    losses = _fit(
+        model,
+        _epochs(examples, c.batch_size, c.seed, _pad_id(tokenizer)),
+        steps=steps,
+        lr=c.lr,
+        warmup_steps=warmup,
+        weight_decay=c.weight_decay,
+        device=where,
+        max_grad_norm=c.max_grad_norm,
+        compute_dtype=autocast_dtype("auto", where),
+        progress=progress,
+        log_every=log_every,
+    )
     if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
         model = model.merge_and_unload()
     _save(out, model, tokenizer, {**dataclasses.asdict(c), "shape": shape, "rows": len(rows), "steps_run": steps})
@@ -664,9 +744,17 @@ epochs, truncated, trainable_parameters).
 
 # Command-line option -> config field, for each mode; `both` are the options the two share.
 _FROM_SCRATCH = {"hidden": "hidden_size", "layers": "layers", "heads": "heads", "digits": "digits"}
-_FINE_TUNE = {"epochs": "epochs", "max_length": "max_length", "prompt_column": "prompt_column",
-              "completion_column": "completion_column", "messages_column": "messages_column", "dtype": "dtype",
-              "lora_r": "lora_r", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules"}
+_FINE_TUNE = {
+    "epochs": "epochs",
+    "max_length": "max_length",
+    "prompt_column": "prompt_column",
+    "completion_column": "completion_column",
+    "messages_column": "messages_column",
+    "dtype": "dtype",
+    "lora_r": "lora_r",
+    "lora_alpha": "lora_alpha",
+    "lora_target_modules": "lora_target_modules",
+}
 _BOTH = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "seed": "seed"}
 
 
@@ -682,25 +770,35 @@ def _config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
     """The mode the options ask for, as its config; mixed modes are one line."""
     if args.model is None:
         if args.data is not None:
-            raise UserError("--data needs --model, the model to fine-tune on it (without --model, sft trains "
-                            "the built-in --task from scratch)")
+            raise UserError(
+                "--data needs --model, the model to fine-tune on it (without --model, sft trains "
+                "the built-in --task from scratch)"
+            )
         wrong = [_flag(option) for option in _FINE_TUNE if getattr(args, option) is not None]
         if wrong:
-            raise UserError(f"{', '.join(wrong)}: fine-tuning options, for --model and --data; "
-                            "--task trains a new model from scratch")
+            raise UserError(
+                f"{', '.join(wrong)}: fine-tuning options, for --model and --data; "
+                "--task trains a new model from scratch"
+            )
         task = {} if args.task is None else {"task": args.task}
         return dataclasses.replace(SFTConfig(), **task, **_given(args, _FROM_SCRATCH), **_given(args, _BOTH))
     if args.task is not None:
-        raise UserError("--model and --task exclude each other: --model fine-tunes a model on --data, "
-                        "--task trains a new model from scratch on a built-in task")
+        raise UserError(
+            "--model and --task exclude each other: --model fine-tunes a model on --data, "
+            "--task trains a new model from scratch on a built-in task"
+        )
     if args.data is None:
-        raise UserError("--model needs --data, the rows to fine-tune it on (a file or dataset, as grpo train's data.path)")
+        raise UserError(
+            "--model needs --data, the rows to fine-tune it on (a file or dataset, as grpo train's data.path)"
+        )
     wrong = [_flag(option) for option in _FROM_SCRATCH if getattr(args, option) is not None]
     if wrong:
         raise UserError(f"{', '.join(wrong)}: options of --task (a new model from scratch), not of --model")
     given = _given(args, _FINE_TUNE)
     if "lora_target_modules" in given and given["lora_target_modules"] != "all-linear":
-        given["lora_target_modules"] = tuple(name.strip() for name in given["lora_target_modules"].split(",") if name.strip())
+        given["lora_target_modules"] = tuple(
+            name.strip() for name in given["lora_target_modules"].split(",") if name.strip()
+        )
     return FineTuneConfig(model=args.model, data=args.data, **given, **_given(args, _BOTH))
 
 
@@ -709,8 +807,14 @@ def _run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     hf_logging.disable_progress_bar()  # our own bar shows the training
-    summary = sft(args.output, config, progress=not args.quiet, overwrite=args.overwrite, device=args.device,
-                  log_every=args.log_every)
+    summary = sft(
+        args.output,
+        config,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        device=args.device,
+        log_every=args.log_every,
+    )
     print(json.dumps(summary))
     return 0
 
@@ -727,54 +831,104 @@ def register(commands) -> None:
     parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
-    parser.add_argument("--log-every", type=positive_int, default=10, metavar="N",
-                        help="when stderr is not a terminal (a file, a cluster's log), a plain line every N updates "
-                             "(update, loss, elapsed, s/step) instead of a bar (default: %(default)s)")
+    parser.add_argument(
+        "--log-every",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="when stderr is not a terminal (a file, a cluster's log), a plain line every N updates "
+        "(update, loss, elapsed, s/step) instead of a bar (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
 
     both = parser.add_argument_group("both modes")
     once = both.add_mutually_exclusive_group()
-    once.add_argument("--steps", type=positive_int, metavar="N",
-                      help=f"optimizer updates. With --task: fewer = a weaker model (default: {d.steps}). "
-                           "With --model: instead of --epochs")
-    once.add_argument("--epochs", type=positive_int, metavar="E",
-                      help=f"with --model: passes over the rows (default: {f.epochs})")
-    both.add_argument("--batch-size", type=positive_int, metavar="B",
-                      help=f"rows (or problems) per update (default: {f.batch_size} with --model, {d.batch_size} with --task)")
-    both.add_argument("--lr", type=positive_float, metavar="X",
-                      help=f"peak AdamW learning rate, after a linear warm-up, then cosine to 0 (default: {f.lr:g} "
-                           f"with --model, {d.lr:g} with --task)")
-    both.add_argument("--seed", type=int, metavar="S",
-                      help=f"seeds the data's order and any new weights (default: {d.seed})")
+    once.add_argument(
+        "--steps",
+        type=positive_int,
+        metavar="N",
+        help=f"optimizer updates. With --task: fewer = a weaker model (default: {d.steps}). "
+        "With --model: instead of --epochs",
+    )
+    once.add_argument(
+        "--epochs", type=positive_int, metavar="E", help=f"with --model: passes over the rows (default: {f.epochs})"
+    )
+    both.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="B",
+        help=f"rows (or problems) per update (default: {f.batch_size} with --model, {d.batch_size} with --task)",
+    )
+    both.add_argument(
+        "--lr",
+        type=positive_float,
+        metavar="X",
+        help=f"peak AdamW learning rate, after a linear warm-up, then cosine to 0 (default: {f.lr:g} "
+        f"with --model, {d.lr:g} with --task)",
+    )
+    both.add_argument(
+        "--seed", type=int, metavar="S", help=f"seeds the data's order and any new weights (default: {d.seed})"
+    )
 
     mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
-    mine.add_argument("--model", metavar="DIR_OR_HUB_ID", help="the model to fine-tune: a Hugging Face directory or hub id")
-    mine.add_argument("--data", metavar="FILE", help="the rows: .jsonl, .json, .parquet, .csv, a datasets directory "
-                                                     "or name, as grpo train's data.path")
+    mine.add_argument(
+        "--model", metavar="DIR_OR_HUB_ID", help="the model to fine-tune: a Hugging Face directory or hub id"
+    )
+    mine.add_argument(
+        "--data",
+        metavar="FILE",
+        help="the rows: .jsonl, .json, .parquet, .csv, a datasets directory or name, as grpo train's data.path",
+    )
     mine.add_argument("--prompt-column", metavar="NAME", help=f"column of the prompts (default: {f.prompt_column})")
-    mine.add_argument("--completion-column", metavar="NAME",
-                      help=f"column of the completions to learn (default: {f.completion_column})")
-    mine.add_argument("--messages-column", metavar="NAME",
-                      help="column of conversations (lists of chat messages) whose assistant messages are learned "
-                           "(default: messages, when the rows have no prompt column)")
-    mine.add_argument("--max-length", type=positive_int, metavar="T",
-                      help="cut rows longer than T tokens to their last T, with a warning (default: none; a row "
-                           "longer than the model's positions is an error)")
-    mine.add_argument("--dtype", choices=("float32", "bfloat16"),
-                      help=f"dtype of the weights, gradients and optimizer state, as train.dtype; on a GPU the "
-                           f"forward runs in bf16 either way (default: {f.dtype})")
-    mine.add_argument("--lora-r", type=int, metavar="R",
-                      help="train a LoRA adapter of rank R (needs peft), merged into the saved weights (default: 0, "
-                           "full fine-tuning)")
+    mine.add_argument(
+        "--completion-column",
+        metavar="NAME",
+        help=f"column of the completions to learn (default: {f.completion_column})",
+    )
+    mine.add_argument(
+        "--messages-column",
+        metavar="NAME",
+        help="column of conversations (lists of chat messages) whose assistant messages are learned "
+        "(default: messages, when the rows have no prompt column)",
+    )
+    mine.add_argument(
+        "--max-length",
+        type=positive_int,
+        metavar="T",
+        help="cut rows longer than T tokens to their last T, with a warning (default: none; a row "
+        "longer than the model's positions is an error)",
+    )
+    mine.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help=f"dtype of the weights, gradients and optimizer state, as train.dtype; on a GPU the "
+        f"forward runs in bf16 either way (default: {f.dtype})",
+    )
+    mine.add_argument(
+        "--lora-r",
+        type=int,
+        metavar="R",
+        help="train a LoRA adapter of rank R (needs peft), merged into the saved weights (default: 0, "
+        "full fine-tuning)",
+    )
     mine.add_argument("--lora-alpha", type=positive_float, metavar="A", help=f"LoRA alpha (default: {f.lora_alpha:g})")
-    mine.add_argument("--lora-target-modules", metavar="NAMES",
-                      help=f"comma-separated modules to adapt (default: {f.lora_target_modules})")
+    mine.add_argument(
+        "--lora-target-modules",
+        metavar="NAMES",
+        help=f"comma-separated modules to adapt (default: {f.lora_target_modules})",
+    )
 
     scratch = parser.add_argument_group("from scratch (--task)")
     scratch.add_argument("--task", metavar="NAME", help="the built-in task to learn (default: arithmetic)")
     scratch.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
     scratch.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
-    scratch.add_argument("--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})")
-    scratch.add_argument("--digits", type=digit_list, metavar="D",
-                         help=f"digits per operand, or several comma-separated (2,3) to mix problem lengths (default: {d.digits})")
+    scratch.add_argument(
+        "--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})"
+    )
+    scratch.add_argument(
+        "--digits",
+        type=digit_list,
+        metavar="D",
+        help=f"digits per operand, or several comma-separated (2,3) to mix problem lengths (default: {d.digits})",
+    )
     parser.set_defaults(handler=_run)

@@ -57,7 +57,9 @@ class Engine:
     loss: LossConfig
     prompt_column: str
     device: torch.device = torch.device("cpu")  # train.device, resolved: every model and batch lives there
-    compute_dtype: torch.dtype | None = None  # train.autocast, resolved: the forward passes' dtype (None = the weights')
+    compute_dtype: torch.dtype | None = (
+        None  # train.autocast, resolved: the forward passes' dtype (None = the weights')
+    )
     world: World = field(default_factory=SingleProcess)  # the processes of a data-parallel run (grpo.infra.distributed)
 
     @property
@@ -117,10 +119,20 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     prompts = [row[e.prompt_column] for row in batch.rows]
     # A reward that fails in one process fails the step in all (each raises the same
     # UserError), so none waits for it in a collective and all can save together.
-    completion_ids = [ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())]  # up to and including EOS
+    completion_ids = [
+        ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())
+    ]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
-    reward = world.checked(lambda: e.score(e.rewards, prompts, batch.completions, batch.columns(exclude=e.prompt_column),
-                                           completion_ids=completion_ids, trainer_state=trainer_state))
+    reward = world.checked(
+        lambda: e.score(
+            e.rewards,
+            prompts,
+            batch.completions,
+            batch.columns(exclude=e.prompt_column),
+            completion_ids=completion_ids,
+            trainer_state=trainer_state,
+        )
+    )
     steps = reward.steps if isinstance(reward, StepScores) else None
     scored = Scored(reward.total.to(batch.completion_mask.device), steps)
     scored_at = time.perf_counter()
@@ -159,10 +171,17 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
         with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
             passes = Passes(
-                ref_logprobs=no_grad_pass(lambda b: e.reference.logprobs(b, temperature, penalty), batch, size,
-                                          by_length=by_length),  # (N, T) or None
-                old_logprobs=no_grad_pass(lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
-                                          batch, size, by_length=by_length) if e.needs_old_logprobs else None,
+                ref_logprobs=no_grad_pass(
+                    lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
+                ),  # (N, T) or None
+                old_logprobs=no_grad_pass(
+                    lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
+                    batch,
+                    size,
+                    by_length=by_length,
+                )
+                if e.needs_old_logprobs
+                else None,
                 old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
             )
 
@@ -180,7 +199,9 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
-    counts = world.sum(torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64))
+    counts = world.sum(
+        torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64)
+    )
     metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
@@ -226,12 +247,16 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     for epoch in range(tr.epochs):
         order = torch.randperm(n) if tr.minibatches > 1 else torch.arange(n)
         for minibatch, passes_needed in zip(torch.tensor_split(order, tr.minibatches), plan):
-            totals = dict(num_sequences=float(world.sum(live[minibatch].sum())), num_tokens=float(world.sum(mask[minibatch].sum())),
-                          max_tokens=e.rollout.max_new_tokens)
+            totals = dict(
+                num_sequences=float(world.sum(live[minibatch].sum())),
+                num_tokens=float(world.sum(mask[minibatch].sum())),
+                max_tokens=e.rollout.max_new_tokens,
+            )
             # Similar lengths side by side (train.length_grouping), each process its own rows:
             # the number of micro-batches, and so of passes, does not change.
-            micros = micro_batches(batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping,
-                                   whole_groups=_shares_prompts(e))
+            micros = micro_batches(
+                batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping, whole_groups=_shares_prompts(e)
+            )
             padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its mask emptied
             for micro in micros + padding:
                 weightless = micro is None
@@ -250,7 +275,9 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 ref = part.fit(passes.ref_logprobs[micro]) if passes.ref_logprobs is not None else None
                 advantages = part.fit(targets.advantages[micro])  # (n,) or (n, T')
                 per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip)  # (n, T')
-                per_token = per_token + e.kl.loss_term(logprobs, ref, m)  # GRPO: + beta * KL; PPO: 0 (it is in the reward)
+                per_token = per_token + e.kl.loss_term(
+                    logprobs, ref, m
+                )  # GRPO: + beta * KL; PPO: 0 (it is in the reward)
                 value_loss = e.critic.loss(part, micro, passes, targets, totals["num_tokens"])  # 0 without a critic
                 loss = aggregate(per_token, m, lo.aggregation, **totals) + value_loss
                 loss.backward()
@@ -297,5 +324,12 @@ def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tens
     checkpointing, in training mode and one pass per row (a checkpointed layer recomputes its
     forward and takes no cache, so the prompts cannot be shared)."""
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.train.gradient_checkpointing):
-        return completion_logprobs(e.policy, part, e.rollout.temperature, e.rollout.repetition_penalty,
-                                   share_prompts=_shares_prompts(e), chunked_head=e.train.chunked_head, with_entropy=with_entropy)
+        return completion_logprobs(
+            e.policy,
+            part,
+            e.rollout.temperature,
+            e.rollout.repetition_penalty,
+            share_prompts=_shares_prompts(e),
+            chunked_head=e.train.chunked_head,
+            with_entropy=with_entropy,
+        )

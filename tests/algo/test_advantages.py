@@ -125,7 +125,7 @@ def naive_gae(rewards, values, lengths, gamma, lam):
         v = [float(values[i, t]) for t in range(L)] + [0.0]
         deltas = [float(rewards[i, t]) + gamma * v[t + 1] - v[t] for t in range(L)]
         for t in range(L):
-            adv[i, t] = sum((gamma * lam) ** l * deltas[t + l] for l in range(L - t))
+            adv[i, t] = sum((gamma * lam) ** k * deltas[t + k] for k in range(L - t))
     return adv
 
 

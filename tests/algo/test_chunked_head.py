@@ -54,7 +54,9 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
     width = vocab + 1 if penalty != 1.0 else vocab  # the scratch a chunk's row takes
     chunk_elements = chunk_rows * width if chunk_rows else 1 << 24
 
-    got, got_entropy = head_logprobs(hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, **scoring)
+    got, got_entropy = head_logprobs(
+        hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, **scoring
+    )
     want, want_entropy = plain(hidden, weight, ids, b, **scoring)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_entropy, want_entropy)
@@ -69,8 +71,9 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
     # Only the masked positions (ragged rows: a completion's padding, an empty row): their
     # numbers and gradients are the plain path's; the others are 0 and pass no gradient.
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
-    part, part_entropy = head_logprobs(hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True,
-                                       mask=mask, **scoring)
+    part, part_entropy = head_logprobs(
+        hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, mask=mask, **scoring
+    )
     torch.testing.assert_close(part[mask], want[mask])
     torch.testing.assert_close(part_entropy[mask], want_entropy[mask])
     assert not part[~mask].any() and not part_entropy[~mask].any()
@@ -133,7 +136,9 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="temperature"):
         head_logprobs(torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 3, dtype=torch.long), temperature=0.0)
     with pytest.raises(ValueError, match="needs the context"):
-        head_logprobs(torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 3, dtype=torch.long), repetition_penalty=1.2)
+        head_logprobs(
+            torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 3, dtype=torch.long), repetition_penalty=1.2
+        )
 
 
 # ---- models: the passes ---------------------------------------------------------------------
@@ -147,10 +152,22 @@ def tiny_lm(kind="qwen2", vocab=40, tied=False, hidden=32, **extra):
         "gemma2": (Gemma2Config, Gemma2ForCausalLM),
         "cohere": (CohereConfig, CohereForCausalLM),
     }[kind]
-    config = config_class(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=64,
-                          initializer_range=0.3, tie_word_embeddings=tied, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                          **extra)
+    config = config_class(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        tie_word_embeddings=tied,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
+    )
     torch.manual_seed(0)
     return model_class(config).eval()
 
@@ -171,9 +188,15 @@ def batch_of(vocab, prompts=2, group_size=3, p_len=4, t_len=6, seed=0) -> Rollou
             masks.append(torch.cat([torch.zeros(p_len - length), torch.ones(length + ends), torch.zeros(t_len - ends)]))
             completion_masks.append(torch.cat([torch.ones(ends), torch.zeros(t_len - ends)]))
     n = prompts * group_size
-    return Rollout(input_ids=torch.stack(rows), attention_mask=torch.stack(masks).long(),
-                   completion_mask=torch.stack(completion_masks), prompts=[""] * n, completions=[""] * n,
-                   rows=[{}] * n, group_size=group_size)
+    return Rollout(
+        input_ids=torch.stack(rows),
+        attention_mask=torch.stack(masks).long(),
+        completion_mask=torch.stack(completion_masks),
+        prompts=[""] * n,
+        completions=[""] * n,
+        rows=[{}] * n,
+        group_size=group_size,
+    )
 
 
 def with_bias_head(model):
@@ -208,8 +231,9 @@ MODELS = {
 
 def logprobs_and_grads(model, batch, chunked, share_prompts, weights, **scoring):
     model.zero_grad(set_to_none=True)
-    logprobs, ent = completion_logprobs(model, batch, share_prompts=share_prompts, chunked_head=chunked,
-                                        with_entropy=True, **scoring)
+    logprobs, ent = completion_logprobs(
+        model, batch, share_prompts=share_prompts, chunked_head=chunked, with_entropy=True, **scoring
+    )
     ((logprobs * weights) * batch.completion_mask).sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
     return logprobs.detach(), ent, grads
@@ -218,9 +242,13 @@ def logprobs_and_grads(model, batch, chunked, share_prompts, weights, **scoring)
 @pytest.mark.parametrize("chunk_rows", [3, None])  # ragged chunks; one chunk (the default size)
 @pytest.mark.parametrize("share_prompts", [True, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(name, share_prompts, chunk_rows, monkeypatch):
+def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(
+    name, share_prompts, chunk_rows, monkeypatch
+):
     if chunk_rows:
-        monkeypatch.setattr(models, "head_logprobs", functools.partial(head_logprobs, chunk_elements=chunk_rows * 41))  # V + 1
+        monkeypatch.setattr(
+            models, "head_logprobs", functools.partial(head_logprobs, chunk_elements=chunk_rows * 41)
+        )  # V + 1
     model = MODELS[name]()
     head = chunkable_head(model)
     assert head is not None  # the chunked path runs
@@ -242,7 +270,9 @@ def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(na
     for key, expected in want_grads.items():
         assert float(expected.abs().max()) > 0, key  # every parameter is reached
         scale = float(expected.abs().max())
-        torch.testing.assert_close(got_grads[key], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            got_grads[key], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, key=key: f"{key}: {m}"
+        )
 
 
 def test_the_reference_passes_use_the_chunked_head_and_give_the_plain_numbers():
@@ -302,10 +332,13 @@ def test_no_pass_makes_a_tensor_of_vocabulary_size_times_positions(monkeypatch):
 # ---- models whose logits are not their head's output ----------------------------------------
 
 
-@pytest.mark.parametrize("kind,extra", [
-    ("gemma2", dict(final_logit_softcapping=3.0)),  # cap * tanh(logits / cap)
-    ("cohere", dict(logit_scale=0.5)),  # logits * logit_scale
-])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [
+        ("gemma2", dict(final_logit_softcapping=3.0)),  # cap * tanh(logits / cap)
+        ("cohere", dict(logit_scale=0.5)),  # logits * logit_scale
+    ],
+)
 def test_a_model_that_changes_its_heads_output_runs_the_plain_path(kind, extra):
     model = tiny_lm(kind, **extra)
     assert chunkable_head(model) is None
@@ -316,7 +349,9 @@ def test_a_model_that_changes_its_heads_output_runs_the_plain_path(kind, extra):
         assert torch.equal(got, want)
         # What the check prevents: the head's output alone gives other numbers.
         head = model.get_output_embeddings()
-        wrong, _ = head_logprobs(models.completion_hidden(model, batch), head.weight, batch.completion_ids, temperature=0.9)
+        wrong, _ = head_logprobs(
+            models.completion_hidden(model, batch), head.weight, batch.completion_ids, temperature=0.9
+        )
     assert not torch.allclose(wrong, want, atol=1e-3)
 
 
@@ -358,11 +393,19 @@ def test_a_run_is_the_same_with_the_chunked_head_and_the_full_logits(make_config
     the policy: temperature, repetition penalty, two epochs of two minibatches in micro-batches."""
 
     def run(name, chunked):
-        config = make_config(output_dir=str(tmp_path / name),
-                             rollout={"temperature": 0.8, "repetition_penalty": 1.3},
-                             train={"steps": 2, "lr": 1e-2, "epochs": 2, "minibatches": 2, "micro_batch_size": 5,
-                                    "chunked_head": chunked},
-                             lora={"r": 4 if lora else 0, "alpha": 8.0})
+        config = make_config(
+            output_dir=str(tmp_path / name),
+            rollout={"temperature": 0.8, "repetition_penalty": 1.3},
+            train={
+                "steps": 2,
+                "lr": 1e-2,
+                "epochs": 2,
+                "minibatches": 2,
+                "micro_batch_size": 5,
+                "chunked_head": chunked,
+            },
+            lora={"r": 4 if lora else 0, "alpha": 8.0},
+        )
         return grpo.train(config, progress=False).metrics
 
     chunked, full = run("chunked", True), run("full", False)

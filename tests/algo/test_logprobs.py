@@ -41,7 +41,9 @@ def test_repetition_penalty_by_hand():
     second = torch.log_softmax(torch.tensor([1.0, -2.0, 0.5]), -1)[2]  # token 1 drawn at 0: -1 * 2
     torch.testing.assert_close(got, torch.stack([first, second])[None])
     # A penalty below 1 favours repeats; 1 is no penalty, whatever the context.
-    torch.testing.assert_close(token_logprobs(logits, ids, repetition_penalty=1.0, context=context), token_logprobs(logits, ids))
+    torch.testing.assert_close(
+        token_logprobs(logits, ids, repetition_penalty=1.0, context=context), token_logprobs(logits, ids)
+    )
     ent = entropy(logits, repetition_penalty=0.5, ids=ids, context=context)
     p = torch.softmax(torch.tensor([4.0, -1.0, 0.5]), -1)
     torch.testing.assert_close(ent[0, 0], -(p * p.log()).sum())
@@ -79,15 +81,18 @@ def naive_penalized(logits: torch.Tensor, ids: torch.Tensor, context: torch.Tens
     penalty=st.sampled_from([1.6, 0.6]),
     chunk_elements=st.sampled_from([1, 37, 1 << 24]),
 )
-def test_penalized_logprobs_match_the_penalized_log_softmax(seed, n, t_len, p_len, vocab, temperature, penalty, chunk_elements):
+def test_penalized_logprobs_match_the_penalized_log_softmax(
+    seed, n, t_len, p_len, vocab, temperature, penalty, chunk_elements
+):
     g = torch.Generator().manual_seed(seed)
     logits = (3 * torch.randn(n, t_len, vocab, generator=g)).requires_grad_(True)  # both signs
     ids = torch.randint(0, vocab, (n, t_len), generator=g)
     context = torch.randint(-1, vocab, (n, p_len), generator=g)  # -1 = padding
     weights = torch.randn(n, t_len, generator=g)
 
-    got = token_logprobs(logits, ids, temperature=temperature, repetition_penalty=penalty, context=context,
-                         chunk_elements=chunk_elements)
+    got = token_logprobs(
+        logits, ids, temperature=temperature, repetition_penalty=penalty, context=context, chunk_elements=chunk_elements
+    )
     scores = naive_penalized(logits, ids, context, penalty) / temperature
     want = torch.log_softmax(scores, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(got, want)
@@ -95,8 +100,14 @@ def test_penalized_logprobs_match_the_penalized_log_softmax(seed, n, t_len, p_le
     (grad_want,) = torch.autograd.grad((want * weights).sum(), logits)
     torch.testing.assert_close(grad_got, grad_want)
 
-    ent = entropy(logits.detach(), temperature=temperature, repetition_penalty=penalty, ids=ids, context=context,
-                  chunk_elements=chunk_elements)
+    ent = entropy(
+        logits.detach(),
+        temperature=temperature,
+        repetition_penalty=penalty,
+        ids=ids,
+        context=context,
+        chunk_elements=chunk_elements,
+    )
     p = torch.softmax(scores.detach(), -1)
     torch.testing.assert_close(ent, -(p * torch.log(p)).sum(-1))
 

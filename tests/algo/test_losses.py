@@ -81,7 +81,6 @@ def test_value_loss_by_hand():
     assert float(value_loss(values, old, returns, torch.tensor([[0.0, 1.0]]))) == pytest.approx(2.0)
 
 
-
 def test_bradley_terry_loss_by_hand():
     chosen, rejected = torch.tensor([2.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, 3.0])
     # Margins 2, 0, -2: -log sigmoid(m) = log(1 + e^-m) = log(1 + e^-2), log 2, log(1 + e^2).
@@ -111,6 +110,7 @@ def test_bradley_terry_loss_is_finite_for_huge_margins():
     assert loss.item() == pytest.approx((0.0 + 100.0) / 2)
     assert torch.isfinite(chosen.grad).all()
     torch.testing.assert_close(chosen.grad, torch.tensor([0.0, -0.5]))
+
 
 # ---- invariants -------------------------------------------------------------------------
 

@@ -55,8 +55,24 @@ def one_thread():
 
 def test_eval_prints_a_table_and_a_json_last_line_and_writes_out_and_plot(model_dir, tmp_path, capsys):
     out, plot = tmp_path / "res" / "results.json", tmp_path / "curves.png"
-    code, stdout, _ = run(capsys, "--model", model_dir, "--data", "arithmetic:4", "--n", "4", "--k", "4,1,2",
-                          "--max-new-tokens", "8", "--out", str(out), "--plot", str(plot), "--quiet")
+    code, stdout, _ = run(
+        capsys,
+        "--model",
+        model_dir,
+        "--data",
+        "arithmetic:4",
+        "--n",
+        "4",
+        "--k",
+        "4,1,2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(out),
+        "--plot",
+        str(plot),
+        "--quiet",
+    )
     assert code == 0
     lines = stdout.strip().splitlines()
     summary = json.loads(lines[-1])
@@ -72,16 +88,26 @@ def test_eval_prints_a_table_and_a_json_last_line_and_writes_out_and_plot(model_
 
 
 def test_default_ks_are_the_powers_of_two_up_to_n(model_dir, capsys):
-    code, stdout, err = run(capsys, "--model", model_dir, "--data", "arithmetic:2", "--n", "6",
-                            "--max-new-tokens", "4")
+    code, stdout, err = run(capsys, "--model", model_dir, "--data", "arithmetic:2", "--n", "6", "--max-new-tokens", "4")
     assert code == 0
     assert list(json.loads(stdout.strip().splitlines()[-1])["pass@k"]) == ["1", "2", "4"]
     assert "completion" in err  # the progress bar, without --quiet
 
 
 def test_a_reward_function_as_verifier(model_dir, tmp_path, capsys):
-    argv = ["--model", model_dir, "--data", "arithmetic:2", "--n", "2", "--max-new-tokens", "4", "--quiet",
-            "--verifier", "tests.eval.test_command:seven_tenths"]
+    argv = [
+        "--model",
+        model_dir,
+        "--data",
+        "arithmetic:2",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--quiet",
+        "--verifier",
+        "tests.eval.test_command:seven_tenths",
+    ]
     summary = json.loads(run(capsys, *argv)[1].strip().splitlines()[-1])
     # Every completion scores 0.7 >= 0.5: all correct, but none has an <answer> to vote with.
     assert summary["accuracy"] == 1.0 and summary["pass@k"]["2"] == 1.0
@@ -98,8 +124,21 @@ def _user_task_results(capsys, model, tmp_path, *argv):
     """`grpo eval` of `model` on 3 rows of the user's task (tests/tasks/user_task.py), with the
     full results; each prompt's count of correct completions is checked against its answers."""
     out = tmp_path / "results.json"
-    code, _, err = run(capsys, "--model", model, "--data", "tests.tasks.user_task:task:3", "--n", "6",
-                       "--max-new-tokens", "4", "--out", str(out), "--quiet", *argv)
+    code, _, err = run(
+        capsys,
+        "--model",
+        model,
+        "--data",
+        "tests.tasks.user_task:task:3",
+        "--n",
+        "6",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+        "--quiet",
+        *argv,
+    )
     assert code == 0, err
     results = json.loads(out.read_text())
     rows = user_task.rows(3, seed=TASK_SEED)
@@ -117,7 +156,9 @@ def _judged_by_the_user_task(results, rows) -> bool:
     )
 
 
-@pytest.mark.parametrize("check", [["--task", "tests.tasks.user_task:task"], [], ["--task", "tests.tasks.user_task:make_task"]])
+@pytest.mark.parametrize(
+    "check", [["--task", "tests.tasks.user_task:task"], [], ["--task", "tests.tasks.user_task:make_task"]]
+)
 def test_a_users_task_checks_the_answers(tiny_model, tmp_path, capsys, check):
     """--task SPEC, or no --task with --data 'TASK:N': the task's verifier and its extractor."""
     results, rows = _user_task_results(capsys, tiny_model, tmp_path, *check)
@@ -126,14 +167,22 @@ def test_a_users_task_checks_the_answers(tiny_model, tmp_path, capsys, check):
 
 
 def test_a_tasks_threshold_can_be_overridden(tiny_model, tmp_path, capsys):
-    results, _ = _user_task_results(capsys, tiny_model, tmp_path, "--task", "tests.tasks.user_task:task",
-                                    "--threshold", "1.5")
+    results, _ = _user_task_results(
+        capsys, tiny_model, tmp_path, "--task", "tests.tasks.user_task:task", "--threshold", "1.5"
+    )
     assert results["accuracy"] == 0.0 and any(p["answers"] for p in results["per_prompt"])
 
 
 def test_a_users_verifier_with_its_answer_extractor(tiny_model, tmp_path, capsys):
-    results, rows = _user_task_results(capsys, tiny_model, tmp_path, "--verifier", "tests.tasks.user_task:verify",
-                                       "--answer", "tests.tasks.user_task:extract")
+    results, rows = _user_task_results(
+        capsys,
+        tiny_model,
+        tmp_path,
+        "--verifier",
+        "tests.tasks.user_task:verify",
+        "--answer",
+        "tests.tasks.user_task:extract",
+    )
     assert results["accuracy"] > 0
     assert _judged_by_the_user_task(results, rows)
     # Without --answer the answers are read by grpo.rewards.rules.extract_answer: none here.
@@ -189,23 +238,40 @@ def bad_files(tmp_path):
         (["--data", "/no/such/data.jsonl"], "--data: no such file '/no/such/data.jsonl'"),
         (["--data", "arithmetic:0"], "--data: expected 'TASK:N' with N a positive integer"),
         (["--data", "tests.tasks.user_task:task:x"], "--data: expected 'TASK:N' with N a positive integer"),
-        (["--data", "algebra:3"], "--data: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
+        (
+            ["--data", "algebra:3"],
+            "--data: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')",
+        ),
         (["--data", "tests.tasks.user_task:verify_only:3"], "--data: task 'avoid (verify only)' generates no rows"),
-        (["--data", "{no_answer}"], "task 'arithmetic' cannot score any row of --data (None for every one, e.g. row 0, "
-                                    "prompt 'what is two plus two?'); does the data have the columns it reads? "
-                                    "(columns: prompt)"),
+        (
+            ["--data", "{no_answer}"],
+            "task 'arithmetic' cannot score any row of --data (None for every one, e.g. row 0, "
+            "prompt 'what is two plus two?'); does the data have the columns it reads? "
+            "(columns: prompt)",
+        ),
         (["--data", "{no_answer}", "--verifier", "exact_answer"], "needs an 'answer' column"),
         (["--task", "tests.tasks.user_task:task"], "task 'avoid' cannot score any row of --data"),
-        (["--task", "algebra"], "--task: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
-        (["--task", "tests.tasks.user_task:not_a_task"], "--task: task 'tests.tasks.user_task:not_a_task': "
-                                                         "'not_a_task' is not a grpo.tasks.Task"),
+        (
+            ["--task", "algebra"],
+            "--task: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')",
+        ),
+        (
+            ["--task", "tests.tasks.user_task:not_a_task"],
+            "--task: task 'tests.tasks.user_task:not_a_task': 'not_a_task' is not a grpo.tasks.Task",
+        ),
         (["--verifier", "tests.eval.no_such_module:fn"], "cannot import module 'tests.eval.no_such_module'"),
-        (["--answer", "tests.tasks.user_task:nope"], "--answer 'tests.tasks.user_task:nope': module "
-                                                     "'tests.tasks.user_task' has no attribute 'nope'"),
-        (["--answer", "tests.tasks.user_task:unhashable_answer"], "answer extractor "
-                                                                  "'tests.tasks.user_task:unhashable_answer' returned a list"),
-        (["--answer", "tests.eval.test_command:explodes"], "answer extractor 'tests.eval.test_command:explodes' "
-                                                           "raised ValueError: cannot read this"),
+        (
+            ["--answer", "tests.tasks.user_task:nope"],
+            "--answer 'tests.tasks.user_task:nope': module 'tests.tasks.user_task' has no attribute 'nope'",
+        ),
+        (
+            ["--answer", "tests.tasks.user_task:unhashable_answer"],
+            "answer extractor 'tests.tasks.user_task:unhashable_answer' returned a list",
+        ),
+        (
+            ["--answer", "tests.eval.test_command:explodes"],
+            "answer extractor 'tests.eval.test_command:explodes' raised ValueError: cannot read this",
+        ),
         (["--out", "{dir}"], "--out: "),
         (["--temperature", "0"], "--temperature: must be > 0"),
         (["--top-p", "1.5"], "--top-p: must be in (0, 1]"),
@@ -243,8 +309,19 @@ def test_help_explains_both_metrics(capsys):
 def test_an_answer_pattern_reads_the_votes_and_missing_answers_are_said(tiny_model, tmp_path, capsys):
     """Without a way to read this model's answers, maj@k has no votes: a warning line says
     so. --answer-pattern reads them (the regex's last match); a bad pattern is one line."""
-    common = ["--model", tiny_model, "--data", "tests.tasks.user_task:task:3", "--n", "6", "--max-new-tokens", "4",
-              "--quiet", "--verifier", "tests.tasks.user_task:verify"]
+    common = [
+        "--model",
+        tiny_model,
+        "--data",
+        "tests.tasks.user_task:task:3",
+        "--n",
+        "6",
+        "--max-new-tokens",
+        "4",
+        "--quiet",
+        "--verifier",
+        "tests.tasks.user_task:verify",
+    ]
     code, _, err = run(capsys, *common, "--out", str(tmp_path / "none.json"))
     assert code == 0 and "warning: no final answer found in 100% of the samples" in err
     code, _, err = run(capsys, *common, "--answer-pattern", r"(\S)\S*$", "--out", str(tmp_path / "pattern.json"))
@@ -257,8 +334,21 @@ def test_an_answer_pattern_reads_the_votes_and_missing_answers_are_said(tiny_mod
 def test_eval_logged_to_a_file_writes_a_line_every_log_every_prompts(model_dir, capsys):
     """stderr not a terminal (captured, as `2> log` would): one readable line per --log-every
     prompts (the first and the last always), not a bar's carriage returns."""
-    code, _, err = run(capsys, "--model", model_dir, "--data", "arithmetic:5", "--n", "2", "--batch-size", "2",
-                       "--max-new-tokens", "4", "--log-every", "2")
+    code, _, err = run(
+        capsys,
+        "--model",
+        model_dir,
+        "--data",
+        "arithmetic:5",
+        "--n",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--log-every",
+        "2",
+    )
     assert code == 0
     lines = [line for line in err.splitlines() if line.startswith("grpo eval: completions")]
     assert [line.split("  ")[1] for line in lines] == ["prompts 1/5", "prompts 2/5", "prompts 4/5", "prompts 5/5"]

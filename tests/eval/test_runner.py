@@ -54,9 +54,7 @@ def test_measure_equals_enumeration_over_subsets(groups, ks):
         assert report["maj@k"][str(k)] == pytest.approx(sum(m for _, m in want) / len(groups), abs=1e-12)
 
 
-@given(
-    groups=st.lists(st.lists(st.sampled_from(["", "1", "2", "3"]), min_size=5, max_size=5), min_size=1, max_size=6)
-)
+@given(groups=st.lists(st.lists(st.sampled_from(["", "1", "2", "3"]), min_size=5, max_size=5), min_size=1, max_size=6))
 def test_intervals_contain_the_mean_and_stay_in_0_1(groups):
     rows = [{"prompt": f"q{i}", "answer": "1"} for i in range(len(groups))]
     report = measure(groups, rows, ks=[1, 2, 3, 5], verifier=SYNTHETIC)
@@ -84,8 +82,14 @@ def test_per_prompt_details_are_consistent_with_the_totals():
     rows = [{"prompt": f"q{i}", "answer": "1"} for i in range(3)]
     report = measure(groups, rows, ks=[1, 4], verifier=SYNTHETIC)
     assert [p["correct"] for p in report["per_prompt"]] == [2, 0, 4]
-    assert report["per_prompt"][0] == {"prompt": "q0", "correct": 2, "answers": {"1": 2, "2": 1}, "no_answer": 1,
-                                       "pass@k": {"1": 0.5, "4": 1.0}, "maj@k": {"1": pytest.approx(0.5), "4": 1.0}}
+    assert report["per_prompt"][0] == {
+        "prompt": "q0",
+        "correct": 2,
+        "answers": {"1": 2, "2": 1},
+        "no_answer": 1,
+        "pass@k": {"1": 0.5, "4": 1.0},
+        "maj@k": {"1": pytest.approx(0.5), "4": 1.0},
+    }
     # Each prompt's own values average to the report's totals.
     for metric in ("pass@k", "maj@k"):
         for k in ("1", "4"):
@@ -175,7 +179,9 @@ def test_a_users_task_verifier_uses_its_verifier_threshold_and_extractor():
     assert strict.check_all(["a"], row) == [False] and strict.extract("ab") == "AB"
     renamed = task_verifier(user_task.task, prompt_column="question")
     assert renamed.check_all(["a"], {"question": "abc", "avoid": "c"}) == [True]
-    with pytest.raises(UserError, match=r"^task 'avoid': data column 'prompts' has the name of a reward-function argument"):
+    with pytest.raises(
+        UserError, match=r"^task 'avoid': data column 'prompts' has the name of a reward-function argument"
+    ):
         verifier.check_all(["a"], {"prompt": "abc", "avoid": "c", "prompts": "x"})
 
 
@@ -193,11 +199,17 @@ def test_reward_verifier_thresholds_scores_and_names_its_failures():
     # What a verifier returns is checked by the same function as in training (as_scores).
     with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:one_short' returned 1 scores for 2"):
         reward_verifier("tests.eval.test_runner:one_short").check_all(["a", "b"], rows[0])
-    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:not_a_number' returned 'yes' \(str\) "
-                                        "for row 0; expected a number"):
+    with pytest.raises(
+        UserError,
+        match=r"^verifier 'tests.eval.test_runner:not_a_number' returned 'yes' \(str\) "
+        "for row 0; expected a number",
+    ):
         reward_verifier(not_a_number, name="tests.eval.test_runner:not_a_number").check("x", rows[0])
-    with pytest.raises(UserError, match=r"^verifier 'tests.eval.test_runner:nan' returned nan for row 0; "
-                                        "return None for 'cannot score'"):
+    with pytest.raises(
+        UserError,
+        match=r"^verifier 'tests.eval.test_runner:nan' returned nan for row 0; "
+        "return None for 'cannot score'",
+    ):
         reward_verifier(nan).check("x", rows[0])  # named by module:qualname
     with pytest.raises(UserError, match="did you mean 'exact_answer'"):
         reward_verifier("exact_anwser")
@@ -208,8 +220,11 @@ def test_a_reward_function_and_an_answer_extractor():
     row = {"prompt": "abc", "avoid": "c"}
     assert verifier.check_all(["a", "c"], row) == [True, False] and verifier.extract("ba") == "b"
     assert reward_verifier(user_task.verify).extract("ba") is None  # default: grpo.rewards.rules.extract_answer
-    with pytest.raises(UserError, match=r"^answer extractor 'tests.tasks.user_task:unhashable_answer' returned a "
-                                        "list, which cannot be a vote"):
+    with pytest.raises(
+        UserError,
+        match=r"^answer extractor 'tests.tasks.user_task:unhashable_answer' returned a "
+        "list, which cannot be a vote",
+    ):
         reward_verifier(user_task.verify, extract=user_task.unhashable_answer).extract("ab")
     with pytest.raises(UserError, match=r"^answer extractor 'tests.eval.test_runner:explodes' raised TypeError"):
         reward_verifier(user_task.verify, extract=explodes).extract("ab")
@@ -250,11 +265,32 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
         return known
 
     monkeypatch.setattr(runner, "sample_completions", fake_sample)
-    report = evaluate(None, None, rows, n=4, ks=[1, 2, 4], verifier=task_verifier(load_task("arithmetic")), seed=7,
-                      temperature=0.3, batch_size=8, progress=False)
+    report = evaluate(
+        None,
+        None,
+        rows,
+        n=4,
+        ks=[1, 2, 4],
+        verifier=task_verifier(load_task("arithmetic")),
+        seed=7,
+        temperature=0.3,
+        batch_size=8,
+        progress=False,
+    )
     assert callable(calls[0].pop("on_prompt"))  # checks each prompt as it is sampled (not called here)
-    assert calls == [{"n": 4, "prompt_column": "prompt", "temperature": 0.3, "top_p": 1.0, "max_new_tokens": 64,
-                      "batch_size": 8, "seed": 7, "progress": False, "log_every": 10}]
+    assert calls == [
+        {
+            "n": 4,
+            "prompt_column": "prompt",
+            "temperature": 0.3,
+            "top_p": 1.0,
+            "max_new_tokens": 64,
+            "batch_size": 8,
+            "seed": 7,
+            "progress": False,
+            "log_every": 10,
+        }
+    ]
     for k in (1, 2, 4):
         want = sum(pass_at_k(4, min(i, 4), k) for i in range(5)) / 5
         assert report["pass@k"][str(k)] == pytest.approx(want)
@@ -293,7 +329,9 @@ def test_evaluate_runs_end_to_end_and_is_reproducible(tiny, capsys):
     rows = make_rows(3, seed=0)
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    kwargs = dict(n=4, ks=[1, 2, 4, 8], verifier=task_verifier(load_task("arithmetic")), max_new_tokens=10, batch_size=8)
+    kwargs = dict(
+        n=4, ks=[1, 2, 4, 8], verifier=task_verifier(load_task("arithmetic")), max_new_tokens=10, batch_size=8
+    )
     first = evaluate(model, tokenizer, rows, seed=1, **kwargs)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is left alone
     assert "eval" in capsys.readouterr().err  # the progress bar, on stderr
@@ -354,8 +392,15 @@ def test_each_prompt_is_handed_on_once_all_its_n_are_sampled(tiny, batch_size):
     _, tokenizer = tiny
     rows = [{"prompt": p} for p in ("12+34=", "5+67=", "89+1=")]
     seen = []
-    completions = sample_completions(EchoModel(tokenizer.eos_token_id), tokenizer, rows, n=3, batch_size=batch_size,
-                                     progress=False, on_prompt=lambda i, group: seen.append((i, list(group))))
+    completions = sample_completions(
+        EchoModel(tokenizer.eos_token_id),
+        tokenizer,
+        rows,
+        n=3,
+        batch_size=batch_size,
+        progress=False,
+        on_prompt=lambda i, group: seen.append((i, list(group))),
+    )
     assert seen == [(i, group) for i, group in enumerate(completions)] and all(len(g) == 3 for _, g in seen)
 
 
@@ -366,8 +411,12 @@ def test_known_verdicts_are_not_asked_again():
 
 
 # Echoed completions: the last 3 characters of the prompt. Prompts 0, 1 and 3 are right.
-ECHO_ROWS = [{"prompt": "12+34=", "answer": "34="}, {"prompt": "5+67=", "answer": "67="},
-             {"prompt": "89+1=", "answer": "no"}, {"prompt": "2+3=", "answer": "+3="}]
+ECHO_ROWS = [
+    {"prompt": "12+34=", "answer": "34="},
+    {"prompt": "5+67=", "answer": "67="},
+    {"prompt": "89+1=", "answer": "no"},
+    {"prompt": "2+3=", "answer": "+3="},
+]
 
 
 def test_evaluate_logged_to_a_file_prints_lines_with_the_running_pass_at_1(tiny, capsys):
@@ -375,13 +424,22 @@ def test_evaluate_logged_to_a_file_prints_lines_with_the_running_pass_at_1(tiny,
     last always, with completions and prompts done, pass@1 so far and completions/s."""
     _, tokenizer = tiny
     capsys.readouterr()
-    report = evaluate(EchoModel(tokenizer.eos_token_id), tokenizer, ECHO_ROWS, n=3, ks=[1], verifier=SYNTHETIC,
-                      batch_size=3, log_every=2)
+    report = evaluate(
+        EchoModel(tokenizer.eos_token_id),
+        tokenizer,
+        ECHO_ROWS,
+        n=3,
+        ks=[1],
+        verifier=SYNTHETIC,
+        batch_size=3,
+        log_every=2,
+    )
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("  ")[:3] for line in lines] == [
         ["grpo eval: completions 3/12", "prompts 1/4", "pass@1 1.000"],
         ["grpo eval: completions 6/12", "prompts 2/4", "pass@1 1.000"],
-        ["grpo eval: completions 12/12", "prompts 4/4", "pass@1 0.750"]]
+        ["grpo eval: completions 12/12", "prompts 4/4", "pass@1 0.750"],
+    ]
     assert all(line.endswith(" completions/s") and "  elapsed " in line for line in lines)
     assert report["accuracy"] == 0.75
 

@@ -21,11 +21,22 @@ class Payload:
 
 def test_sharded_checkpoint_metadata_is_read_without_building_other_objects(tmp_path):
     """torch.distributed.checkpoint pickles its metadata: ours reads only its classes."""
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorProperties, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
 
-    metadata = Metadata(state_dict_metadata={"w": TensorStorageMetadata(
-        properties=TensorProperties(dtype=torch.bfloat16), size=torch.Size([2, 3]),
-        chunks=[ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))])})
+    metadata = Metadata(
+        state_dict_metadata={
+            "w": TensorStorageMetadata(
+                properties=TensorProperties(dtype=torch.bfloat16),
+                size=torch.Size([2, 3]),
+                chunks=[ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))],
+            )
+        }
+    )
     loaded = _MetadataUnpickler(io.BytesIO(pickle.dumps(metadata))).load()
     assert loaded.state_dict_metadata["w"].properties.dtype is torch.bfloat16
     marker = tmp_path / "pwned"

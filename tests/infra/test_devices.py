@@ -36,11 +36,14 @@ def test_cuda_takes_the_gpu_of_the_local_rank(monkeypatch):
         resolve_device("cuda:7")
 
 
-@pytest.mark.parametrize("name,message", [
-    ("cuda", "train.device: cuda asked for, but torch sees no CUDA device"),
-    ("cuda:0", "train.device: cuda:0 asked for, but torch sees no CUDA device"),
-    ("tpu", "train.device: unknown device 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("cuda", "train.device: cuda asked for, but torch sees no CUDA device"),
+        ("cuda:0", "train.device: cuda:0 asked for, but torch sees no CUDA device"),
+        ("tpu", "train.device: unknown device 'tpu'"),
+    ],
+)
 def test_a_device_that_cannot_be_had_is_one_line(monkeypatch, name, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match=message) as err:
@@ -71,10 +74,13 @@ def test_a_child_process_peak_is_its_own_not_its_parents():
     # (what a demo or benchmark run reports) must not.
     block = torch.ones(512 << 20, dtype=torch.uint8)  # this process peaks above 512 MiB
     block += 1
-    code = ("import resource; from grpo.infra.memory import peak_rss_mb; "
-            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                               check=True).stdout.split())
+    code = (
+        "import resource; from grpo.infra.memory import peak_rss_mb; "
+        "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    own, inherited = map(
+        float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert inherited > 512  # the hazard: ru_maxrss carries the parent's peak over
     assert own < 200  # a bare interpreter: tens of MiB
 
@@ -99,11 +105,14 @@ def test_a_misspelt_device_fails_in_the_config(tmp_path, capsys, make_config):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the machine without CUDA")
-@pytest.mark.parametrize("argv", [
-    ["sft", "--output", "{tmp}/sft", "--device", "cuda"],
-    ["rm", "train", "--model", "{model}", "--data", "{tmp}/none.jsonl", "--output", "{tmp}/rm", "--device", "cuda"],
-    ["rm", "eval", "--model", "{model}", "--data", "{tmp}/none.jsonl", "--device", "cuda"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sft", "--output", "{tmp}/sft", "--device", "cuda"],
+        ["rm", "train", "--model", "{model}", "--data", "{tmp}/none.jsonl", "--output", "{tmp}/rm", "--device", "cuda"],
+        ["rm", "eval", "--model", "{model}", "--data", "{tmp}/none.jsonl", "--device", "cuda"],
+    ],
+)
 def test_the_other_commands_take_the_same_device_setting(tmp_path, capsys, tiny_model, argv):
     argv = [a.format(tmp=tmp_path, model=tiny_model) for a in argv]
     assert main(argv) != 0
@@ -123,8 +132,15 @@ def test_the_fast_sampler_decodes_with_a_cache_in_the_compute_dtype(monkeypatch,
     run here on the CPU: the same prompts decode (attention's dtypes agree) and the cache is bf16."""
     tokenizer = load_tokenizer(tiny_model)
     model = load_causal_lm(tiny_model, "float32")
-    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=2, max_new_tokens=6, min_new_tokens=6,
-                      backend="fast", autocast=torch.bfloat16)
+    sampler = Sampler(
+        tokenizer,
+        prompt_column="prompt",
+        group_size=2,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        backend="fast",
+        autocast=torch.bfloat16,
+    )
     rows = [{"prompt": "ab"}, {"prompt": "c"}]
     dtypes = []
     real = fast._Cache.__init__

@@ -23,8 +23,12 @@ def test_a_line_every_n_units_and_the_first_and_last_always():
         for step in range(7):
             progress.update(1, loss=0.5 + step)
     lines = lines_of(out)
-    assert [line.split("  ")[0] for line in lines] == ["grpo: step 1/7", "grpo: step 3/7", "grpo: step 6/7",
-                                                     "grpo: step 7/7"]
+    assert [line.split("  ")[0] for line in lines] == [
+        "grpo: step 1/7",
+        "grpo: step 3/7",
+        "grpo: step 6/7",
+        "grpo: step 7/7",
+    ]
     assert [line.split("  ")[1] for line in lines] == ["loss 0.5000", "loss 2.5000", "loss 5.5000", "loss 6.5000"]
     assert all(re.fullmatch(r"grpo: step \d/7  loss [\d.]+  elapsed 0:00  \d+\.\d\d s/step", line) for line in lines)
 
@@ -36,8 +40,11 @@ def test_many_units_per_update_log_when_a_multiple_is_passed():
     for _ in range(5):
         progress.update(4, prompts="x")
     assert [line.split("  ")[0] for line in lines_of(out)] == [
-        "grpo eval: completions 4/20", "grpo eval: completions 8/20", "grpo eval: completions 12/20",
-        "grpo eval: completions 20/20"]  # 4 (first), 8 (passed 6), 12 (passed 12), 20 (passed 18, last)
+        "grpo eval: completions 4/20",
+        "grpo eval: completions 8/20",
+        "grpo eval: completions 12/20",
+        "grpo eval: completions 20/20",
+    ]  # 4 (first), 8 (passed 6), 12 (passed 12), 20 (passed 18, last)
     assert all(line.endswith(" completions/s") for line in lines_of(out))
 
 
@@ -78,10 +85,14 @@ def test_the_rate_is_that_of_the_units_since_the_previous_line(monkeypatch):
     progress.update(3)  # 4 passes the multiple 4: a line
     progress.update(1)
     assert [line.split("  ")[1:] for line in lines_of(out)] == [
-        ["elapsed 0:02", "2.00 s/step"], ["elapsed 0:10", "2.67 s/step"], ["elapsed 0:11", "1.00 s/step"]]
+        ["elapsed 0:02", "2.00 s/step"],
+        ["elapsed 0:10", "2.67 s/step"],
+        ["elapsed 0:11", "1.00 s/step"],
+    ]
 
 
-@pytest.mark.parametrize("seconds, text", [(0, "0:00"), (59.9, "0:59"), (61, "1:01"), (3600, "1:00:00"),
-                                           (3 * 3600 + 62, "3:01:02")])
+@pytest.mark.parametrize(
+    "seconds, text", [(0, "0:00"), (59.9, "0:59"), (61, "1:01"), (3600, "1:00:00"), (3 * 3600 + 62, "3:01:02")]
+)
 def test_elapsed_time(seconds, text):
     assert format_elapsed(seconds) == text

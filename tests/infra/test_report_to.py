@@ -20,9 +20,22 @@ from grpo.infra.logging import WandbSink
 def no_network(monkeypatch, tmp_path):
     """wandb offline and trackio local, everything they write under tmp_path, no token or
     remote target that could make either connect."""
-    for name in ("WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME",
-                 "WANDB_DIR", "WANDB_BASE_URL", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "TRACKIO_SPACE_ID",
-                 "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID"):
+    for name in (
+        "WANDB_API_KEY",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_RUN_ID",
+        "WANDB_RESUME",
+        "WANDB_NAME",
+        "WANDB_DIR",
+        "WANDB_BASE_URL",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "TRACKIO_SPACE_ID",
+        "TRACKIO_SERVER_URL",
+        "TRACKIO_BUCKET_ID",
+        "TRACKIO_DATASET_ID",
+    ):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -55,8 +68,8 @@ def wandb_records(path):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
             pos += 32768 - pos % 32768
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):
             pending = chunk
         elif kind in (3, 4):
@@ -98,7 +111,9 @@ def test_wandb_offline_run_has_every_steps_metrics_and_resume_continues_it(make_
         assert step["reward/mean"] == pytest.approx(logged["reward/mean"]) and step["kl"] == pytest.approx(logged["kl"])
         assert "models" in step and "time/step" in step
 
-    resumed = grpo.train(make_config(train={"steps": 3, "report_to": ["wandb"], "run_name": "first"}), resume=True, progress=False)
+    resumed = grpo.train(
+        make_config(train={"steps": 3, "report_to": ["wandb"], "run_name": "first"}), resume=True, progress=False
+    )
     _, history = wandb_run(resumed.output_dir, run_id)  # the same run id, continued
     assert sorted(history) == [3] and history[3]["reward/mean"] == pytest.approx(resumed.metrics[-1]["reward/mean"])
 
@@ -115,7 +130,9 @@ def test_trackio_local_store_has_every_steps_metrics_and_resume_continues_it(mak
         assert log["reward/mean"] == pytest.approx(logged["reward/mean"]) and log["kl"] == pytest.approx(logged["kl"])
     assert SQLiteStorage.get_run_config("tests", "run")["train"]["steps"] == 2
 
-    resumed = grpo.train(make_config(train={"steps": 3, "report_to": "trackio", "project": "tests"}), resume=True, progress=False)
+    resumed = grpo.train(
+        make_config(train={"steps": 3, "report_to": "trackio", "project": "tests"}), resume=True, progress=False
+    )
     assert SQLiteStorage.get_runs("tests") == ["run"]
     logs = SQLiteStorage.get_logs("tests", "run")
     assert [log["step"] for log in logs] == [1, 2, 3]
@@ -149,12 +166,25 @@ def test_dashboards_get_the_finite_numbers_at_their_step(tmp_path, monkeypatch):
     fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     sink = WandbSink(tmp_path, project="", run_name="r", config={"seed": 0}, resume=False)
-    sink.log(7, {"step": 7, "reward/mean": 0.5, "kl": float("nan"), "loss": float("inf"), "models": 2,
-                 "done": True, "name": "x", "list": [1]})
+    sink.log(
+        7,
+        {
+            "step": 7,
+            "reward/mean": 0.5,
+            "kl": float("nan"),
+            "loss": float("inf"),
+            "models": 2,
+            "done": True,
+            "name": "x",
+            "list": [1],
+        },
+    )
     sink.close()
     assert fake.logged == [(7, {"reward/mean": 0.5, "models": 2})]  # the step is the x-axis
     assert fake.finished == 1
-    assert fake.inits[0]["project"] == "grpo" and fake.inits[0]["name"] == "r" and fake.inits[0]["config"] == {"seed": 0}
+    assert (
+        fake.inits[0]["project"] == "grpo" and fake.inits[0]["name"] == "r" and fake.inits[0]["config"] == {"seed": 0}
+    )
 
 
 def test_a_dashboard_that_fails_mid_run_is_one_warning_and_the_run_completes(make_config, monkeypatch, capsys):
@@ -165,17 +195,23 @@ def test_a_dashboard_that_fails_mid_run_is_one_warning_and_the_run_completes(mak
     assert [step for step, _ in fake.logged] == [1]  # nothing more is sent once it failed
     assert fake.finished == 1
     warnings = [line for line in capsys.readouterr().err.splitlines() if "wandb" in line]
-    assert warnings == ["grpo: warning: wandb stopped logging at step 2 (connection lost); the run goes on and "
-                        "metrics.jsonl has every step"]
+    assert warnings == [
+        "grpo: warning: wandb stopped logging at step 2 (connection lost); the run goes on and "
+        "metrics.jsonl has every step"
+    ]
 
 
 def test_a_service_that_refuses_stops_the_run_in_one_line_before_any_step(make_config, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", FakeWandb(fail_init=RuntimeError("api_key not configured (no-tty)\ntraceback")))
+    monkeypatch.setitem(
+        sys.modules, "wandb", FakeWandb(fail_init=RuntimeError("api_key not configured (no-tty)\ntraceback"))
+    )
     config = make_config(train={"steps": 2, "report_to": ["tensorboard", "wandb"]})
     with pytest.raises(UserError) as err:
         grpo.train(config, progress=False)
-    assert str(err.value) == ("train.report_to: wandb could not start a run (api_key not configured (no-tty)); "
-                              "fix its settings, or take wandb out of train.report_to")
+    assert str(err.value) == (
+        "train.report_to: wandb could not start a run (api_key not configured (no-tty)); "
+        "fix its settings, or take wandb out of train.report_to"
+    )
     out = Path(config["output_dir"])
     assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
 
@@ -201,10 +237,19 @@ def test_report_to_takes_a_list_a_name_or_none_and_tensorboard_true_adds_it(make
     assert names(report_to=["wandb", "tensorboard"], tensorboard=True) == ["wandb", "tensorboard"]
 
 
-@pytest.mark.parametrize("given,message", [
-    ("wandbb", "train.report_to: unknown logger 'wandbb' (did you mean 'wandb'?); choose among tensorboard, wandb, trackio, or none"),
-    (["tensorboard", "mlflow"], "train.report_to: unknown logger 'mlflow'; choose among tensorboard, wandb, trackio, or none"),
-])
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        (
+            "wandbb",
+            "train.report_to: unknown logger 'wandbb' (did you mean 'wandb'?); choose among tensorboard, wandb, trackio, or none",
+        ),
+        (
+            ["tensorboard", "mlflow"],
+            "train.report_to: unknown logger 'mlflow'; choose among tensorboard, wandb, trackio, or none",
+        ),
+    ],
+)
 def test_an_unknown_name_is_one_line_with_a_hint(make_config, given, message):
     with pytest.raises(UserError) as err:
         config_from_dict(make_config(train={"report_to": given}))

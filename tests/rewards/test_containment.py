@@ -295,7 +295,9 @@ def test_the_failing_row_is_found_in_log_n_calls(bad):
     completions[bad] = "bad"
     rfc.CALLS["n"] = 0
     message = _message("fails_on_bad", completions)
-    assert message == f"reward '{MODULE}:fails_on_bad' raised ValueError: a bad completion on row {bad} (completion 'bad')"
+    assert (
+        message == f"reward '{MODULE}:fails_on_bad' raised ValueError: a bad completion on row {bad} (completion 'bad')"
+    )
     assert rfc.CALLS["n"] <= 1 + math.ceil(math.log2(32)) + 1  # the batch, the halvings, the last row
 
 
@@ -368,8 +370,10 @@ def test_one_concurrent_function_failing_is_its_own_one_line_error():
 
 def test_each_concurrent_function_keeps_its_own_timeout():
     rfc.CANCELLED.clear()
-    rewards = load_rewards([(f"{MODULE}:async_sleeps", 1.0), (f"{MODULE}:async_length", 1.0)],
-                           [{"timeout": 0.2, "on_timeout": "none"}, {"timeout": 5.0}])
+    rewards = load_rewards(
+        [(f"{MODULE}:async_sleeps", 1.0), (f"{MODULE}:async_length", 1.0)],
+        [{"timeout": 0.2, "on_timeout": "none"}, {"timeout": 5.0}],
+    )
     result = score(rewards, ["Q"], ["abc"], {"seconds": [10], "tag": ["together"]})
     assert rfc.CANCELLED == ["together"]  # cancelled at its limit, not abandoned
     assert math.isnan(result.per_function[f"{MODULE}:async_sleeps"][0])

@@ -140,8 +140,7 @@ def test_unknown_builtin_far_from_all_lists_them():
 def test_missing_module():
     message = _raises_one_line(resolve_reward, "nosuchpkg_rw.rw:fn")
     assert message == (
-        "reward 'nosuchpkg_rw.rw:fn': cannot import module 'nosuchpkg_rw.rw' "
-        "(No module named 'nosuchpkg_rw')"
+        "reward 'nosuchpkg_rw.rw:fn': cannot import module 'nosuchpkg_rw.rw' (No module named 'nosuchpkg_rw')"
     )
 
 
@@ -300,9 +299,7 @@ def test_the_failing_row_gets_its_own_columns_and_a_short_preview():
 
     completions = ["fine"] * 2 + ["x" * 100]
     message = _raises_one_line(_score, fn, completions, {"ok": [True, True, False]})
-    assert message == (
-        f"reward 't:fn' raised ValueError: boom second line on row 2 (completion '{'x' * 40}...')"
-    )
+    assert message == (f"reward 't:fn' raised ValueError: boom second line on row 2 (completion '{'x' * 40}...')")
 
 
 def test_a_batch_only_failure_is_reported_for_the_batch():
@@ -354,4 +351,3 @@ def test_misaligned_batches_are_a_bug_not_a_user_error():
         score([], ["Q", "Q"], ["a", "b", "c"], {})
     with pytest.raises(ValueError, match="column 'answer' has 2 values for 3 completions"):
         score([], ["Q"] * 3, ["a", "b", "c"], {"answer": ["1", "2"]})
-

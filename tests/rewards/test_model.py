@@ -97,9 +97,12 @@ def test_fit_logged_to_a_file_prints_a_line_every_log_every_batches(base, capsys
     losses = rm.fit(sevens(20, seed=4), batch_size=4, epochs=2, log_every=3, progress=True)  # 5 batches an epoch
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("  ")[:2] for line in lines] == [
-        ["grpo rm train: step 1/10", "epoch 1/2"], ["grpo rm train: step 3/10", "epoch 1/2"],
-        ["grpo rm train: step 6/10", "epoch 2/2"], ["grpo rm train: step 9/10", "epoch 2/2"],
-        ["grpo rm train: step 10/10", "epoch 2/2"]]
+        ["grpo rm train: step 1/10", "epoch 1/2"],
+        ["grpo rm train: step 3/10", "epoch 1/2"],
+        ["grpo rm train: step 6/10", "epoch 2/2"],
+        ["grpo rm train: step 9/10", "epoch 2/2"],
+        ["grpo rm train: step 10/10", "epoch 2/2"],
+    ]
     fields = [dict(part.rsplit(" ", 1) for part in line.split("  ")[2:4]) for line in lines]
     # The running loss is the mean of the epoch's batch losses so far (epoch 2 starts afresh).
     for logged, batches in zip(fields, [losses[:1], losses[:3], losses[5:6], losses[5:9], losses[5:10]]):
@@ -175,8 +178,15 @@ def test_padding_is_on_the_right_for_models_with_absolute_positions(tmp_path):
     from grpo.tasks.tiny import char_tokenizer
 
     tokenizer = char_tokenizer(ALPHABET)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
@@ -305,8 +315,23 @@ def last_json(text):
 def test_cli_trains_then_evaluates(base, tmp_path, capsys):
     data = str(write_jsonl(tmp_path / "pairs.jsonl", sevens(200, seed=11)))
     out = str(tmp_path / "rm")
-    args = ["rm", "train", "--model", base, "--data", data, "--output", out,
-            "--lr", "1e-3", "--epochs", "2", "--eval-fraction", "0.2", "--quiet"]
+    args = [
+        "rm",
+        "train",
+        "--model",
+        base,
+        "--data",
+        data,
+        "--output",
+        out,
+        "--lr",
+        "1e-3",
+        "--epochs",
+        "2",
+        "--eval-fraction",
+        "0.2",
+        "--quiet",
+    ]
     assert main(args) == 0
     trained = last_json(capsys.readouterr().out)
     assert trained["output"] == out
@@ -329,8 +354,27 @@ def test_cli_trains_then_evaluates(base, tmp_path, capsys):
 
 def test_cli_log_every_sets_the_lines(base, tmp_path, capsys):
     data = str(write_jsonl(tmp_path / "pairs.jsonl", sevens(20, seed=11)))
-    assert main(["rm", "train", "--model", base, "--data", data, "--output", str(tmp_path / "rm"),
-                 "--batch-size", "2", "--eval-fraction", "0", "--log-every", "4"]) == 0
+    assert (
+        main(
+            [
+                "rm",
+                "train",
+                "--model",
+                base,
+                "--data",
+                data,
+                "--output",
+                str(tmp_path / "rm"),
+                "--batch-size",
+                "2",
+                "--eval-fraction",
+                "0",
+                "--log-every",
+                "4",
+            ]
+        )
+        == 0
+    )
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpo rm train: ")]
     assert [line.split()[4] for line in lines] == ["1/10", "4/10", "8/10", "10/10"]
 

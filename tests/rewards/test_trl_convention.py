@@ -6,7 +6,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 import grpo
 from grpo.errors import UserError
@@ -21,13 +20,26 @@ def specs(*names):
 def test_plain_prompts_get_text_completions_and_every_argument_by_keyword():
     trl.CALLS.clear()
     prompts, completions = ["a", "b"], ["x" * 18, "\\boxed{7}"]
-    result = score(specs("reward_len", "reward_func", "length_in_tokens", "curriculum"), prompts, completions,
-                   {"ground_truth": ["1", "7"]}, completion_ids=[[5, 6, 2], [7, 2]],
-                   trainer_state=SimpleNamespace(global_step=3, max_steps=12))
+    result = score(
+        specs("reward_len", "reward_func", "length_in_tokens", "curriculum"),
+        prompts,
+        completions,
+        {"ground_truth": ["1", "7"]},
+        completion_ids=[[5, 6, 2], [7, 2]],
+        trainer_state=SimpleNamespace(global_step=3, max_steps=12),
+    )
     per = {name.split(":")[1]: values.tolist() for name, values in result.per_function.items()}
-    assert per == {"reward_len": [-2.0, -11.0], "reward_func": [0.0, 1.0], "length_in_tokens": [3.0, 2.0], "curriculum": [0.25, 0.25]}
-    assert trl.CALLS[0] == {"fn": "reward_len", "completions": completions,
-                            "kwargs": ["completion_ids", "ground_truth", "prompts", "trainer_state"]}
+    assert per == {
+        "reward_len": [-2.0, -11.0],
+        "reward_func": [0.0, 1.0],
+        "length_in_tokens": [3.0, 2.0],
+        "curriculum": [0.25, 0.25],
+    }
+    assert trl.CALLS[0] == {
+        "fn": "reward_len",
+        "completions": completions,
+        "kwargs": ["completion_ids", "ground_truth", "prompts", "trainer_state"],
+    }
 
 
 def test_conversational_prompts_get_message_completions():
@@ -51,14 +63,24 @@ def test_a_run_calls_trl_style_rewards_with_token_ids_and_the_trainer_state(make
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     tokenizer.save_pretrained(model)
     data = tmp_path / "chat.jsonl"
-    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": p}], "ground_truth": "7"}) + "\n"
-                            for p in ["ab", "ba", "cab", "c"]))
-    rewards = [{"function": f"tests.rewards.trl_style_rewards:{n}"}
-               for n in ("format_reward_func", "length_in_tokens", "curriculum", "async_reward")]
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": p}], "ground_truth": "7"}) + "\n"
+            for p in ["ab", "ba", "cab", "c"]
+        )
+    )
+    rewards = [
+        {"function": f"tests.rewards.trl_style_rewards:{n}"}
+        for n in ("format_reward_func", "length_in_tokens", "curriculum", "async_reward")
+    ]
     trl.CALLS.clear()
-    config = make_config(model=str(model), data={"path": str(data)}, rewards=rewards,
-                         rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6, "min_new_tokens": 0},
-                         train={"steps": 3, "lr": 1e-3})
+    config = make_config(
+        model=str(model),
+        data={"path": str(data)},
+        rewards=rewards,
+        rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6, "min_new_tokens": 0},
+        train={"steps": 3, "lr": 1e-3},
+    )
     result = grpo.train(config, progress=False)
     assert len(result.metrics) == 3
     steps = [c for c in trl.CALLS if c["fn"] == "curriculum"]
@@ -90,15 +112,24 @@ def test_python_functions_are_rewards_in_a_config(make_config, tmp_path):
     {function: fn, weight: w}), named 'module:qualname' in the metrics and config.yaml."""
     import yaml
 
-    config = make_config(rewards=[trl.reward_len, {"function": lambda completions, **kw: [1.0] * len(completions), "weight": 0.5}],
-                         train={"steps": 2, "lr": 1e-3})
+    config = make_config(
+        rewards=[trl.reward_len, {"function": lambda completions, **kw: [1.0] * len(completions), "weight": 0.5}],
+        train={"steps": 2, "lr": 1e-3},
+    )
     result = grpo.train(config, progress=False)
     assert "reward/tests.rewards.trl_style_rewards:reward_len" in result.metrics[-1]
-    assert result.metrics[-1]["reward/tests.rewards.test_trl_convention:test_python_functions_are_rewards_in_a_config.<locals>.<lambda>"] == 1.0
+    assert (
+        result.metrics[-1][
+            "reward/tests.rewards.test_trl_convention:test_python_functions_are_rewards_in_a_config.<locals>.<lambda>"
+        ]
+        == 1.0
+    )
     written = yaml.safe_load((result.output_dir / "config.yaml").read_text())
     assert [r["function"] for r in written["rewards"]][0] == "tests.rewards.trl_style_rewards:reward_len"
-    isolated = make_config(rewards=[{"function": lambda completions, **kw: [0.0] * len(completions), "isolate": True}],
-                           output_dir=str(tmp_path / "isolated"))
+    isolated = make_config(
+        rewards=[{"function": lambda completions, **kw: [0.0] * len(completions), "isolate": True}],
+        output_dir=str(tmp_path / "isolated"),
+    )
     with pytest.raises(UserError, match="isolate"):
         grpo.train(isolated, progress=False)
 
@@ -106,8 +137,9 @@ def test_python_functions_are_rewards_in_a_config(make_config, tmp_path):
 def test_rewards_given_beside_the_config_replace_its_rewards(make_config):
     """grpo.train(config, rewards=[fn, ...]), as TRL's reward_funcs: the config's own rewards
     are not called."""
-    config = make_config(rewards=[{"function": lambda completions, **kw: [0.0] * len(completions)}],
-                         train={"steps": 1, "lr": 1e-3})
+    config = make_config(
+        rewards=[{"function": lambda completions, **kw: [0.0] * len(completions)}], train={"steps": 1, "lr": 1e-3}
+    )
     result = grpo.train(config, progress=False, rewards=[trl.reward_len, {"function": "r1_format", "weight": 0.0}])
     names = {key for key in result.metrics[-1] if key.startswith("reward/")}
     assert "reward/tests.rewards.trl_style_rewards:reward_len" in names

@@ -22,9 +22,16 @@ LLAMA = tiny_llama(TOKENIZER, hidden_size=32, max_positions=64).eval()
 
 
 def gpt2(tokenizer=TOKENIZER, positions=32):
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=positions, n_embd=32, n_layer=1, n_head=2,
-                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=positions,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval()
 
@@ -95,9 +102,15 @@ def test_no_limit_samples_what_generate_samples():
     enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     torch.manual_seed(0)
     expected = LLAMA.generate(
-        input_ids=enc["input_ids"].repeat_interleave(G, 0), attention_mask=enc["attention_mask"].repeat_interleave(G, 0),
-        generation_config=GenerationConfig(do_sample=True, top_k=0, max_new_tokens=NEW, pad_token_id=tokenizer.pad_token_id,
-                                           eos_token_id=tokenizer.eos_token_id),
+        input_ids=enc["input_ids"].repeat_interleave(G, 0),
+        attention_mask=enc["attention_mask"].repeat_interleave(G, 0),
+        generation_config=GenerationConfig(
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=NEW,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
     )
     assert torch.equal(unlimited.input_ids, expected)
     for rollout in (roomy, fast):
@@ -109,7 +122,10 @@ def test_no_limit_samples_what_generate_samples():
 
 @pytest.mark.parametrize(
     "config",
-    [LlamaConfig(max_position_embeddings=32, hidden_size=32, num_attention_heads=2), GPT2Config(n_positions=32, n_embd=32, n_head=2)],
+    [
+        LlamaConfig(max_position_embeddings=32, hidden_size=32, num_attention_heads=2),
+        GPT2Config(n_positions=32, n_embd=32, n_head=2),
+    ],
     ids=["llama", "gpt2"],
 )
 def test_check_context_says_which_numbers_do_not_fit(config):
@@ -121,7 +137,9 @@ def test_check_context_says_which_numbers_do_not_fit(config):
     assert str(err.value) == (
         "rollout.max_prompt_length (25) + rollout.max_new_tokens (8) = 33 tokens exceed the model's 32 positions (lower either)"
     )
-    with pytest.raises(UserError, match=r"^eval\.max_prompt_length \(1\) \+ eval\.max_new_tokens \(32\) = 33 tokens exceed"):
+    with pytest.raises(
+        UserError, match=r"^eval\.max_prompt_length \(1\) \+ eval\.max_new_tokens \(32\) = 33 tokens exceed"
+    ):
         check_context(config, 1, 32, key="eval")
 
 
@@ -143,10 +161,14 @@ def test_a_prompt_too_long_for_the_model_is_one_line_before_decoding(model):
         f"model's {positions} positions; set rollout.max_prompt_length (at most {positions - NEW}) to keep each prompt's last tokens"
     )
     sample(["ab", prompt[: positions - NEW]], model=model)  # the longest that fits
-    with pytest.raises(UserError, match=r"^rollout\.max_prompt_length \(60\) \+ rollout\.max_new_tokens \(6\) = 66 tokens exceed"):
+    with pytest.raises(
+        UserError, match=r"^rollout\.max_prompt_length \(60\) \+ rollout\.max_new_tokens \(6\) = 66 tokens exceed"
+    ):
         sample([prompt], model=model, max_prompt_length=60)  # a limit that does not fit either
     with pytest.raises(UserError, match=rf"; rollout\.max_new_tokens must be below {positions}$"):
-        Sampler(TOKENIZER, prompt_column="prompt", group_size=G, max_new_tokens=positions).sample(model, [{"prompt": "ab"}])
+        Sampler(TOKENIZER, prompt_column="prompt", group_size=G, max_new_tokens=positions).sample(
+            model, [{"prompt": "ab"}]
+        )
 
 
 def test_gpt2_samples_prompts_longer_than_its_positions_once_cut():

@@ -26,11 +26,25 @@ EOS = TOKENIZER.eos_token_id
 ROWS = [{"prompt": p} for p in ["a", "bc1", "cab 7", "9"]]
 # Every sampling option a run can set, alone and together, and chunked sampling.
 OPTIONS = [
-    {}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.8, "min_new_tokens": 3}, {"batch_size": 6},
-    {"min_p": 0.3, "temperature": 1.5}, {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6, "batch_size": 6},
+    {},
+    {"temperature": 0.7, "top_k": 5},
+    {"top_p": 0.8, "min_new_tokens": 3},
+    {"batch_size": 6},
+    {"min_p": 0.3, "temperature": 1.5},
+    {"repetition_penalty": 1.8},
+    {"repetition_penalty": 0.6, "batch_size": 6},
     {"temperature": 1.4, "top_k": 4, "top_p": 0.9, "min_p": 0.2, "repetition_penalty": 1.5, "min_new_tokens": 3},
 ]
-OPTION_IDS = ["plain", "temperature-top-k", "top-p-min-new", "chunks", "min-p", "repetition", "repetition-below-1", "all"]
+OPTION_IDS = [
+    "plain",
+    "temperature-top-k",
+    "top-p-min-new",
+    "chunks",
+    "min-p",
+    "repetition",
+    "repetition-below-1",
+    "all",
+]
 
 
 def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
@@ -42,9 +56,18 @@ def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     }[kind]
     config = config_class(
-        vocab_size=len(TOKENIZER), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=128, initializer_range=init, tie_word_embeddings=False,
-        pad_token_id=TOKENIZER.pad_token_id, bos_token_id=TOKENIZER.bos_token_id, eos_token_id=EOS,
+        vocab_size=len(TOKENIZER),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=128,
+        initializer_range=init,
+        tie_word_embeddings=False,
+        pad_token_id=TOKENIZER.pad_token_id,
+        bos_token_id=TOKENIZER.bos_token_id,
+        eos_token_id=EOS,
     )
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -60,7 +83,9 @@ def sample_both(model, seed=1, **options):
     """Sample ROWS with each backend from the same seed; also one draw from the stream after."""
     out = {}
     for backend in ("hf", "fast"):
-        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options)
+        sampler = Sampler(
+            TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options
+        )
         assert sampler.uses_fast(model, 5) == (backend == "fast")
         torch.manual_seed(seed)
         rollout = sampler.sample(model, ROWS)
@@ -113,11 +138,25 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
         valid = full_mask.bool()
         causal = torch.ones(p, p, dtype=torch.bool).tril()
         prefill_mask = (causal & (valid[:, None, :p] | torch.eye(p, dtype=torch.bool)))[:, None]
-        got = [fast._forward(w, ids, cos[positions[:, :p]][:, None], sin[positions[:, :p]][:, None], cache, 0, prefill_mask)]
+        got = [
+            fast._forward(
+                w, ids, cos[positions[:, :p]][:, None], sin[positions[:, :p]][:, None], cache, 0, prefill_mask
+            )
+        ]
         for t in range(extra.shape[1]):
             at = p + t
             pos = positions[:, at]
-            got.append(fast._forward(w, full_ids[:, at : at + 1], cos[pos][:, None, None], sin[pos][:, None, None], cache, at, valid[:, None, None, : at + 1]))
+            got.append(
+                fast._forward(
+                    w,
+                    full_ids[:, at : at + 1],
+                    cos[pos][:, None, None],
+                    sin[pos][:, None, None],
+                    cache,
+                    at,
+                    valid[:, None, None, : at + 1],
+                )
+            )
     torch.testing.assert_close(torch.stack(got, 1), expected[:, p - 1 :], rtol=1e-5, atol=1e-5)
 
 
@@ -152,7 +191,9 @@ def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):
     """Whole steps: the same samples, rewards, losses and KL with the fast loop as with generate."""
     runs = {
         backend: grpo.train(
-            make_config(output_dir=str(tmp_path / backend), rollout={"sampler": backend}, train={"steps": 3, "lr": 1e-3}),
+            make_config(
+                output_dir=str(tmp_path / backend), rollout={"sampler": backend}, train={"steps": 3, "lr": 1e-3}
+            ),
             progress=False,
         ).metrics
         for backend in ("hf", "fast")
@@ -192,8 +233,15 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
             return out.sequences
 
         monkeypatch.setattr(model, "generate", recording)
-    sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend,
-                      temperature=0.8, repetition_penalty=penalty)
+    sampler = Sampler(
+        TOKENIZER,
+        prompt_column="prompt",
+        group_size=4,
+        max_new_tokens=12,
+        backend=backend,
+        temperature=0.8,
+        repetition_penalty=penalty,
+    )
     torch.manual_seed(1)
     rollout = sampler.sample(model, ROWS)
     drawn = torch.stack(steps, 1).log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, T)
@@ -214,8 +262,15 @@ def test_seeded_prompts_draw_the_same_completions_whatever_is_sampled_beside_the
     seeds = [11, 22, 33, 44]
 
     def sample(rows, row_seeds, batch_size=0):
-        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=3, max_new_tokens=10, backend=backend,
-                          batch_size=batch_size, temperature=1.3)
+        sampler = Sampler(
+            TOKENIZER,
+            prompt_column="prompt",
+            group_size=3,
+            max_new_tokens=10,
+            backend=backend,
+            batch_size=batch_size,
+            temperature=1.3,
+        )
         torch.manual_seed(123)
         rollout = sampler.sample(model, rows, row_seeds)
         after = torch.rand(2)
@@ -258,7 +313,9 @@ def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **opti
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fast, "COMPACT_AT", compact_at)
         mp.setattr(fast, "_draw", recording_draws(draws, fill=0.0))
-        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options)
+        sampler = Sampler(
+            TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options
+        )
         torch.manual_seed(1)
         rollout = sampler.sample(model, ROWS, seeds)
     return rollout, draws, torch.rand(3)
@@ -291,8 +348,11 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
     assert (lengths <= lengths.max() / 2).sum() >= len(lengths) // 4
     assert len(set(hf[0].completions)) > len(ROWS)
     for compact_at in (0.0, fast.COMPACT_AT, 1.0):
-        assert_same_samples(sample_compacting(model, compact_at=compact_at, **options), every_row,
-                            compare_draws="batch_size" not in options)
+        assert_same_samples(
+            sample_compacting(model, compact_at=compact_at, **options),
+            every_row,
+            compare_draws="batch_size" not in options,
+        )
 
 
 @pytest.mark.parametrize("seeds", [None, [11, 22, 33, 44]])
@@ -385,15 +445,22 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
     counts = [3, 5, 4]
     probs = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 3, -1)
     patterns = [list(range(n)), [0], [n - 1], [2, 3, 4, 9], [1, 5, 6, 7, 11], [4]]
-    patterns += [torch.randperm(n, generator=torch.Generator().manual_seed(s))[: 1 + s % n].sort().values.tolist() for s in range(8)]
+    patterns += [
+        torch.randperm(n, generator=torch.Generator().manual_seed(s))[: 1 + s % n].sort().values.tolist()
+        for s in range(8)
+    ]
     for rows in patterns:
         rows = torch.tensor(rows)
         if seeded:
             gens, expected_gens = ([torch.Generator().manual_seed(7 + i) for i in range(3)] for _ in range(2))
             starts = [0, 3, 8, 12]  # counts 3, 5, 4
             got = fast._draw(probs[rows], rows, list(zip(starts, starts[1:], gens)))
-            expected = torch.cat([torch.multinomial(part, 1, generator=g).squeeze(1)
-                                  for part, g in zip(probs.split(counts), expected_gens)])[rows]
+            expected = torch.cat(
+                [
+                    torch.multinomial(part, 1, generator=g).squeeze(1)
+                    for part, g in zip(probs.split(counts), expected_gens)
+                ]
+            )[rows]
             assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(gens, expected_gens))
         else:
             torch.manual_seed(3)

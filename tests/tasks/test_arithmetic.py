@@ -43,9 +43,7 @@ def _rewards(prompt, completion, answer):
 
 
 def test_solution_format_by_hand():
-    assert problem_for(47, 85) == Problem(
-        a=47, b=85, prompt="47+85=", answer="132", solution="7+5+0=12;4+8+1=13>132"
-    )
+    assert problem_for(47, 85) == Problem(a=47, b=85, prompt="47+85=", answer="132", solution="7+5+0=12;4+8+1=13>132")
     assert problem_for(30, 41).solution == "0+1+0=01;3+4+0=07>71"  # fixed width: '=01'
     assert problem_for(99, 1).solution == "9+1+0=10;9+0+1=10>100"  # a short operand pads with 0
     assert problem_for(0, 0).solution == "0+0+0=00>0"
@@ -127,7 +125,14 @@ def test_parse_prompt_round_trip(a, b):
 @pytest.mark.parametrize(
     "prompt",
     [
-        "", "47+85", "47-85=", "+85=", "47+=", "47+85=1", " 47+85=", "47 + 85 =",
+        "",
+        "47+85",
+        "47-85=",
+        "+85=",
+        "47+=",
+        "47+85=1",
+        " 47+85=",
+        "47 + 85 =",
         "٤٧+٨٥=",  # other scripts' digits
         "1" * 1001 + "+1=",  # past MAX_DIGITS: int() would near Python's 4300-digit limit
     ],
@@ -146,88 +151,165 @@ PROMPT, ANSWER = "47+85=", "132"
     [
         pytest.param(
             "7+5+0=12;4+8+1=13>132",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], "132", 1.0, 1.0,
-            [(8, 1.0), (17, 1.0), (21, 1.0)], id="right",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            "132",
+            1.0,
+            1.0,
+            [(8, 1.0), (17, 1.0), (21, 1.0)],
+            id="right",
         ),
         pytest.param(  # the tens column forgets the carry: wrong there and in the answer
             "7+5+0=12;4+8+0=12>122",
-            [(8, "7+5+0=12"), (17, "4+8+0=12")], "122", 0.0, 1.0,
-            [(8, 1.0), (17, 0.0), (21, 0.0)], id="wrong-carry-in",
+            [(8, "7+5+0=12"), (17, "4+8+0=12")],
+            "122",
+            0.0,
+            1.0,
+            [(8, 1.0), (17, 0.0), (21, 0.0)],
+            id="wrong-carry-in",
         ),
         pytest.param(  # the ones column drops its carry out; the tens step is still right
             "7+5+0=02;4+8+1=13>132",
-            [(8, "7+5+0=02"), (17, "4+8+1=13")], "132", 1.0, 1.0,
-            [(8, 0.0), (17, 1.0), (21, 1.0)], id="wrong-carry-out",
+            [(8, "7+5+0=02"), (17, "4+8+1=13")],
+            "132",
+            1.0,
+            1.0,
+            [(8, 0.0), (17, 1.0), (21, 1.0)],
+            id="wrong-carry-out",
         ),
         pytest.param(  # a wrong sum digit
             "7+5+0=13;4+8+1=13>133",
-            [(8, "7+5+0=13"), (17, "4+8+1=13")], "133", 0.0, 1.0,
-            [(8, 0.0), (17, 1.0), (21, 0.0)], id="wrong-sum-digit",
+            [(8, "7+5+0=13"), (17, "4+8+1=13")],
+            "133",
+            0.0,
+            1.0,
+            [(8, 0.0), (17, 1.0), (21, 0.0)],
+            id="wrong-sum-digit",
         ),
         pytest.param(  # arithmetically right, but not this problem's ones column
             "7+6+0=13;4+8+1=13>133",
-            [(8, "7+6+0=13"), (17, "4+8+1=13")], "133", 0.0, 1.0,
-            [(8, 0.0), (17, 1.0), (21, 0.0)], id="wrong-operand-digit",
+            [(8, "7+6+0=13"), (17, "4+8+1=13")],
+            "133",
+            0.0,
+            1.0,
+            [(8, 0.0), (17, 1.0), (21, 0.0)],
+            id="wrong-operand-digit",
         ),
         pytest.param(  # right steps, wrong final answer
             "7+5+0=12;4+8+1=13>123",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], "123", 0.0, 1.0,
-            [(8, 1.0), (17, 1.0), (21, 0.0)], id="wrong-answer",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            "123",
+            0.0,
+            1.0,
+            [(8, 1.0), (17, 1.0), (21, 0.0)],
+            id="wrong-answer",
         ),
         pytest.param(  # the tens step skipped: the answer is right but out of place
             "7+5+0=12>132",
-            [(8, "7+5+0=12")], "132", 1.0, 1.0,
-            [(8, 1.0), (12, 0.0)], id="missing-last-step",
+            [(8, "7+5+0=12")],
+            "132",
+            1.0,
+            1.0,
+            [(8, 1.0), (12, 0.0)],
+            id="missing-last-step",
         ),
         pytest.param(  # the ones step skipped: the tens step sits where the ones step goes
             "4+8+1=13>132",
-            [(8, "4+8+1=13")], "132", 1.0, 1.0,
-            [(8, 0.0), (12, 0.0)], id="missing-first-step",
+            [(8, "4+8+1=13")],
+            "132",
+            1.0,
+            1.0,
+            [(8, 0.0), (12, 0.0)],
+            id="missing-first-step",
         ),
         pytest.param(  # an extra step: it and the answer after it are out of place
             "7+5+0=12;4+8+1=13;0+0+1=01>132",
-            [(8, "7+5+0=12"), (17, "4+8+1=13"), (26, "0+0+1=01")], "132", 1.0, 1.0,
-            [(8, 1.0), (17, 1.0), (26, 0.0), (30, 0.0)], id="extra-step",
+            [(8, "7+5+0=12"), (17, "4+8+1=13"), (26, "0+0+1=01")],
+            "132",
+            1.0,
+            1.0,
+            [(8, 1.0), (17, 1.0), (26, 0.0), (30, 0.0)],
+            id="extra-step",
         ),
         pytest.param(  # text after the answer makes it malformed
             "7+5+0=12;4+8+1=13>132;",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], None, 0.0, 0.0,
-            [(8, 1.0), (17, 1.0), (22, 0.0)], id="trailing-text",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            None,
+            0.0,
+            0.0,
+            [(8, 1.0), (17, 1.0), (22, 0.0)],
+            id="trailing-text",
         ),
         pytest.param(
             "7+5+0=12;4+8+1=13>132>132",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], None, 0.0, 0.0,
-            [(8, 1.0), (17, 1.0), (25, 0.0)], id="second-answer",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            None,
+            0.0,
+            0.0,
+            [(8, 1.0), (17, 1.0), (25, 0.0)],
+            id="second-answer",
         ),
         pytest.param(  # truncated mid-step: no answer, and the answer entry says so
             "7+5+0=12;4+8",
-            [(8, "7+5+0=12"), (12, "4+8")], None, 0.0, 0.0,
-            [(8, 1.0), (12, 0.0), (12, 0.0)], id="truncated",
+            [(8, "7+5+0=12"), (12, "4+8")],
+            None,
+            0.0,
+            0.0,
+            [(8, 1.0), (12, 0.0), (12, 0.0)],
+            id="truncated",
         ),
         pytest.param(  # all the steps right but stopped before the answer: not a full score
             "7+5+0=12;4+8+1=13",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], None, 0.0, 0.0,
-            [(8, 1.0), (17, 1.0), (17, 0.0)], id="no-answer",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            None,
+            0.0,
+            0.0,
+            [(8, 1.0), (17, 1.0), (17, 0.0)],
+            id="no-answer",
         ),
         pytest.param(
-            "", [], None, 0.0, 0.0, [(0, 0.0)], id="empty",
+            "",
+            [],
+            None,
+            0.0,
+            0.0,
+            [(0, 0.0)],
+            id="empty",
         ),
         pytest.param(  # an answer with no steps
-            ">132", [], "132", 1.0, 0.0, [(4, 0.0)], id="answer-only",
+            ">132",
+            [],
+            "132",
+            1.0,
+            0.0,
+            [(4, 0.0)],
+            id="answer-only",
         ),
         pytest.param(  # empty pieces are not steps
-            "9;;+=>>", [(1, "9"), (5, "+=")], None, 0.0, 0.0,
-            [(1, 0.0), (5, 0.0), (7, 0.0)], id="garbage",
+            "9;;+=>>",
+            [(1, "9"), (5, "+=")],
+            None,
+            0.0,
+            0.0,
+            [(1, 0.0), (5, 0.0), (7, 0.0)],
+            id="garbage",
         ),
         pytest.param(  # the step padded its sum with a space: not a step of this task
             "7+5+0=12;4+8+1= 13>132",
-            [(8, "7+5+0=12"), (18, "4+8+1= 13")], "132", 1.0, 0.0,
-            [(8, 1.0), (18, 0.0), (22, 1.0)], id="space-in-step",
+            [(8, "7+5+0=12"), (18, "4+8+1= 13")],
+            "132",
+            1.0,
+            0.0,
+            [(8, 1.0), (18, 0.0), (22, 1.0)],
+            id="space-in-step",
         ),
         pytest.param(  # digits of another script are not digits here
             "7+5+0=12;4+8+1=13>١٣٢",
-            [(8, "7+5+0=12"), (17, "4+8+1=13")], None, 0.0, 0.0,
-            [(8, 1.0), (17, 1.0), (21, 0.0)], id="non-ascii-digits",
+            [(8, "7+5+0=12"), (17, "4+8+1=13")],
+            None,
+            0.0,
+            0.0,
+            [(8, 1.0), (17, 1.0), (21, 0.0)],
+            id="non-ascii-digits",
         ),
     ],
 )
@@ -250,22 +332,24 @@ def test_correctness_reward_references():
     right, wrong = "7+5+0=12;4+8+1=13>132", "7+5+0=12;4+8+1=13>131"
     prompts = [PROMPT] * 3
     assert correctness_reward(prompts, [right, wrong, right], answer=["132", "132", None]) == [
-        1.0, 0.0, None,  # a row without a reference cannot be scored
+        1.0,
+        0.0,
+        None,  # a row without a reference cannot be scored
     ]
     assert correctness_reward([PROMPT], [right], answer=[132]) == [1.0]  # a number column
     assert correctness_reward([PROMPT], [right], answer=["999"]) == [0.0]  # the column wins
     # no answer column: the prompt is the reference; an unparsable prompt cannot be scored
     assert correctness_reward([PROMPT, PROMPT, "47 plus 85"], [right, wrong, right]) == [
-        1.0, 0.0, None,
+        1.0,
+        0.0,
+        None,
     ]
     with pytest.raises(ValueError):  # a column that does not match the batch is a bug
         correctness_reward([PROMPT] * 2, [right, right], answer=["132"])
 
 
 def test_step_reward_needs_a_parsable_prompt():
-    assert step_reward(["what is 47+85?"], ["7+5+0=12;4+8+1=13>132"]) == [
-        [(8, 0.0), (17, 0.0), (21, 0.0)]
-    ]
+    assert step_reward(["what is 47+85?"], ["7+5+0=12;4+8+1=13>132"]) == [[(8, 0.0), (17, 0.0), (21, 0.0)]]
 
 
 def test_step_reward_batch_and_other_widths():

@@ -21,7 +21,12 @@ def test_the_builtin_task_is_a_spec_like_a_users():
     assert load_task("arithmetic") is load_task("grpo.tasks.arithmetic:task") is arithmetic.task
     task = arithmetic.task
     assert (task.verifier, task.extract_answer, task.rows, task.step_verifier, task.threshold) == (
-        arithmetic.correctness_reward, arithmetic.extract_answer, arithmetic.make_rows, arithmetic.step_reward, 0.5)
+        arithmetic.correctness_reward,
+        arithmetic.extract_answer,
+        arithmetic.make_rows,
+        arithmetic.step_reward,
+        0.5,
+    )
     assert task.make_rows(3, seed=5) == arithmetic.make_rows(3, seed=5)
 
 
@@ -35,23 +40,41 @@ def test_a_users_task_by_object_or_by_function():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("arithmetc", "unknown task 'arithmetc'; did you mean 'arithmetic'? (built-ins: arithmetic, reasoning_gym; "
-                      "or give 'pkg.module:name')"),
+        (
+            "arithmetc",
+            "unknown task 'arithmetc'; did you mean 'arithmetic'? (built-ins: arithmetic, reasoning_gym; "
+            "or give 'pkg.module:name')",
+        ),
         ("algebra", "unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
-        ("tests.tasks.no_such_module:task", "task 'tests.tasks.no_such_module:task': cannot import module "
-                                            "'tests.tasks.no_such_module' (No module named 'tests.tasks.no_such_module')"),
-        ("tests.tasks.user_task:nope", "task 'tests.tasks.user_task:nope': module 'tests.tasks.user_task' "
-                                       "has no attribute 'nope'"),
+        (
+            "tests.tasks.no_such_module:task",
+            "task 'tests.tasks.no_such_module:task': cannot import module "
+            "'tests.tasks.no_such_module' (No module named 'tests.tasks.no_such_module')",
+        ),
+        (
+            "tests.tasks.user_task:nope",
+            "task 'tests.tasks.user_task:nope': module 'tests.tasks.user_task' has no attribute 'nope'",
+        ),
         ("tests.tasks.user_task:", "task 'tests.tasks.user_task:': expected 'pkg.module:name'"),
         (":task", "task ':task': expected 'pkg.module:name'"),
-        ("tests.tasks.user_task:not_a_task", "task 'tests.tasks.user_task:not_a_task': 'not_a_task' is not a "
-                                             "grpo.tasks.Task or a function that returns one (it is a int)"),
-        ("tests.tasks.user_task:Task", "task 'tests.tasks.user_task:Task': 'Task' is not a grpo.tasks.Task "
-                                       "or a function that returns one (it is a class)"),
-        ("tests.tasks.user_task:returns_a_dict", "task 'tests.tasks.user_task:returns_a_dict': returns_a_dict() "
-                                                 "returned a dict, not a grpo.tasks.Task"),
-        ("tests.tasks.user_task:raises", "task 'tests.tasks.user_task:raises': calling 'raises' raised "
-                                         "RuntimeError: no config for this task"),
+        (
+            "tests.tasks.user_task:not_a_task",
+            "task 'tests.tasks.user_task:not_a_task': 'not_a_task' is not a "
+            "grpo.tasks.Task or a function that returns one (it is a int)",
+        ),
+        (
+            "tests.tasks.user_task:Task",
+            "task 'tests.tasks.user_task:Task': 'Task' is not a grpo.tasks.Task "
+            "or a function that returns one (it is a class)",
+        ),
+        (
+            "tests.tasks.user_task:returns_a_dict",
+            "task 'tests.tasks.user_task:returns_a_dict': returns_a_dict() returned a dict, not a grpo.tasks.Task",
+        ),
+        (
+            "tests.tasks.user_task:raises",
+            "task 'tests.tasks.user_task:raises': calling 'raises' raised RuntimeError: no config for this task",
+        ),
         (3, "task 3: expected a built-in name or 'pkg.module:name', got a int"),
     ],
 )
@@ -80,9 +103,20 @@ def test_rows_are_checked():
     assert message == "task 'avoid (verify only)' generates no rows (it has no rows function); give data rows"
     message = one_line_error(user_task.task_with_bad_rows.make_rows, 2, seed=0)
     assert message == "task 'bad rows': row 0 is 'abc', not a dict with a 'prompt'"
-    short = Task(name="short", verifier=user_task.verify, extract_answer=user_task.extract,
-                 rows=lambda n, seed: user_task.rows(n - 1, seed=seed))
-    assert one_line_error(short.make_rows, 3, seed=0) == "task 'short': rows(3, seed=0) returned 2 rows, not a list of 3 rows"
-    broken = Task(name="broken", verifier=user_task.verify, extract_answer=user_task.extract,
-                  rows=lambda n: user_task.rows(n, seed=0))
+    short = Task(
+        name="short",
+        verifier=user_task.verify,
+        extract_answer=user_task.extract,
+        rows=lambda n, seed: user_task.rows(n - 1, seed=seed),
+    )
+    assert (
+        one_line_error(short.make_rows, 3, seed=0)
+        == "task 'short': rows(3, seed=0) returned 2 rows, not a list of 3 rows"
+    )
+    broken = Task(
+        name="broken",
+        verifier=user_task.verify,
+        extract_answer=user_task.extract,
+        rows=lambda n: user_task.rows(n, seed=0),
+    )
     assert one_line_error(broken.make_rows, 3, seed=0).startswith("task 'broken': rows(3, seed=0) raised TypeError: ")

@@ -88,10 +88,18 @@ def test_rows_of_other_data_cannot_be_scored():
 
 def test_options_in_the_spec_and_in_task_options_are_the_same_and_shape_the_rows():
     by_spec = load_rows("reasoning_gym:chain_sum?size=16&seed=2&min_digits=3&max_digits=3&max_terms=2")
-    by_config = load_rows("reasoning_gym:chain_sum?size=16&seed=2", task_options={"min_digits": 3, "max_digits": 3, "max_terms": 2})
+    by_config = load_rows(
+        "reasoning_gym:chain_sum?size=16&seed=2", task_options={"min_digits": 3, "max_digits": 3, "max_terms": 2}
+    )
     assert by_spec == by_config
     assert all(row["metadata"]["num_digits"] == 3 and row["metadata"]["num_terms"] == 2 for row in by_spec)
-    assert by_spec[0]["reasoning_gym_options"] == {"min_digits": 3, "max_digits": 3, "max_terms": 2, "size": 16, "seed": 2}
+    assert by_spec[0]["reasoning_gym_options"] == {
+        "min_digits": 3,
+        "max_digits": 3,
+        "max_terms": 2,
+        "size": 16,
+        "seed": 2,
+    }
     assert scores(by_spec, [row["answer"] for row in by_spec]) == [1.0] * 16
 
 
@@ -113,7 +121,11 @@ def test_defaults_are_documented_ones():
 @pytest.mark.parametrize(
     "spec, options, message",
     [
-        ("reasoning_gym:chain_sun", None, "data.path: reasoning-gym has no task 'chain_sun'; close names: chain_sum, decimal_chain_sum"),
+        (
+            "reasoning_gym:chain_sun",
+            None,
+            "data.path: reasoning-gym has no task 'chain_sun'; close names: chain_sum, decimal_chain_sum",
+        ),
         ("reasoning_gym:", None, "data.path: 'reasoning_gym:' names no task; expected 'reasoning_gym:NAME'"),
         ("reasoning_gym:qqqqqq", None, "data.path: reasoning-gym has no task 'qqqqqq' (tasks: ab, acre, "),
         ("reasoning_gym:chain_sum?size=0", None, "size must be a positive integer, got 0"),
@@ -123,14 +135,34 @@ def test_defaults_are_documented_ones():
         ("reasoning_gym:chain_sum?size", None, "expected KEY=VALUE after '?', got 'size'"),
         ("reasoning_gym:chain_sum?seed=1&seed=2", None, "'seed' is given twice"),
         ("reasoning_gym:chain_sum?format=chatt", None, "format must be text or chat, got 'chatt'"),
-        ("reasoning_gym:chain_sum?min_digit=2", None, "task 'chain_sum' has no option 'min_digit' (did you mean 'min_digits'? "
-                                                      "options: min_terms, max_terms, min_digits, max_digits, allow_negation)"),
-        ("reasoning_gym:chain_sum?min_digits=0", None, "task 'chain_sum' rejects the options {'min_digits': 0, 'size': 500, "
-                                                       "'seed': 0} (min_digits must be positive)"),
+        (
+            "reasoning_gym:chain_sum?min_digit=2",
+            None,
+            "task 'chain_sum' has no option 'min_digit' (did you mean 'min_digits'? "
+            "options: min_terms, max_terms, min_digits, max_digits, allow_negation)",
+        ),
+        (
+            "reasoning_gym:chain_sum?min_digits=0",
+            None,
+            "task 'chain_sum' rejects the options {'min_digits': 0, 'size': 500, "
+            "'seed': 0} (min_digits must be positive)",
+        ),
         ("reasoning_gym:chain_sum", {"min_digit": 2}, "data.task_options: task 'chain_sum' has no option 'min_digit'"),
-        ("reasoning_gym:chain_sum", {"seed": 2}, "data.task_options: 'seed' belongs in data.path: 'reasoning_gym:chain_sum?seed=...'"),
-        ("reasoning_gym:chain_sum?min_digits=2", {"min_digits": 2}, "data.task_options: 'min_digits' is also given in data.path"),
-        ("prompts.jsonl", {"min_digits": 2}, "data.task_options: only a 'reasoning_gym:NAME' data.path takes task options"),
+        (
+            "reasoning_gym:chain_sum",
+            {"seed": 2},
+            "data.task_options: 'seed' belongs in data.path: 'reasoning_gym:chain_sum?seed=...'",
+        ),
+        (
+            "reasoning_gym:chain_sum?min_digits=2",
+            {"min_digits": 2},
+            "data.task_options: 'min_digits' is also given in data.path",
+        ),
+        (
+            "prompts.jsonl",
+            {"min_digits": 2},
+            "data.task_options: only a 'reasoning_gym:NAME' data.path takes task options",
+        ),
     ],
 )
 def test_mistakes_are_one_line(spec, options, message):
@@ -147,7 +179,8 @@ def test_without_the_package_the_error_names_the_extra(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_gym)
     assert one_line(load_rows, "reasoning_gym:chain_sum") == (
-        "reasoning_gym: needs the reasoning-gym package: pip install 'grpo[gym]'")
+        "reasoning_gym: needs the reasoning-gym package: pip install 'grpo[gym]'"
+    )
 
 
 def test_the_builtin_reward_and_task_are_these():
@@ -157,21 +190,27 @@ def test_the_builtin_reward_and_task_are_these():
     task = load_task("reasoning_gym")
     assert task is gym.task and task.verifier is gym.reward and task.threshold == 1.0
     # The votes of maj@k: what the reward scores, None for nothing.
-    assert [task.extract_answer(c) for c in ["<answer> 42 </answer>", " 42\n", "a <answer>1</answer> <answer>7</answer>", "  "]] == [
-        "42", "42", "7", None]
+    assert [
+        task.extract_answer(c)
+        for c in ["<answer> 42 </answer>", " 42\n", "a <answer>1</answer> <answer>7</answer>", "  "]
+    ] == ["42", "42", "7", None]
 
 
 # ---- wherever a data path goes -----------------------------------------------------------------
 
 
 def test_the_config_takes_task_options_and_compare_aligns_them(make_config):
-    config = config_from_dict(make_config(data={"path": "reasoning_gym:chain_sum?size=8"}),
-                              ["data.task_options.min_digits=2", "data.task_options.allow_negation=true"])
+    config = config_from_dict(
+        make_config(data={"path": "reasoning_gym:chain_sum?size=8"}),
+        ["data.task_options.min_digits=2", "data.task_options.allow_negation=true"],
+    )
     assert config.data.task_options == {"min_digits": 2, "allow_negation": True}
     with pytest.raises(UserError, match="data.task_options: expected a mapping, got 3"):
         config_from_dict(make_config(data={"path": "reasoning_gym:chain_sum", "task_options": 3}))
     a = config_to_dict(config)
-    b, changed = aligned_configs(a, config_to_dict(config_from_dict(make_config(data={"path": "reasoning_gym:chain_sum?size=8"}))))
+    b, changed = aligned_configs(
+        a, config_to_dict(config_from_dict(make_config(data={"path": "reasoning_gym:chain_sum?size=8"})))
+    )
     assert b["data"]["task_options"] == {"min_digits": 2, "allow_negation": True}
     assert any(line.startswith("data.task_options") for line in changed)
 
@@ -179,10 +218,16 @@ def test_the_config_takes_task_options_and_compare_aligns_them(make_config):
 def test_eval_data_takes_the_spec_and_checks_it_with_the_tasks_scorer(tmp_path, capsys):
     assert data_task("reasoning_gym:basic_arithmetic?size=4&seed=1") is None  # not 'TASK:N'
     assert data_task("arithmetic:4") == ("arithmetic", "4")
-    model = str(save_tiny_model(tmp_path / "model", "0123456789+-*/=. abcdefghijklmnopqrstuvwxyz", hidden_size=32, layers=1, heads=2))
+    model = str(
+        save_tiny_model(
+            tmp_path / "model", "0123456789+-*/=. abcdefghijklmnopqrstuvwxyz", hidden_size=32, layers=1, heads=2
+        )
+    )
     out = tmp_path / "results.json"
     spec = "reasoning_gym:basic_arithmetic?size=3&seed=1"
-    code = main(["eval", "--model", model, "--data", spec, "--n", "2", "--max-new-tokens", "4", "--out", str(out), "--quiet"])
+    code = main(
+        ["eval", "--model", model, "--data", spec, "--n", "2", "--max-new-tokens", "4", "--out", str(out), "--quiet"]
+    )
     assert code == 0, capsys.readouterr().err
     results = json.loads(out.read_text())
     assert results["data"] == spec and results["prompts"] == 3
@@ -192,7 +237,9 @@ def test_eval_data_takes_the_spec_and_checks_it_with_the_tasks_scorer(tmp_path, 
     from grpo.eval.command import _verifier
     from argparse import Namespace
 
-    args = Namespace(data=spec, task=None, verifier=None, answer=None, answer_pattern=None, threshold=None, prompt_column="prompt")
+    args = Namespace(
+        data=spec, task=None, verifier=None, answer=None, answer_pattern=None, threshold=None, prompt_column="prompt"
+    )
     verifier = _verifier(args, rows, load_task)
     assert [verifier.check(f"<answer>{row['answer']}</answer>", row) for row in rows] == [True] * 3
     assert [verifier.check(row["answer"] + "1", row) for row in rows] == [False] * 3
@@ -202,10 +249,12 @@ def test_eval_data_takes_the_spec_and_checks_it_with_the_tasks_scorer(tmp_path, 
 
 def test_a_short_grpo_run_on_the_spec_with_the_reward(make_config, tmp_path):
     spec = "reasoning_gym:basic_arithmetic?size=16&seed=1"
-    config = make_config(data={"path": spec, "task_options": {"max_terms": 2, "max_digits": 1}},
-                         rewards=[{"function": "reasoning_gym"}],
-                         rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4, "min_new_tokens": 0},
-                         train={"steps": 2, "lr": 1e-3, "sample_every": 1})
+    config = make_config(
+        data={"path": spec, "task_options": {"max_terms": 2, "max_digits": 1}},
+        rewards=[{"function": "reasoning_gym"}],
+        rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4, "min_new_tokens": 0},
+        train={"steps": 2, "lr": 1e-3, "sample_every": 1},
+    )
     result = grpo.train(config, progress=False)
     assert len(result.metrics) == 2
     assert all(0.0 <= m["reward/reasoning_gym"] <= 1.0 for m in result.metrics)
@@ -220,12 +269,31 @@ def test_a_short_grpo_run_on_the_spec_with_the_reward(make_config, tmp_path):
 
 def test_sft_data_takes_the_spec_and_learns_its_answers(tmp_path, capsys):
     """grpo sft --data 'reasoning_gym:...' warms up on the task's answers as completions."""
-    model = str(save_tiny_model(tmp_path / "model", "0123456789+-*/=. abcdefghijklmnopqrstuvwxyz:S", hidden_size=32,
-                                layers=1, heads=2))
+    model = str(
+        save_tiny_model(
+            tmp_path / "model", "0123456789+-*/=. abcdefghijklmnopqrstuvwxyz:S", hidden_size=32, layers=1, heads=2
+        )
+    )
     spec = "reasoning_gym:chain_sum?size=16&seed=0&max_terms=2&max_digits=1"
     out = tmp_path / "warm"
-    code = main(["sft", "--model", model, "--data", spec, "--output", str(out), "--steps", "20", "--batch-size", "8",
-                 "--lr", "3e-3", "--quiet"])
+    code = main(
+        [
+            "sft",
+            "--model",
+            model,
+            "--data",
+            spec,
+            "--output",
+            str(out),
+            "--steps",
+            "20",
+            "--batch-size",
+            "8",
+            "--lr",
+            "3e-3",
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["rows"] == 16 and summary["steps"] == 20

@@ -58,8 +58,15 @@ def fixed_rollout(tokenizer, prompts, group_size, completions=COMPLETIONS):
         ids.append([pad] * (p_len - len(p)) + p + c + [pad] * (T_LEN - len(c)))
         attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (T_LEN - len(c)))
     attention = torch.tensor(attention)
-    return Rollout(input_ids=torch.tensor(ids), attention_mask=attention, completion_mask=attention[:, p_len:].float(),
-                   prompts=prompts, completions=completions, rows=[{"prompt": p} for p in prompts], group_size=group_size)
+    return Rollout(
+        input_ids=torch.tensor(ids),
+        attention_mask=attention,
+        completion_mask=attention[:, p_len:].float(),
+        prompts=prompts,
+        completions=completions,
+        rows=[{"prompt": p} for p in prompts],
+        group_size=group_size,
+    )
 
 
 class FixedSampler:
@@ -85,14 +92,28 @@ def named_grads(models):
 def engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epochs):
     """The engine as `build_engine` makes it, sampling the fixed rollout; its policy moved off
     the reference. Returns it, the rollout and plain copies: reference, policy (and critic)."""
-    c = config_from_dict(make_config(
-        algorithm,
-        rollout={"group_size": group_size, "prompts_per_step": len(prompts) // group_size,
-                 "max_new_tokens": T_LEN, "min_new_tokens": 0, "temperature": 1.0},
-        train={"steps": 1, "lr": LR, "epochs": epochs, "minibatches": 1, "micro_batch_size": 0,
-               "autocast": "off", "max_grad_norm": MAX_GRAD_NORM},
-        loss={"beta": BETA},
-    ))
+    c = config_from_dict(
+        make_config(
+            algorithm,
+            rollout={
+                "group_size": group_size,
+                "prompts_per_step": len(prompts) // group_size,
+                "max_new_tokens": T_LEN,
+                "min_new_tokens": 0,
+                "temperature": 1.0,
+            },
+            train={
+                "steps": 1,
+                "lr": LR,
+                "epochs": epochs,
+                "minibatches": 1,
+                "micro_batch_size": 0,
+                "autocast": "off",
+                "max_grad_norm": MAX_GRAD_NORM,
+            },
+            loss={"beta": BETA},
+        )
+    )
     e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)])
     rollout = fixed_rollout(e.tokenizer, prompts, group_size)
     e.sampler = FixedSampler(rollout)
@@ -108,7 +129,9 @@ def engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epoch
 def run_engine(e, rollout):
     """One train_step; the gradients each optimizer step was given ({name: grad} per model)."""
     seen = []
-    e.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks])))
+    e.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks]))
+    )
     metrics = train_step(e, rollout.rows[:: rollout.group_size]).metrics
     return metrics, seen
 
@@ -129,7 +152,9 @@ def plain_logprobs(model, b):
 
 def plain_values(critic, b):
     """(N, T) V(q, o_<t): the backbone's hidden state at position P-1+t, through the scalar head."""
-    hidden = critic.backbone(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=position_ids(b)).last_hidden_state
+    hidden = critic.backbone(
+        input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=position_ids(b)
+    ).last_hidden_state
     return critic.head(hidden[:, -T_LEN - 1 : -1]).squeeze(-1)
 
 
@@ -146,7 +171,9 @@ def clipped_surrogate(logprobs, old_logprobs, advantages):
 def plain_updates(models, loss_of_epoch, epochs):
     """`epochs` AdamW steps on the whole batch, each model's gradient clipped to MAX_GRAD_NORM.
     Returns the mean loss, the gradients each step was given, the policy's mean grad norm."""
-    optimizer = torch.optim.AdamW([p for m in models for p in m.parameters()], lr=LR, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        [p for m in models for p in m.parameters()], lr=LR, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=0.0
+    )
     losses, grads, norms = [], [], []
     for _ in range(epochs):
         loss = loss_of_epoch()
@@ -197,7 +224,10 @@ def plain_ppo(policy, critic, reference, b, scores, epochs, gamma=1.0, lam=0.95)
         values = plain_values(critic, b)
         clipped = old_values + torch.clamp(values - old_values, -CLIP, CLIP)
         value_loss = 0.5 * (torch.max((values - returns) ** 2, (clipped - returns) ** 2) * mask).sum() / mask.sum()
-        return seq_mean_token_mean(clipped_surrogate(plain_logprobs(policy, b), old_logprobs, advantages), mask) + value_loss
+        return (
+            seq_mean_token_mean(clipped_surrogate(plain_logprobs(policy, b), old_logprobs, advantages), mask)
+            + value_loss
+        )
 
     return plain_updates([policy, critic], loss, epochs)
 

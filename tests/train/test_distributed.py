@@ -32,7 +32,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 def torchrun(*args, nproc=2, timeout=300, env=None):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**ENV, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, env={**ENV, **(env or {})}, timeout=timeout
+    )
 
 
 def write_config(tmp_path, name, config):
@@ -71,7 +73,9 @@ def test_one_step_on_two_processes_equals_one_step_on_one(moved_policy, tiny_mod
         (weights_2, metrics_2), (weights_1, metrics_1) = two[case], one[case]
         assert set(weights_2) == set(weights_1), case
         start = AutoModelForCausalLM.from_pretrained(moved_policy).state_dict()
-        assert any(not torch.equal(weights_1[f"policy.{k}"], start[k]) for k in start), case  # the step moved the policy
+        assert any(not torch.equal(weights_1[f"policy.{k}"], start[k]) for k in start), (
+            case
+        )  # the step moved the policy
         for name in weights_1:
             torch.testing.assert_close(weights_2[name], weights_1[name], rtol=1e-5, atol=1e-6, msg=f"{case}: {name}")
         for key in metrics_1:
@@ -84,10 +88,15 @@ def two_process_run(tiny_model, prompts_file, tmp_path_factory):
     """40 steps of the learning test's GRPO run, in 2 processes."""
     tmp = tmp_path_factory.mktemp("two")
     config = {
-        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(tmp / "run"),
-        "data": {"path": prompts_file}, "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
+        "algorithm": "grpo",
+        "model": tiny_model,
+        "seed": 0,
+        "output_dir": str(tmp / "run"),
+        "data": {"path": prompts_file},
+        "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
         "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
-        "train": {"steps": 40, "lr": 1e-3, "sample_every": 10}, "loss": {"beta": 0.04},
+        "train": {"steps": 40, "lr": 1e-3, "sample_every": 10},
+        "loss": {"beta": 0.04},
     }
     path = write_config(tmp, "config", config)
     run = torchrun("-m", "grpo", "train", str(path), "--quiet")
@@ -107,7 +116,13 @@ def test_a_two_process_run_learns_and_saves_one_plain_model(two_process_run, tin
     assert json.loads((out / "final" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     initial = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in final.state_dict().items())
-    assert sorted(p.name for p in (out / "checkpoints" / "step-000040").iterdir()) == ["manifest.json", "rank-00000.pt", "rank-00001.pt", "shards", "state.pt"]
+    assert sorted(p.name for p in (out / "checkpoints" / "step-000040").iterdir()) == [
+        "manifest.json",
+        "rank-00000.pt",
+        "rank-00001.pt",
+        "shards",
+        "state.pt",
+    ]
 
 
 def free_port():
@@ -125,10 +140,33 @@ def test_two_nodes_through_c10d_rendezvous_run_the_same_program(two_process_run,
     endpoint = f"127.0.0.1:{free_port()}"
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node-rank", str(rank),
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "grpo-test",
-             "-m", "grpo", "train", str(path), "--quiet"],
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "grpo-test",
+                "-m",
+                "grpo",
+                "train",
+                str(path),
+                "--quiet",
+            ],
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank in (0, 1)
     ]
@@ -142,10 +180,15 @@ def test_two_nodes_through_c10d_rendezvous_run_the_same_program(two_process_run,
 def stop_and_go_config(tiny_model, prompts_file, output_dir, reward):
     """6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4."""
     return {
-        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(output_dir),
-        "data": {"path": prompts_file}, "rewards": [{"function": f"tests.train.rewards_for_tests:{reward}"}],
+        "algorithm": "grpo",
+        "model": tiny_model,
+        "seed": 0,
+        "output_dir": str(output_dir),
+        "data": {"path": prompts_file},
+        "rewards": [{"function": f"tests.train.rewards_for_tests:{reward}"}],
         "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
-        "train": {"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 2}, "loss": {"beta": 0.04},
+        "train": {"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 2},
+        "loss": {"beta": 0.04},
     }
 
 
@@ -158,9 +201,13 @@ def straight_two_process_run(tiny_model, prompts_file, tmp_path_factory):
     return results(tmp / "run")
 
 
-def test_a_killed_two_process_run_resumes_as_if_never_interrupted(straight_two_process_run, tiny_model, prompts_file, tmp_path):
+def test_a_killed_two_process_run_resumes_as_if_never_interrupted(
+    straight_two_process_run, tiny_model, prompts_file, tmp_path
+):
     # Every process SIGKILLs itself inside step 5 (its 5th reward call).
-    path = write_config(tmp_path, "killed", stop_and_go_config(tiny_model, prompts_file, tmp_path / "killed", "sevens_then_die"))
+    path = write_config(
+        tmp_path, "killed", stop_and_go_config(tiny_model, prompts_file, tmp_path / "killed", "sevens_then_die")
+    )
     killed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
     assert killed.returncode != 0
     assert [m["step"] for m in results(tmp_path / "killed")] == [1, 2, 3, 4]
@@ -170,7 +217,9 @@ def test_a_killed_two_process_run_resumes_as_if_never_interrupted(straight_two_p
     assert [m["iteration"] for m in results(tmp_path / "killed")] == [1, 1, 1, 2, 2, 2]
 
 
-def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(straight_two_process_run, tiny_model, prompts_file, tmp_path):
+def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(
+    straight_two_process_run, tiny_model, prompts_file, tmp_path
+):
     """Process 1's reward raises in step 3: every process stops (none waits in a collective),
     process 0 prints the one line, and they save step 2 together (a step the periodic
     checkpoints would not have kept: they are at 2 and 4, so this checks the save)."""
@@ -180,7 +229,9 @@ def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(straight_tw
     failed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_RAISE_AT": "3"}, timeout=120)
     assert failed.returncode != 0
     ours = [line for line in failed.stderr.splitlines() if line.startswith("grpo:")]
-    assert len(ours) == 1 and "the judge is down" in ours[0] and "checkpoint of step 2 saved" in ours[0], failed.stderr[-3000:]
+    assert len(ours) == 1 and "the judge is down" in ours[0] and "checkpoint of step 2 saved" in ours[0], failed.stderr[
+        -3000:
+    ]
     assert sorted(p.name for p in (tmp_path / "failed" / "checkpoints").iterdir()) == ["step-000002"]
     resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -197,10 +248,16 @@ def test_overwrite_under_torchrun_starts_afresh_in_every_process(make_config, tm
     assert [m["step"] for m in metrics_of(tmp_path / "run")] == [1]
 
 
-@pytest.mark.parametrize("settings,message", [
-    ({"rollout": {"prompts_per_step": 3}}, "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes"),
-    ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (
+            {"rollout": {"prompts_per_step": 3}},
+            "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes",
+        ),
+        ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),
+    ],
+)
 def test_a_bad_launch_stops_every_process_with_one_line(make_config, tmp_path, settings, message):
     path = write_config(tmp_path, "bad", make_config(**settings))
     run = torchrun("-m", "grpo", "train", str(path), "--quiet")
@@ -216,9 +273,16 @@ def test_with_a_seed_per_prompt_a_run_does_not_depend_on_the_number_of_processes
     metrics agree (up to the float rounding of sums split over processes)."""
     import grpo
 
-    settings = dict(rollout={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 0,
-                             "seed_per_prompt": True},
-                    train={"steps": 3, "lr": 1e-2, "sample_every": 1, "device": "cpu"})
+    settings = dict(
+        rollout={
+            "group_size": 8,
+            "prompts_per_step": 4,
+            "max_new_tokens": 8,
+            "min_new_tokens": 0,
+            "seed_per_prompt": True,
+        },
+        train={"steps": 3, "lr": 1e-2, "sample_every": 1, "device": "cpu"},
+    )
     one = make_config(**settings, output_dir=str(tmp_path / "one"))
     two = make_config(**settings, output_dir=str(tmp_path / "two"))
     grpo.train(one, progress=False)

@@ -90,8 +90,11 @@ def test_beta_zero_loads_no_reference(make_config):
 
 
 def test_groups_with_equal_rewards_can_be_dropped(make_config, tiny_model):
-    config = make_config(rewards=[{"function": "tests.train.rewards_for_tests:constant"}],
-                         loss={"drop_zero_std_groups": True}, train={"steps": 2})
+    config = make_config(
+        rewards=[{"function": "tests.train.rewards_for_tests:constant"}],
+        loss={"drop_zero_std_groups": True},
+        train={"steps": 2},
+    )
     result = grpo.train(config, progress=False)
     assert all(m["frac_zero_std_groups"] == 1.0 for m in result.metrics)
     assert all(m["tokens/trained"] == 0 and m["tokens/completion"] > 0 for m in result.metrics)
@@ -110,14 +113,20 @@ def test_unscored_completions_are_counted_and_left_out(make_config):
 
 def test_chat_prompts_go_through_the_chat_template(make_config, tiny_model, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    )
     model_dir = tmp_path / "chat-model"
     AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in ["ab", "ba"]))
-    config = make_config(model=str(model_dir), data={"path": str(data), "prompt_column": "messages"},
-                         rollout={"prompts_per_step": 2}, train={"steps": 1})
+    config = make_config(
+        model=str(model_dir),
+        data={"path": str(data), "prompt_column": "messages"},
+        rollout={"prompts_per_step": 2},
+        train={"steps": 1},
+    )
     e, c, stream = engine_for(config)
     batch = e.sampler.sample(e.policy, stream.take(2))
     assert sorted(set(batch.prompts)) == ["ab=", "ba="]
@@ -155,7 +164,9 @@ def test_tensorboard_sink_writes_events(make_config, tmp_path):
     [("auto", 8, "eager"), ("auto", 600, "sdpa"), ("sdpa", 8, "sdpa"), ("eager", 600, "eager")],
 )
 def test_train_attention_picks_the_kernel_of_policy_and_reference(make_config, attention, max_new_tokens, expected):
-    e, _, _ = engine_for(make_config(train={"attention": attention}, rollout={"max_new_tokens": max_new_tokens, "min_new_tokens": 0}))
+    e, _, _ = engine_for(
+        make_config(train={"attention": attention}, rollout={"max_new_tokens": max_new_tokens, "min_new_tokens": 0})
+    )
     assert e.policy.config._attn_implementation == expected
     assert e.reference.model.config._attn_implementation == expected
 
@@ -172,7 +183,9 @@ def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
 def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_config, tmp_path):
     metrics, calls = {}, {}
     for on in (False, True):
-        e, c, stream = engine_for(make_config(output_dir=str(tmp_path / str(on)), train={"gradient_checkpointing": on, "lr": 1e-3}))
+        e, c, stream = engine_for(
+            make_config(output_dir=str(tmp_path / str(on)), train={"gradient_checkpointing": on, "lr": 1e-3})
+        )
         count = {"layer": 0, "attention": 0}
         layer = e.policy.model.layers[0]
         layer.register_forward_pre_hook(lambda *_: count.__setitem__("layer", count["layer"] + 1))

@@ -37,7 +37,11 @@ CASES = [
     ("data.prompt_column", "question", "data.prompt_column: no column 'question'"),
     ("rewards.0.function", "exact_anwser", "unknown reward 'exact_anwser'; did you mean 'exact_answer'?"),
     ("rewards.0.function", "tests.train.no_such_module:fn", "cannot import module 'tests.train.no_such_module'"),
-    ("rewards.0.function", "tests.train.rewards_for_tests:explodes", "raised ZeroDivisionError: the reward divided by zero on row 0"),
+    (
+        "rewards.0.function",
+        "tests.train.rewards_for_tests:explodes",
+        "raised ZeroDivisionError: the reward divided by zero on row 0",
+    ),
     ("model", "/no/such/model", "model: no such directory '/no/such/model'"),
     ("rollout.sampler", "vllm", "rollout.sampler: expected one of"),
     ("train.autocast", "float16", "train.autocast: expected one of"),

@@ -52,10 +52,15 @@ def checkpoints(output_dir):
 
 def config_for(tiny_model, prompts_file, output_dir, reward="tests.train.rewards_for_tests:sevens", **train):
     return {
-        "algorithm": "grpo", "model": tiny_model, "seed": 0, "output_dir": str(output_dir),
-        "data": {"path": prompts_file}, "rewards": [{"function": reward}],
+        "algorithm": "grpo",
+        "model": tiny_model,
+        "seed": 0,
+        "output_dir": str(output_dir),
+        "data": {"path": prompts_file},
+        "rewards": [{"function": reward}],
         "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
-        "train": {"steps": STEPS, "lr": 1e-3, "sample_every": 2, "checkpoint_minutes": 0, **train}, "loss": {"beta": 0.04},
+        "train": {"steps": STEPS, "lr": 1e-3, "sample_every": 2, "checkpoint_minutes": 0, **train},
+        "loss": {"beta": 0.04},
     }
 
 
@@ -79,7 +84,9 @@ def finished(tiny_model, prompts_file, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("finished")
     path = tmp / "straight.yaml"
-    path.write_text(yaml.safe_dump(config_for(tiny_model, prompts_file, tmp / "straight", checkpoint_every=2, sample_every=1)))
+    path.write_text(
+        yaml.safe_dump(config_for(tiny_model, prompts_file, tmp / "straight", checkpoint_every=2, sample_every=1))
+    )
     assert main(["train", str(path), "--quiet"]) == 0
     return tmp / "straight", results(tmp / "straight")
 
@@ -144,7 +151,9 @@ def test_steps_where_no_reward_scores_warn_then_stop(runs, capsys):
     assert status == 2
     lines = our_lines(err)
     assert sum("no reward scored any completion (every reward returned None)" in line for line in lines) == 2
-    assert "no reward scored any completion in 2 steps in a row" in lines[-1] and "checkpoint of step 2 saved" in lines[-1]
+    assert (
+        "no reward scored any completion in 2 steps in a row" in lines[-1] and "checkpoint of step 2 saved" in lines[-1]
+    )
     assert checkpoints(out) == ["step-000002"]
 
 
@@ -221,8 +230,10 @@ def test_one_run_per_folder(runs, capsys):
     try:
         assert main(["train", str(path), "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
-        assert err == f"grpo: error: output_dir '{out}' is in use by another run (process {os.getpid()}); " \
-                      "wait for it to end or choose another output_dir"
+        assert (
+            err == f"grpo: error: output_dir '{out}' is in use by another run (process {os.getpid()}); "
+            "wait for it to end or choose another output_dir"
+        )
     finally:
         lock.release()
     assert not (out / "metrics.jsonl").exists()
@@ -232,12 +243,29 @@ def test_resume_refuses_a_config_that_changes_what_the_checkpoint_holds(finished
     from grpo.cli import main
 
     out, path = copy_of(finished, tmp_path, "changed")
-    code = main(["train", str(path), "--quiet", "--resume", "--set", f"model={tmp_path}/other",
-                 "--set", "rollout.group_size=4", "--set", "train.steps=6"])
+    code = main(
+        [
+            "train",
+            str(path),
+            "--quiet",
+            "--resume",
+            "--set",
+            f"model={tmp_path}/other",
+            "--set",
+            "rollout.group_size=4",
+            "--set",
+            "train.steps=6",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.splitlines() == [err]
-    assert "--resume: the config changes what the checkpoint holds (model: " in err and "rollout.group_size: 8 -> 4" in err
-    assert main(["train", str(path), "--quiet", "--resume", "--set", "train.steps=6", "--set", "train.sample_every=3"]) == 0
+    assert (
+        "--resume: the config changes what the checkpoint holds (model: " in err and "rollout.group_size: 8 -> 4" in err
+    )
+    assert (
+        main(["train", str(path), "--quiet", "--resume", "--set", "train.steps=6", "--set", "train.sample_every=3"])
+        == 0
+    )
     assert [m["step"] for m in results(out)] == [1, 2, 3, 4, 5, 6]  # more steps and other logging: allowed
 
 
@@ -248,7 +276,10 @@ def test_an_output_dir_that_is_a_file_is_one_line(runs, capsys, tmp_path):
     config = yaml.safe_load(path.read_text())
     Path(config["output_dir"]).write_text("not a folder")
     assert main(["train", str(path), "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == f"grpo: error: output_dir '{config['output_dir']}' is a file, not a directory"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"grpo: error: output_dir '{config['output_dir']}' is a file, not a directory"
+    )
 
 
 def test_context_limits_are_one_line_and_long_prompts_can_be_cut(runs, tmp_path, capsys):
@@ -261,11 +292,21 @@ def test_context_limits_are_one_line_and_long_prompts_can_be_cut(runs, tmp_path,
     assert main(["train", str(path), "--quiet", "--set", "rollout.max_prompt_length=250"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "= 258 tokens exceed the model's 256 positions" in err
-    assert not (tmp_path / "context" / "metrics.jsonl").exists() or not (tmp_path / "context" / "metrics.jsonl").read_text()
+    assert (
+        not (tmp_path / "context" / "metrics.jsonl").exists()
+        or not (tmp_path / "context" / "metrics.jsonl").read_text()
+    )
 
     long_prompts = tmp_path / "long.jsonl"
     long_prompts.write_text(json.dumps({"prompt": "ab" * 150}) + "\n" + json.dumps({"prompt": "c"}) + "\n")
-    settings = ["--set", f"data.path={long_prompts}", "--set", "rollout.prompts_per_step=2", "--set", "data.shuffle=false"]
+    settings = [
+        "--set",
+        f"data.path={long_prompts}",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "data.shuffle=false",
+    ]
     assert main(["train", str(path), "--quiet", *settings]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "exceed the model's 256 positions; set rollout.max_prompt_length" in err
@@ -307,7 +348,11 @@ def test_a_full_disk_while_logging_loses_no_step(runs, finished, capsys, monkeyp
         status, err = train(path, capsys=capsys)
     assert status == 2
     lines = our_lines(err)
-    assert len(lines) == 1 and "metrics.jsonl: No space left on device" in lines[0] and "checkpoint of step 3 saved" in lines[0]
+    assert (
+        len(lines) == 1
+        and "metrics.jsonl: No space left on device" in lines[0]
+        and "checkpoint of step 3 saved" in lines[0]
+    )
     status, err = train(path, "--resume", capsys=capsys)
     assert status == 0, err
     assert results(out) == finished[1]
@@ -320,7 +365,11 @@ def test_a_reward_that_exits_is_an_error_not_the_end_of_the_run(runs, finished, 
     status, err = train(path, env={"GRPO_TEST_EXIT_AT": "3", "GRPO_TEST_EXIT_CODE": str(code)}, capsys=capsys)
     assert status == 2, err
     lines = our_lines(err)
-    assert len(lines) == 1 and "tests.train.rewards_for_tests:sevens_then_exit" in lines[0] and "checkpoint of step 2 saved" in lines[0]
+    assert (
+        len(lines) == 1
+        and "tests.train.rewards_for_tests:sevens_then_exit" in lines[0]
+        and "checkpoint of step 2 saved" in lines[0]
+    )
     assert checkpoints(out) == ["step-000002"]
     status, err = train(path, "--resume", capsys=capsys)
     assert status == 0, err
@@ -335,7 +384,12 @@ def test_a_reward_that_hangs_times_out(runs, tmp_path, capsys):
     status, err = train(path, env={"GRPO_TEST_HANG_AT": "2"}, capsys=capsys)
     assert status == 2
     lines = our_lines(err)
-    assert len(lines) == 1 and "sevens_then_hang" in lines[0] and "1.0 s" in lines[0] and "checkpoint of step 1 saved" in lines[0]
+    assert (
+        len(lines) == 1
+        and "sevens_then_hang" in lines[0]
+        and "1.0 s" in lines[0]
+        and "checkpoint of step 1 saved" in lines[0]
+    )
 
     config["rewards"][0]["on_timeout"] = "none"  # or: that call scores None, and the run goes on
     path.write_text(yaml.safe_dump(config))
@@ -394,7 +448,9 @@ def test_a_run_logged_to_a_file_prints_plain_lines(runs, capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("grpo: step")]
     assert [line.split()[2] for line in lines] == ["1/5", "2/5", "4/5", "5/5"]
-    assert all(" reward " in line and " kl " in line and " length 8.0 " in line and line.endswith(" s/step") for line in lines)
+    assert all(
+        " reward " in line and " kl " in line and " length 8.0 " in line and line.endswith(" s/step") for line in lines
+    )
     assert not re.search(r"grpo: *\d+%\|", err)  # no progress bar of ours (transformers' loading bars are its own)
 
 

@@ -11,9 +11,21 @@ from transformers import AutoModelForCausalLM
 import grpo
 
 STEP_KEYS = {
-    "step", "reward/mean", "reward/std", "reward/tests.train.rewards_for_tests:sevens", "kl", "loss",
-    "clip_fraction", "entropy", "tokens/completion", "completion_length/mean", "frac_zero_std_groups",
-    "time/step", "time/generate", "time/update", "memory/peak_mb",
+    "step",
+    "reward/mean",
+    "reward/std",
+    "reward/tests.train.rewards_for_tests:sevens",
+    "kl",
+    "loss",
+    "clip_fraction",
+    "entropy",
+    "tokens/completion",
+    "completion_length/mean",
+    "frac_zero_std_groups",
+    "time/step",
+    "time/generate",
+    "time/update",
+    "memory/peak_mb",
 }
 
 
@@ -58,13 +70,17 @@ def test_ppo_learns_the_sevens_reward(make_config):
     check_run_outputs(result, 40)
     assert gain(result.metrics) >= 0.1, [round(m["reward/mean"], 3) for m in result.metrics]
     assert result.models_held == 4  # policy, reference, reward, value
-    assert result.summary["parameters"] > 2 * sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(config["model"]).parameters())
+    assert result.summary["parameters"] > 2 * sum(
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(config["model"]).parameters()
+    )
     assert {"value_loss", "value/mean"} <= set(result.metrics[-1])
 
 
 def test_grpo_learns_with_bf16_autocast(make_config, tmp_path):
     """train.autocast: bfloat16 runs the forward passes in bf16 (the numbers change) and still learns."""
-    config = make_config(output_dir=str(tmp_path / "bf16"), train={"steps": 40, "lr": 1e-3, "sample_every": 10, "autocast": "bfloat16"})
+    config = make_config(
+        output_dir=str(tmp_path / "bf16"), train={"steps": 40, "lr": 1e-3, "sample_every": 10, "autocast": "bfloat16"}
+    )
     result = grpo.train(config, progress=False)
     assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
     plain = grpo.train(make_config(output_dir=str(tmp_path / "fp32"), train={"steps": 1, "lr": 1e-3}), progress=False)

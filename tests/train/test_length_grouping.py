@@ -14,7 +14,7 @@ from grpo.train.loop import build_engine
 from grpo.train.models import ValueModel, completion_logprobs, micro_batches
 from grpo.train.step import train_step
 from tests.train.test_assembled_step import ADAM_EPS, FixedSampler, named_grads, nudge
-from tests.train.test_models import TOKENIZER, model_of, rollout
+from tests.train.test_models import model_of, rollout
 
 T_LEN = 9  # rollout.max_new_tokens of the fixed rollouts
 
@@ -28,9 +28,15 @@ def hand_rollout(prompt_ids, completion_ids, t_len, group_size=1, pad=0):
         attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (t_len - len(c)))
         completion.append([1.0] * len(c) + [0.0] * (t_len - len(c)))
     n = len(ids)
-    return Rollout(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attention), completion_mask=torch.tensor(completion),
-                   prompts=[""] * n, completions=[""] * n, rows=[{"prompt": str(i // group_size)} for i in range(n)],
-                   group_size=group_size)
+    return Rollout(
+        input_ids=torch.tensor(ids),
+        attention_mask=torch.tensor(attention),
+        completion_mask=torch.tensor(completion),
+        prompts=[""] * n,
+        completions=[""] * n,
+        rows=[{"prompt": str(i // group_size)} for i in range(n)],
+        group_size=group_size,
+    )
 
 
 # ---- the trimmed rollout ----------------------------------------------------------------------
@@ -62,7 +68,11 @@ def test_micro_batches_order_rows_or_whole_groups_by_length():
     rows = torch.arange(6)
     as_is = [m.tolist() for m in micro_batches(batch, rows, 2)]
     assert as_is == [[0, 1], [2, 3], [4, 5]]
-    assert [m.tolist() for m in micro_batches(batch, rows, 2, by_length=True, whole_groups=False)] == [[5, 1], [3, 4], [2, 0]]
+    assert [m.tolist() for m in micro_batches(batch, rows, 2, by_length=True, whole_groups=False)] == [
+        [5, 1],
+        [3, 4],
+        [2, 0],
+    ]
     assert [m.tolist() for m in micro_batches(batch, rows, 2, by_length=True)] == [[5, 3], [4, 1], [2, 0]]
     # A minibatch's rows in any order: a group's rows come together, the longest group first.
     assert [m.tolist() for m in micro_batches(batch, torch.tensor([4, 0, 5, 1]), 0, by_length=True)] == [[5, 4, 1, 0]]
@@ -93,7 +103,9 @@ def test_a_trimmed_pass_gives_the_full_width_log_probs_and_gradients(share_promp
     part = batch.select(short)
     trimmed = part.trimmed()
     assert trimmed.completion_mask.shape[1] < part.completion_mask.shape[1]  # there is something to trim
-    weights = torch.linspace(-1, 1, part.completion_mask.numel(), dtype=torch.float64).view_as(part.completion_mask)  # a loss per token
+    weights = torch.linspace(-1, 1, part.completion_mask.numel(), dtype=torch.float64).view_as(
+        part.completion_mask
+    )  # a loss per token
     results = []
     for b in (part, trimmed):
         model.zero_grad()
@@ -102,7 +114,7 @@ def test_a_trimmed_pass_gives_the_full_width_log_probs_and_gradients(share_promp
         results.append((trimmed.fit(logprobs.detach()), torch.cat([p.grad.flatten() for p in model.parameters()])))
     mask = trimmed.completion_mask.bool()
     torch.testing.assert_close(results[1][0][mask], results[0][0][mask], rtol=1e-10, atol=1e-10)
-    assert (part.completion_mask[:, trimmed.completion_mask.shape[1]:] == 0).all()  # nothing scored was cut
+    assert (part.completion_mask[:, trimmed.completion_mask.shape[1] :] == 0).all()  # nothing scored was cut
     assert_close_gradients(results[1][1], results[0][1])
 
 
@@ -114,7 +126,10 @@ def test_a_trimmed_critic_pass_gives_the_full_width_values_and_gradients():
     part = batch.select(torch.arange(3, 6))  # the short prompt's group
     trimmed = part.trimmed()
     p_len, t_len = part.input_ids.shape[1] - part.completion_mask.shape[1], part.completion_mask.shape[1]
-    assert trimmed.completion_mask.shape[1] < t_len and trimmed.input_ids.shape[1] - trimmed.completion_mask.shape[1] == 2 < p_len
+    assert (
+        trimmed.completion_mask.shape[1] < t_len
+        and trimmed.input_ids.shape[1] - trimmed.completion_mask.shape[1] == 2 < p_len
+    )
     results = []
     for b in (part, trimmed):
         critic.zero_grad()
@@ -129,7 +144,17 @@ def test_a_trimmed_critic_pass_gives_the_full_width_values_and_gradients():
 # ---- the step ---------------------------------------------------------------------------------
 
 # Completion (EOS added unless it fills T_LEN) -> its reward: lengths 1 to 9 with EOS.
-REWARDS = {"": 0.5, "7": 1.0, "b0": -0.5, "3a7": 0.25, "77c1": 2.0, "c1a2b": 0.0, "1a2b3c": -1.0, "7777777": 1.5, "ab ab ab ": 0.75}
+REWARDS = {
+    "": 0.5,
+    "7": 1.0,
+    "b0": -0.5,
+    "3a7": 0.25,
+    "77c1": 2.0,
+    "c1a2b": 0.0,
+    "1a2b3c": -1.0,
+    "7777777": 1.5,
+    "ab ab ab ": 0.75,
+}
 
 
 def rewards_by_text(prompts, completions, **columns):
@@ -138,9 +163,13 @@ def rewards_by_text(prompts, completions, **columns):
 
 def fixed_rollout(tokenizer, prompts, completions, group_size):
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    batch = hand_rollout([tokenizer.encode(p, add_special_tokens=False) for p in prompts],
-                         [(tokenizer.encode(c, add_special_tokens=False) + [eos])[:T_LEN] for c in completions],
-                         T_LEN, group_size, pad)
+    batch = hand_rollout(
+        [tokenizer.encode(p, add_special_tokens=False) for p in prompts],
+        [(tokenizer.encode(c, add_special_tokens=False) + [eos])[:T_LEN] for c in completions],
+        T_LEN,
+        group_size,
+        pad,
+    )
     batch.prompts, batch.completions, batch.rows = list(prompts), list(completions), [{"prompt": p} for p in prompts]
     return batch
 
@@ -148,20 +177,40 @@ def fixed_rollout(tokenizer, prompts, completions, group_size):
 # GRPO: two prompts of different lengths, four completions each; PPO: one completion per prompt.
 CASES = {
     "grpo": (["ab"] * 4 + ["cab 1"] * 4, ["7", "ab ab ab ", "", "3a7", "b0", "77c1", "1a2b3c", "c1a2b"], 4),
-    "ppo": (["a2", "c", "b0", "b", "ab", "ba", "1", "a"], ["ab ab ab ", "7", "77c1", "", "b0", "1a2b3c", "3a7", "7777777"], 1),
+    "ppo": (
+        ["a2", "c", "b0", "b", "ab", "ba", "1", "a"],
+        ["ab ab ab ", "7", "77c1", "", "b0", "1a2b3c", "3a7", "7777777"],
+        1,
+    ),
 }
 
 
-def engine_on_fixed_rollout(make_config, algorithm, aggregation, length_grouping, micro_batch_size=3, epochs=2, minibatches=2):
+def engine_on_fixed_rollout(
+    make_config, algorithm, aggregation, length_grouping, micro_batch_size=3, epochs=2, minibatches=2
+):
     prompts, completions, group_size = CASES[algorithm]
-    c = config_from_dict(make_config(
-        algorithm,
-        rollout={"group_size": group_size, "prompts_per_step": len(prompts) // group_size,
-                 "max_new_tokens": T_LEN, "min_new_tokens": 0, "temperature": 1.0},
-        train={"steps": 1, "lr": 1e-2, "epochs": epochs, "minibatches": minibatches, "micro_batch_size": micro_batch_size,
-               "autocast": "off", "length_grouping": length_grouping},
-        loss={"beta": 0.1, "aggregation": aggregation},
-    ))
+    c = config_from_dict(
+        make_config(
+            algorithm,
+            rollout={
+                "group_size": group_size,
+                "prompts_per_step": len(prompts) // group_size,
+                "max_new_tokens": T_LEN,
+                "min_new_tokens": 0,
+                "temperature": 1.0,
+            },
+            train={
+                "steps": 1,
+                "lr": 1e-2,
+                "epochs": epochs,
+                "minibatches": minibatches,
+                "micro_batch_size": micro_batch_size,
+                "autocast": "off",
+                "length_grouping": length_grouping,
+            },
+            loss={"beta": 0.1, "aggregation": aggregation},
+        )
+    )
     e = build_engine(c, [WeightedReward(name="fixed", fn=rewards_by_text, weight=1.0)])
     batch = fixed_rollout(e.tokenizer, prompts, completions, group_size)
     e.sampler = FixedSampler(batch)
@@ -175,7 +224,9 @@ def engine_on_fixed_rollout(make_config, algorithm, aggregation, length_grouping
 def step_gradients(e, batch):
     """One train_step; the gradients each optimizer step was given, and the metrics."""
     seen, positions = [], []
-    e.optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks])))
+    e.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks]))
+    )
     e.policy.get_input_embeddings().register_forward_pre_hook(lambda module, args: positions.append(args[0].numel()))
     torch.manual_seed(0)  # the minibatches' permutation
     metrics = train_step(e, batch.rows[:: batch.group_size]).metrics
@@ -195,7 +246,9 @@ def assert_same_gradients(got, want):
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_trimmed_and_length_grouped_steps_give_the_full_width_gradients(make_config, monkeypatch, algorithm, aggregation):
+def test_trimmed_and_length_grouped_steps_give_the_full_width_gradients(
+    make_config, monkeypatch, algorithm, aggregation
+):
     """Old and reference log-probs, per-token advantages, values and returns are cut with the
     micro-batch (PPO's are per token): the gradients of every update, with grouping on and off,
     are those of passes over the full width."""
@@ -228,9 +281,13 @@ def test_length_grouping_sends_fewer_padding_positions_through_the_model(make_co
         with monkeypatch.context() as m:
             if name == "full":
                 m.setattr(Rollout, "trimmed", lambda self: self)
-            e, batch = engine_on_fixed_rollout(make_config, "ppo", "token-mean", grouping, micro_batch_size=2, epochs=1, minibatches=1)
+            e, batch = engine_on_fixed_rollout(
+                make_config, "ppo", "token-mean", grouping, micro_batch_size=2, epochs=1, minibatches=1
+            )
             seen = []
-            hook = e.policy.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0].numel()))
+            hook = e.policy.get_input_embeddings().register_forward_pre_hook(
+                lambda module, args: seen.append(args[0].numel())
+            )
             train_step(e, batch.rows)
             hook.remove()
         assert len(seen) == 8  # 4 micro-batches, twice: the same passes

@@ -49,7 +49,9 @@ def test_groups_split_by_a_micro_batch_and_lone_rows():
     first, group = prompt_groups(part)
     assert first.tolist() == [0, 2] and group.tolist() == [0, 0, 1]
     with torch.no_grad():
-        torch.testing.assert_close(completion_logits(model, part), completion_logits(model, part, share_prompts=False), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            completion_logits(model, part), completion_logits(model, part, share_prompts=False), rtol=1e-5, atol=1e-5
+        )
     assert prompt_groups(batch.select(torch.tensor([3, 4]))) is None  # nothing to share
 
 

@@ -10,13 +10,27 @@ from pathlib import Path
 import yaml
 
 # What a step computes; times and memory are measurements, not results.
-DETERMINISTIC = ["step", "iteration", "reward/mean", "reward/std", "loss", "kl", "entropy", "grad_norm",
-                 "tokens/completion", "completion_length/mean", "frac_zero_std_groups", "lr"]
+DETERMINISTIC = [
+    "step",
+    "iteration",
+    "reward/mean",
+    "reward/std",
+    "loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "tokens/completion",
+    "completion_length/mean",
+    "frac_zero_std_groups",
+    "lr",
+]
 
 
 def grpo_train(config_path, *args, env=None):
     command = [str(Path(sys.executable).parent / "grpo"), "train", str(config_path), "--quiet", *args]
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=Path(__file__).parents[2])
+    return subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=Path(__file__).parents[2]
+    )
 
 
 def results(output_dir, keys=DETERMINISTIC):
@@ -28,8 +42,10 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(make_config, tmp_pa
     # 10 steps in 2 iterations (the reference is reset at step 6), checkpoints at 3 and 6.
     # The process is SIGKILLed inside step 8, after step 7 was logged: the resumed run must
     # restore the reset reference, drop step 7's line and redo it identically.
-    settings = dict(train={"steps": 10, "iterations": 2, "checkpoint_every": 3, "lr": 1e-3},
-                    rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_die"}])
+    settings = dict(
+        train={"steps": 10, "iterations": 2, "checkpoint_every": 3, "lr": 1e-3},
+        rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_die"}],
+    )
     for name in ("straight", "killed"):
         config = make_config(**settings)
         config["output_dir"] = str(tmp_path / name)
@@ -56,8 +72,13 @@ def test_resume_restores_an_iteratively_trained_reward_model(make_config, sevens
     settings = dict(
         rewards=[{"model": rm_dir}, {"function": "tests.train.rewards_for_tests:sevens_then_die", "weight": 0.0}],
         train={"steps": 6, "iterations": 3, "checkpoint_every": 4, "lr": 1e-3},
-        reward_model_update={"verifier": "tests.train.rewards_for_tests:sevens", "data": history,
-                             "prompts": 4, "samples_per_prompt": 4, "lr": 1e-3},
+        reward_model_update={
+            "verifier": "tests.train.rewards_for_tests:sevens",
+            "data": history,
+            "prompts": 4,
+            "samples_per_prompt": 4,
+            "lr": 1e-3,
+        },
     )
     for name in ("straight", "killed"):
         config = make_config(**settings)

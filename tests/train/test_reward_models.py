@@ -9,6 +9,7 @@ from grpo.rewards.adapters import ModelReward, ProcessModelReward, step_ends
 from grpo.rewards.model import RewardModel
 from grpo.train.models import FrozenCopy
 
+
 def test_grpo_driven_only_by_a_reward_model_raises_its_reward(make_config, sevens_rm):
     rm_dir, _ = sevens_rm
     config = make_config(
@@ -42,8 +43,14 @@ def test_iterative_rl_retrains_the_reward_model_with_replay(make_config, sevens_
     config = make_config(
         rewards=[{"model": rm_dir}],
         train={"steps": 6, "iterations": 3, "lr": 1e-3},
-        reward_model_update={"verifier": "tests.train.rewards_for_tests:sevens", "data": history,
-                             "prompts": 4, "samples_per_prompt": 4, "replay": 0.1, "lr": 1e-3},
+        reward_model_update={
+            "verifier": "tests.train.rewards_for_tests:sevens",
+            "data": history,
+            "prompts": 4,
+            "samples_per_prompt": 4,
+            "replay": 0.1,
+            "lr": 1e-3,
+        },
     )
     result = grpo.train(config, progress=False)
     assert resets == [True, True]  # at the start of iterations 2 and 3, reference <- policy

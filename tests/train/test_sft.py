@@ -44,9 +44,14 @@ def greedy_completions(model, tokenizer, prompts):
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = model.generate(**encoded, do_sample=False, max_new_tokens=24,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **encoded,
+            do_sample=False,
+            max_new_tokens=24,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 # ---- the batch and the loss ---------------------------------------------------------------------
@@ -108,8 +113,12 @@ def test_sequence_length_bound_is_the_longest_sequence():
         worst = arithmetic.problem_for(top, top)  # the answer has digits + 1 digits
         batch = completion_batch(tok, [worst.prompt], [worst.solution])
         assert batch["input_ids"].shape[1] == sft_sequence_length(digits)
-    longest = max(len(p) + len(s) + 1 for p, s in
-                  ((f"{a}+{b}=", arithmetic.problem_for(a, b).solution) for a in range(10, 100) for b in range(10, 100)))
+    longest = max(
+        len(p) + len(s) + 1
+        for p, s in (
+            (f"{a}+{b}=", arithmetic.problem_for(a, b).solution) for a in range(10, 100) for b in range(10, 100)
+        )
+    )
     assert longest == sft_sequence_length(2) == 28
 
 
@@ -121,7 +130,9 @@ def test_short_run_lowers_the_loss(trained):
     assert summary["steps"] == 100
     assert summary["loss/last"] < 0.6 * summary["loss/first"], summary
     tok = char_tokenizer(arithmetic.ALPHABET)
-    assert summary["parameters"] == sum(p.numel() for p in tiny_llama(tok, hidden_size=64, layers=2, heads=4).parameters())
+    assert summary["parameters"] == sum(
+        p.numel() for p in tiny_llama(tok, hidden_size=64, layers=2, heads=4).parameters()
+    )
     assert summary["output"] == str(directory) and summary["time_s"] > 0
 
 
@@ -195,8 +206,26 @@ def test_a_digits_list_mixes_problem_lengths_and_one_length_draws_as_before(tmp_
         return make(rng, digits)
 
     monkeypatch.setattr(arithmetic, "make_problem", recording)
-    args = parser().parse_args(["sft", "--output", str(tmp_path / "mix"), "--steps", "4", "--batch-size", "16",
-                                "--hidden", "32", "--layers", "1", "--heads", "2", "--digits", "1,3", "--quiet"])
+    args = parser().parse_args(
+        [
+            "sft",
+            "--output",
+            str(tmp_path / "mix"),
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--hidden",
+            "32",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--digits",
+            "1,3",
+            "--quiet",
+        ]
+    )
     assert args.handler(args) == 0
     assert set(drawn) == {1, 3} and 16 <= drawn.count(1) <= 48  # 64 problems, each length about half
     assert json.loads((tmp_path / "mix" / "sft_config.json").read_text())["digits"] == [1, 3]
@@ -207,19 +236,43 @@ def test_a_digits_list_mixes_problem_lengths_and_one_length_draws_as_before(tmp_
     drawn.clear()
     sft(tmp_path / "int", SFTConfig(**{**TINY, "steps": 1, "digits": 2}), progress=False)
     assert listed == drawn == [2] * TINY["batch_size"]
-    assert (tmp_path / "one" / "model.safetensors").read_bytes() == (tmp_path / "int" / "model.safetensors").read_bytes()
+    assert (tmp_path / "one" / "model.safetensors").read_bytes() == (
+        tmp_path / "int" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_command_prints_json_last_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "warm"
-    argv = ["sft", "--output", str(out), "--steps", "3", "--batch-size", "8", "--hidden", "32",
-            "--layers", "1", "--heads", "2", "--seed", "5", "--quiet"]
+    argv = [
+        "sft",
+        "--output",
+        str(out),
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--seed",
+        "5",
+        "--quiet",
+    ]
     args = parser().parse_args(argv)
     assert args.handler(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["output"] == str(out) and summary["steps"] == 3
     saved = json.loads((out / "sft_config.json").read_text())
-    assert (saved["hidden_size"], saved["layers"], saved["heads"], saved["seed"], saved["batch_size"]) == (32, 1, 2, 5, 8)
+    assert (saved["hidden_size"], saved["layers"], saved["heads"], saved["seed"], saved["batch_size"]) == (
+        32,
+        1,
+        2,
+        5,
+        8,
+    )
     assert saved["lr"] == SFTConfig().lr  # not given: the default
     before = (out / "model.safetensors").read_bytes()
 
@@ -236,8 +289,23 @@ def test_command_prints_json_last_and_refuses_to_overwrite(tmp_path, capsys):
 
 def test_logged_to_a_file_it_prints_a_line_every_log_every_updates(tmp_path, capsys):
     """stderr not a terminal (pytest's capture): plain lines, the first, every 2nd, the last."""
-    argv = ["sft", "--output", str(tmp_path / "warm"), "--steps", "5", "--batch-size", "4", "--hidden", "32",
-            "--layers", "1", "--heads", "2", "--log-every", "2"]
+    argv = [
+        "sft",
+        "--output",
+        str(tmp_path / "warm"),
+        "--steps",
+        "5",
+        "--batch-size",
+        "4",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--log-every",
+        "2",
+    ]
     args = parser().parse_args(argv)
     assert args.handler(args) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("grpo sft:")]

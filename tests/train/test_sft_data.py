@@ -85,8 +85,9 @@ def mean_loss(model_dir, rows):
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = completion_batch(tok, [r["prompt"] for r in rows], [r["completion"] for r in rows])
     with torch.no_grad():
-        return completion_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                               batch["labels"]).item()
+        return completion_loss(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+        ).item()
 
 
 def run(argv, capsys):
@@ -104,8 +105,11 @@ def test_only_the_completion_and_its_eos_are_learned():
     batch = completion_batch(TOK, prompts, completions)
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
     for row, (prompt, completion) in enumerate(zip(prompts, completions)):
-        context = TOK(TOK.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-                      if isinstance(prompt, list) else prompt)["input_ids"]
+        context = TOK(
+            TOK.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            if isinstance(prompt, list)
+            else prompt
+        )["input_ids"]
         target = [*TOK(completion, add_special_tokens=False)["input_ids"], TOK.eos_token_id]
         length = len(context) + len(target)
         assert ids[row, :length].tolist() == context + target
@@ -118,12 +122,17 @@ def test_a_chat_prompt_is_encoded_exactly_as_the_sampler_encodes_it(base):
     """The context sft trains on is, token for token, what `grpo train` samples from: the chat
     template with its generation prompt, and the tokenizer's <s>."""
     model = AutoModelForCausalLM.from_pretrained(base).eval()
-    rows = [{"prompt": user("add 2 and 5")}, {"prompt": [{"role": "system", "content": "be brief"}, *user("add 13 and 4")]},
-            {"prompt": "plain 9 + 9 ="}]
+    rows = [
+        {"prompt": user("add 2 and 5")},
+        {"prompt": [{"role": "system", "content": "be brief"}, *user("add 13 and 4")]},
+        {"prompt": "plain 9 + 9 ="},
+    ]
     rollout = Sampler(TOK, prompt_column="prompt", group_size=1, max_new_tokens=2, backend="hf").sample(model, rows)
     p_len = rollout.input_ids.shape[1] - rollout.completion_mask.shape[1]
     batch = completion_batch(TOK, [r["prompt"] for r in rows], ["x"] * len(rows))
-    assert TOK.decode(batch["input_ids"][0, :31]) == "<s><|im_start|>user\nadd 2 and 5<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        TOK.decode(batch["input_ids"][0, :31]) == "<s><|im_start|>user\nadd 2 and 5<|im_end|>\n<|im_start|>assistant\n"
+    )
     for row in range(len(rows)):
         sampled = rollout.input_ids[row, :p_len][rollout.attention_mask[row, :p_len].bool()].tolist()
         learned_from = batch["input_ids"][row][batch["labels"][row] == IGNORE_INDEX][: len(sampled)].tolist()
@@ -132,8 +141,13 @@ def test_a_chat_prompt_is_encoded_exactly_as_the_sampler_encodes_it(base):
 
 
 def test_every_assistant_message_of_a_conversation_is_learned():
-    messages = [{"role": "system", "content": "sums"}, *user("add 1 and 2"), {"role": "assistant", "content": "3"},
-                *user("and 4 more"), {"role": "assistant", "content": "7"}]
+    messages = [
+        {"role": "system", "content": "sums"},
+        *user("add 1 and 2"),
+        {"role": "assistant", "content": "3"},
+        *user("and 4 more"),
+        {"role": "assistant", "content": "7"},
+    ]
     pieces, all_turns = conversation_pieces(TOK, messages)
     assert all_turns
     ids, labels = encode_pieces(TOK, pieces)
@@ -141,7 +155,7 @@ def test_every_assistant_message_of_a_conversation_is_learned():
     rendered = TOK.apply_chat_template(messages, tokenize=False)
     assert ids == TOK(rendered.removesuffix("\n"))["input_ids"]
     assert ids.count(TOK.bos_token_id) == 1
-    learned = [TOK.decode([i]) if l != IGNORE_INDEX else "." for i, l in zip(ids, labels)]
+    learned = [TOK.decode([i]) if label != IGNORE_INDEX else "." for i, label in zip(ids, labels)]
     assert [t for t in learned if t != "."] == ["3", "<|im_end|>", "7", "<|im_end|>"]
     # Each learned message is predicted from the conversation before it, rendered as the sampler would.
     for content, before in (("3", messages[:2]), ("7", messages[:4])):
@@ -159,10 +173,18 @@ def test_a_template_that_rewrites_earlier_turns_learns_the_last_message_only():
         "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}<|im_start|>{{ m['role'] }}\n"
         "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    messages = [*user("add 1 and 2"), {"role": "assistant", "content": "3"}, *user("and 4"), {"role": "assistant", "content": "7"}]
+    messages = [
+        *user("add 1 and 2"),
+        {"role": "assistant", "content": "3"},
+        *user("and 4"),
+        {"role": "assistant", "content": "7"},
+    ]
     pieces, all_turns = conversation_pieces(tok, messages)
     assert not all_turns
-    assert pieces == [(tok.apply_chat_template(messages[:3], add_generation_prompt=True, tokenize=False), False), ("7", True)]
+    assert pieces == [
+        (tok.apply_chat_template(messages[:3], add_generation_prompt=True, tokenize=False), False),
+        ("7", True),
+    ]
 
 
 # ---- training ---------------------------------------------------------------------------------
@@ -170,8 +192,23 @@ def test_a_template_that_rewrites_earlier_turns_learns_the_last_message_only():
 
 def test_fine_tuning_raises_the_likelihood_of_the_completions(base, data, tmp_path, capsys):
     rows = sums(32, seed=0)
-    status, out, _ = run(["sft", "--model", base, "--data", data, "--output", str(tmp_path / "o"), "--lr", "1e-2",
-                          "--epochs", "8", "--quiet"], capsys)
+    status, out, _ = run(
+        [
+            "sft",
+            "--model",
+            base,
+            "--data",
+            data,
+            "--output",
+            str(tmp_path / "o"),
+            "--lr",
+            "1e-2",
+            "--epochs",
+            "8",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert status == 0
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["rows"] == 32 and summary["steps"] == 8 * 4 and summary["epochs"] == 8
@@ -179,13 +216,36 @@ def test_fine_tuning_raises_the_likelihood_of_the_completions(base, data, tmp_pa
     before, after = mean_loss(base, rows), mean_loss(tmp_path / "o", rows)
     assert after < 0.5 * before, (before, after)
     saved = json.loads((tmp_path / "o" / "sft_config.json").read_text())
-    assert (saved["model"], saved["data"], saved["lr"], saved["shape"], saved["rows"]) == (base, data, 1e-2, "prompt", 32)
+    assert (saved["model"], saved["data"], saved["lr"], saved["shape"], saved["rows"]) == (
+        base,
+        data,
+        1e-2,
+        "prompt",
+        32,
+    )
     assert AutoTokenizer.from_pretrained(tmp_path / "o").chat_template == CHATML
 
 
 def test_lora_trains_an_adapter_and_saves_it_merged(base, data, tmp_path, capsys):
-    status, out, _ = run(["sft", "--model", base, "--data", data, "--output", str(tmp_path / "o"), "--lr", "3e-2",
-                          "--steps", "24", "--lora-r", "8", "--quiet"], capsys)
+    status, out, _ = run(
+        [
+            "sft",
+            "--model",
+            base,
+            "--data",
+            data,
+            "--output",
+            str(tmp_path / "o"),
+            "--lr",
+            "3e-2",
+            "--steps",
+            "24",
+            "--lora-r",
+            "8",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert status == 0
     summary = json.loads(out.strip().splitlines()[-1])
     assert 0 < summary["trainable_parameters"] < summary["parameters"] / 2
@@ -212,8 +272,23 @@ def test_same_seed_same_weights_and_global_random_state_untouched(base, data, tm
 def test_conversations_are_found_without_options_and_learned(base, tmp_path, capsys):
     rows = [{"messages": [*r["prompt"], {"role": "assistant", "content": r["completion"]}]} for r in sums(16, seed=1)]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
-    status, out, err = run(["sft", "--model", base, "--data", path, "--output", str(tmp_path / "o"), "--lr", "1e-2",
-                            "--steps", "16", "--quiet"], capsys)
+    status, out, err = run(
+        [
+            "sft",
+            "--model",
+            base,
+            "--data",
+            path,
+            "--output",
+            str(tmp_path / "o"),
+            "--lr",
+            "1e-2",
+            "--steps",
+            "16",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert status == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["loss/last"] < 0.5 * summary["loss/first"]
@@ -222,9 +297,25 @@ def test_conversations_are_found_without_options_and_learned(base, tmp_path, cap
 
 
 def test_trl_conversational_completions_are_learned_as_their_text(base, tmp_path, capsys):
-    rows = [{"prompt": r["prompt"], "completion": [{"role": "assistant", "content": r["completion"]}]} for r in sums(4, seed=4)]
-    status, out, err = run(["sft", "--model", base, "--data", write_jsonl(tmp_path / "trl.jsonl", rows), "--output",
-                            str(tmp_path / "o"), "--steps", "1", "--quiet"], capsys)
+    rows = [
+        {"prompt": r["prompt"], "completion": [{"role": "assistant", "content": r["completion"]}]}
+        for r in sums(4, seed=4)
+    ]
+    status, out, err = run(
+        [
+            "sft",
+            "--model",
+            base,
+            "--data",
+            write_jsonl(tmp_path / "trl.jsonl", rows),
+            "--output",
+            str(tmp_path / "o"),
+            "--steps",
+            "1",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert status == 0, err
     as_text = [{"prompt": r["prompt"], "completion": r["completion"][0]["content"]} for r in rows]
     assert json.loads(out.strip().splitlines()[-1])["loss/first"] == pytest.approx(mean_loss(base, as_text), rel=1e-5)
@@ -234,11 +325,16 @@ def test_trl_conversational_completions_are_learned_as_their_text(base, tmp_path
 def test_grpo_train_starts_from_the_output(base, data, tmp_path, capsys, make_config, lora):
     """Done when: `grpo sft --model M --data D --output O`, then `grpo train` with model O."""
     out = tmp_path / "warm"
-    status, _, err = run(["sft", "--model", base, "--data", data, "--output", str(out), "--steps", "2", "--quiet", *lora],
-                         capsys)
+    status, _, err = run(
+        ["sft", "--model", base, "--data", data, "--output", str(out), "--steps", "2", "--quiet", *lora], capsys
+    )
     assert status == 0, err
-    config = make_config(model=str(out), data={"path": data}, train={"steps": 2, "lr": 1e-3},
-                         rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4, "min_new_tokens": 0})
+    config = make_config(
+        model=str(out),
+        data={"path": data},
+        train={"steps": 2, "lr": 1e-3},
+        rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4, "min_new_tokens": 0},
+    )
     result = grpo.train(config, progress=False)
     assert len(result.metrics) == 2 and (result.final_dir / "model.safetensors").exists()
 
@@ -259,7 +355,9 @@ def test_long_rows_are_cut_to_their_last_tokens_with_a_warning(base, tmp_path, c
     status, _, err = run([*argv, "--max-length", str(POSITIONS + 1), "--overwrite"], capsys)
     assert status == 2 and f"--max-length: {POSITIONS + 1} is more than the model's {POSITIONS} positions" in err
 
-    path = write_jsonl(tmp_path / "long_answer.jsonl", [*sums(2, seed=3), {"prompt": "add 1 and 2", "completion": "3" * 10}])
+    path = write_jsonl(
+        tmp_path / "long_answer.jsonl", [*sums(2, seed=3), {"prompt": "add 1 and 2", "completion": "3" * 10}]
+    )
     status, _, err = run([*argv[:4], path, *argv[5:], "--max-length", "8", "--overwrite"], capsys)
     assert status == 2 and err.count("\n") == 1
     assert f"{path} row 3: its completion and EOS alone are 11 tokens, too many for --max-length 8" in err
@@ -290,11 +388,17 @@ def test_mixed_modes_are_one_line(argv, words, tmp_path, capsys):
     "rows, words",
     [
         ([{"prompt": "add 1 and 2", "answer": "3"}], "row 1: no column 'completion' (columns: prompt, answer)"),
-        ([{"prompt": "add 1 and 2", "completion": "3"}, {"prompt": "add 2 and 2", "completion": "  "}], "row 2: empty completion"),
+        (
+            [{"prompt": "add 1 and 2", "completion": "3"}, {"prompt": "add 2 and 2", "completion": "  "}],
+            "row 2: empty completion",
+        ),
         ([{"prompt": "add 1 and 2", "completion": None}], "row 1: 'completion' must be a string"),
         ([{"question": "add 1 and 2", "completion": "3"}], "--prompt-column: no column 'prompt'"),
         ([{"messages": user("add 1 and 2")}], "row 1: no assistant message"),
-        ([{"messages": [*user("hi"), {"role": "assistant", "content": ""}]}], "row 1: message 2 (the assistant's) is empty"),
+        (
+            [{"messages": [*user("hi"), {"role": "assistant", "content": ""}]}],
+            "row 1: message 2 (the assistant's) is empty",
+        ),
     ],
 )
 def test_bad_rows_are_one_line_naming_the_row(rows, words, base, tmp_path, capsys):
@@ -305,9 +409,15 @@ def test_bad_rows_are_one_line_naming_the_row(rows, words, base, tmp_path, capsy
 
 
 def test_a_missing_file_and_a_missing_model_are_one_line(base, data, tmp_path, capsys):
-    status, _, err = run(["sft", "--model", base, "--data", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")], capsys)
+    status, _, err = run(
+        ["sft", "--model", base, "--data", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")], capsys
+    )
     assert status == 2 and err.startswith("grpo: error: --data: no such file") and err.count("\n") == 1
-    status, _, err = run(["sft", "--model", str(tmp_path / "nothing"), "--data", data, "--output", str(tmp_path / "o")], capsys)
+    status, _, err = run(
+        ["sft", "--model", str(tmp_path / "nothing"), "--data", data, "--output", str(tmp_path / "o")], capsys
+    )
     assert status == 2 and err.startswith("grpo: error: --model: no such directory") and err.count("\n") == 1
-    status, _, err = run(["sft", "--model", base, "--data", data, "--output", str(tmp_path / "o"), "--device", "tpu"], capsys)
+    status, _, err = run(
+        ["sft", "--model", base, "--data", data, "--output", str(tmp_path / "o"), "--device", "tpu"], capsys
+    )
     assert status == 2 and "--device: unknown device 'tpu'" in err and err.count("\n") == 1

@@ -12,13 +12,23 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.mark.parametrize("name, models", [("grpo", 3), ("ppo", 4)])
 def test_shipped_config_runs(capsys, tiny_model, tmp_path, name, models):
-    code = main([
-        "train", str(ROOT / "configs" / f"{name}.yaml"), "--quiet",
-        "--set", f"model={tiny_model}",
-        "--set", f"data.path={ROOT / 'examples' / 'arithmetic.jsonl'}",
-        "--set", f"output_dir={tmp_path / name}",
-        "--set", "train.steps=2", "--set", "rollout.max_new_tokens=8",
-    ])
+    code = main(
+        [
+            "train",
+            str(ROOT / "configs" / f"{name}.yaml"),
+            "--quiet",
+            "--set",
+            f"model={tiny_model}",
+            "--set",
+            f"data.path={ROOT / 'examples' / 'arithmetic.jsonl'}",
+            "--set",
+            f"output_dir={tmp_path / name}",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "rollout.max_new_tokens=8",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2

@@ -8,7 +8,11 @@ import grpo
 
 def test_truncated_completions_leave_the_loss_when_asked(make_config, tiny_model, tmp_path):
     # Every completion is cut off (EOS suppressed up to max_new_tokens): nothing is trained.
-    cut = make_config(output_dir=str(tmp_path / "cut"), train={"steps": 2, "lr": 1e-2}, loss={"beta": 0.04, "mask_truncated_completions": True})
+    cut = make_config(
+        output_dir=str(tmp_path / "cut"),
+        train={"steps": 2, "lr": 1e-2},
+        loss={"beta": 0.04, "mask_truncated_completions": True},
+    )
     result = grpo.train(cut, progress=False)
     assert [m["frac_truncated"] for m in result.metrics] == [1.0, 1.0]
     assert all(m["tokens/trained"] == 0 and m["tokens/completion"] == 4 * 8 * 8 for m in result.metrics)
@@ -22,8 +26,11 @@ def test_truncated_completions_leave_the_loss_when_asked(make_config, tiny_model
 
 def test_only_the_cut_off_completions_leave_it(make_config, tmp_path):
     """With EOS allowed some completions end early: those are trained on, the others not."""
-    config = make_config(rollout={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 3, "min_new_tokens": 0},
-                         train={"steps": 3, "lr": 1e-2}, loss={"beta": 0.04, "mask_truncated_completions": True})
+    config = make_config(
+        rollout={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 3, "min_new_tokens": 0},
+        train={"steps": 3, "lr": 1e-2},
+        loss={"beta": 0.04, "mask_truncated_completions": True},
+    )
     metrics = grpo.train(config, progress=False).metrics
     mixed = [m for m in metrics if 0 < m["frac_truncated"] < 1]
     assert mixed, [m["frac_truncated"] for m in metrics]

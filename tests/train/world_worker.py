@@ -40,6 +40,7 @@ CASES = {
     "ppo": ("ppo", {}, {}),
 }
 
+
 class ShareOfFixedRollout:
     """The sampler seam: this process's groups of the fixed rollout."""
 
@@ -51,19 +52,38 @@ class ShareOfFixedRollout:
     def sample(self, model, rows, seeds=None):
         return self.rollout
 
+
 def run_case(name, policy, reference, prompts_file, world):
     """The case's weights after one step (whole, as plain tensors) and its metrics."""
     algorithm, loss, train = CASES[name]
     prompts, completions = (GRPO_PROMPTS, GRPO_COMPLETIONS) if algorithm == "grpo" else (PPO_PROMPTS, PPO_COMPLETIONS)
     group_size = 3 if algorithm == "grpo" else 1
-    c = config_from_dict({
-        "algorithm": algorithm, "model": policy, "seed": 0, "output_dir": "unused",
-        "data": {"path": prompts_file}, "rewards": [{"function": "exact_answer"}],
-        "rollout": {"group_size": group_size, "prompts_per_step": len(prompts) // group_size,
-                    "max_new_tokens": T_LEN, "min_new_tokens": 0},
-        "train": {"steps": 1, "lr": LR, "epochs": 1, "minibatches": 1, "max_grad_norm": 1.0, "device": "cpu", **train},
-        "loss": {"beta": 0.1, **loss},
-    })
+    c = config_from_dict(
+        {
+            "algorithm": algorithm,
+            "model": policy,
+            "seed": 0,
+            "output_dir": "unused",
+            "data": {"path": prompts_file},
+            "rewards": [{"function": "exact_answer"}],
+            "rollout": {
+                "group_size": group_size,
+                "prompts_per_step": len(prompts) // group_size,
+                "max_new_tokens": T_LEN,
+                "min_new_tokens": 0,
+            },
+            "train": {
+                "steps": 1,
+                "lr": LR,
+                "epochs": 1,
+                "minibatches": 1,
+                "max_grad_norm": 1.0,
+                "device": "cpu",
+                **train,
+            },
+            "loss": {"beta": 0.1, **loss},
+        }
+    )
     torch.manual_seed(0)
     e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)], torch.device("cpu"), world)
 
@@ -75,10 +95,15 @@ def run_case(name, policy, reference, prompts_file, world):
     weights = {f"policy.{k}": v.clone() for k, v in world.full_state_dict(e.policy).items()}
     for network in e.critic.networks:
         weights.update({f"critic.{k}": v.clone() for k, v in world.full_state_dict(network).items()})
-    return weights, {k: metrics.metrics[k] for k in ("loss", "kl", "entropy", "grad_norm", "clip_fraction", "reward/mean", "tokens/trained")}
+    return weights, {
+        k: metrics.metrics[k]
+        for k in ("loss", "kl", "entropy", "grad_norm", "clip_fraction", "reward/mean", "tokens/trained")
+    }
+
 
 def run_all(policy, reference, prompts_file, world=SingleProcess()):
     return {name: run_case(name, policy, reference, prompts_file, world) for name in CASES}
+
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
