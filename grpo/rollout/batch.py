@@ -16,6 +16,14 @@ class Rollout:
     (right-padded to T), so one forward pass scores the completion tokens. A prompt longer
     than rollout.max_prompt_length keeps its last tokens (see `Sampler`); `prompt_truncated`
     says which rows' prompts lost their start.
+
+    Two masks over the completion columns, for two jobs. `completion_mask` marks the tokens
+    that are there (attended to, counted in a completion's length, kept by `trimmed`);
+    `loss_mask` marks the tokens that are the policy's actions and enter the loss (and every
+    statistic of the policy: KL, entropy, clipping, the critic's targets). A single-turn
+    sample's two masks are equal; a tool's or an environment's tokens inside a completion
+    are in the first and not in the second, as is a whole completion the step leaves out of
+    the loss (a truncated one under loss.mask_truncated_completions).
     """
 
     input_ids: Tensor  # (N, P + T) long
@@ -30,10 +38,20 @@ class Rollout:
     # (N,) bool: the row's prompt was cut to its last rollout.max_prompt_length tokens. Per
     # row, so that `select` keeps it right; None (a rollout built by hand) = no prompt was cut.
     prompt_truncated: Tensor | None = None
+    # (N, T) float: 1 where the token is the policy's action and in the loss; None (a rollout
+    # built by hand, or a single-turn sample) = a copy of completion_mask.
+    loss_mask: Tensor | None = None
+    # (N, T) float: the decoder's log-probs of the tokens it sampled (0 past each completion),
+    # under the distribution it drew from; None when the decoder gives none.
+    sampled_logprobs: Tensor | None = None
+    # The optimizer steps the sampling weights had taken: the policy that drew this rollout.
+    policy_version: int = 0
 
     def __post_init__(self):
         if self.prompt_truncated is None:
             self.prompt_truncated = torch.zeros(len(self), dtype=torch.bool, device=self.input_ids.device)
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask.clone()
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -69,6 +87,9 @@ class Rollout:
             rows=[self.rows[i] for i in picked],
             group_size=self.group_size,
             prompt_truncated=self.prompt_truncated[index],
+            loss_mask=self.loss_mask[index],
+            sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[index],
+            policy_version=self.policy_version,
         )
         return part.trimmed() if trim else part
 
@@ -99,6 +120,9 @@ class Rollout:
             rows=self.rows,
             group_size=self.group_size,
             prompt_truncated=self.prompt_truncated,
+            loss_mask=self.loss_mask[:, :keep],
+            sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[:, :keep],
+            policy_version=self.policy_version,
         )
 
     def fit(self, x: Tensor) -> Tensor:
@@ -116,6 +140,9 @@ class Rollout:
         self.attention_mask = self.attention_mask.to(device)
         self.completion_mask = self.completion_mask.to(device)
         self.prompt_truncated = self.prompt_truncated.to(device)
+        self.loss_mask = self.loss_mask.to(device)
+        if self.sampled_logprobs is not None:
+            self.sampled_logprobs = self.sampled_logprobs.to(device)
         return self
 
 
