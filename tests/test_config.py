@@ -736,12 +736,12 @@ def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):
     assert message in str(err.value) and "did you mean" not in str(err.value)
 
 
-def test_the_readme_table_of_trl_names_is_the_config_s():
+def test_the_docs_table_of_trl_names_is_the_config_s():
     from pathlib import Path
 
     from grpo.config import TRL_NAMES
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "coming-from-trl.md").read_text()
     for name, (ours, _) in TRL_NAMES.items():
         assert f"| `{name}` | " + (f"`{ours}`" if ours else "-") in readme, name
         if ours:  # and every key it points to exists
