@@ -2,8 +2,9 @@
 
 Every command's settings are one typed config, its fields declared with `grpo.config.opt`
 (one default and one docstring each): `grpo.config.Config` (train, from YAML), `SFTConfig`
-and `FineTuneConfig` (sft), `EvalConfig` (eval). A flag that sets a field takes its help,
-default and type from the field (`_field_flag`), so each is written once, there. What the
+and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig` and `RewardEvalConfig`
+(rm). A flag that sets a field takes its help, default and type from the field
+(`_field_flag`), so each is written once, there. What the
 configs leave out is how a command runs rather than what it makes or measures (where its
 output goes, the device, progress lines, --overwrite): those are keyword arguments of the
 function the command calls, and their flags are written here.
@@ -26,6 +27,7 @@ from grpo.config import REQUIRED, field_default
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
 from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
+from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
 from grpo.train.sft import FineTuneConfig, SFTConfig
 
@@ -258,15 +260,8 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # our own bar shows the training; no bars per weight file
     summary = train_reward_model(
-        args.model,
-        args.data,
         args.output,
-        lr=args.lr,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_fraction=args.eval_fraction,
-        seed=args.seed,
-        max_length=args.max_length,
+        _config_from(RewardTrainConfig, args),
         overwrite=args.overwrite,
         progress=not args.quiet,
         log_every=args.log_every,
@@ -279,14 +274,10 @@ def _rm_train(args: argparse.Namespace) -> int:
 def _rm_eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from grpo.infra.devices import resolve_device
-    from grpo.rewards.model import RewardModel, load_pairs
+    from grpo.rewards.model import evaluate_reward_model
 
     hf_logging.disable_progress_bar()
-    device = resolve_device(args.device, "--device")
-    pairs = load_pairs(args.data)  # bad data fails before the model loads
-    model = RewardModel.from_pretrained(args.model, batch_size=args.batch_size, device=device)
-    print(json.dumps({**model.evaluate(pairs), "model": args.model, "data": args.data}))
+    print(json.dumps(evaluate_reward_model(_config_from(RewardEvalConfig, args), device=args.device)))
     return 0
 
 
@@ -612,42 +603,22 @@ def build_parser() -> argparse.ArgumentParser:
         description=RM_TRAIN_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rm_train.add_argument(
-        "--model", required=True, metavar="BASE", help="the causal LM to start from (directory or hub id)"
-    )
-    rm_train.add_argument(
-        "--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected"
-    )
+    flag = lambda name, *flags, **kwargs: _field_flag(rm_train, RewardTrainConfig, name, *flags, **kwargs)  # noqa: E731
+    flag("model", metavar="BASE")
+    flag("data", metavar="PAIRS")
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
-    rm_train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: %(default)s)")
-    rm_train.add_argument("--epochs", type=positive_int, default=1, help="passes over the pairs (default: %(default)s)")
-    rm_train.add_argument("--batch-size", type=positive_int, default=16, help="pairs per update (default: %(default)s)")
-    rm_train.add_argument(
-        "--eval-fraction",
-        type=fraction,
-        default=0.1,
-        help="fraction of the pairs held out to measure accuracy (default: %(default)s)",
-    )
-    rm_train.add_argument(
-        "--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)"
-    )
-    rm_train.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="tokens per text; longer texts lose their beginning (default: the model's limit)",
-    )
+    flag("lr")
+    flag("epochs", type=positive_int)
+    flag("batch_size", type=positive_int)
+    flag("eval_fraction", type=fraction)
+    flag("seed")
+    flag("max_length", type=positive_int)
     rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
-    rm_train.add_argument(
-        "--log-every",
-        type=positive_int,
-        default=10,
-        metavar="N",
-        help="when stderr is not a terminal (a file, a cluster's log), one line every N batches "
-        "(step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always "
-        "(default: %(default)s)",
+    _log_every(
+        rm_train,
+        "one line every N batches (step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always",
     )
     rm_train.set_defaults(handler=_rm_train)
 
@@ -657,11 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=RM_EVAL_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
-    rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
-    rm_eval.add_argument(
-        "--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)"
-    )
+    _field_flag(rm_eval, RewardEvalConfig, "model", metavar="DIR")
+    _field_flag(rm_eval, RewardEvalConfig, "data", metavar="PAIRS")
+    _field_flag(rm_eval, RewardEvalConfig, "batch_size", type=positive_int)
     rm_eval.add_argument("--device", default="auto", help=DEVICE_HELP)
     rm_eval.set_defaults(handler=_rm_eval)
 
