@@ -3,7 +3,7 @@
 Every command's settings are one typed config, its fields declared with `grpo.config.opt`
 (one default and one docstring each): `grpo.config.Config` (train, from YAML), `SFTConfig`
 and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig` and `RewardEvalConfig`
-(rm). A flag that sets a field takes its help, default and type from the field
+(rm), `DemoConfig` (demo). A flag that sets a field takes its help, default and type from the field
 (`_field_flag`), so each is written once, there. What the
 configs leave out is how a command runs rather than what it makes or measures (where its
 output goes, the device, progress lines, --overwrite): those are keyword arguments of the
@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from grpo import __version__
 from grpo.config import REQUIRED, field_default
+from grpo.demo import QUICK, DemoConfig
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
 from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
@@ -102,8 +103,9 @@ def _field_flag(
 
 
 def _config_from(config: type, args: argparse.Namespace):
-    """The config whose fields the parsed flags set."""
-    return config(**{name: getattr(args, name) for name in _fields(config) if hasattr(args, name)})
+    """The config whose fields the parsed flags set; a flag left unset (None) leaves its
+    field's default."""
+    return config(**{name: getattr(args, name) for name in _fields(config) if getattr(args, name, None) is not None})
 
 
 DESCRIPTION = """\
@@ -395,28 +397,12 @@ samples have no answer, a warning line says so (and compare.md repeats it).
 def _demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from grpo.demo import DemoConfig, demo
+    from grpo.demo import demo, quick
 
     hf_logging.disable_progress_bar()
-    config = DemoConfig(seed=args.seed, seeds=args.seeds, neural_rm=args.neural_rm, full=args.full)
-    if args.quick:  # a smoke run of every stage, in about a minute
-        config = DemoConfig(
-            seed=args.seed,
-            seeds=min(args.seeds, 2),
-            neural_rm=args.neural_rm,
-            full=args.full,
-            sft_steps=300,
-            eval_prompts=12,
-            n=8,
-            ks=[1, 2, 4, 8],
-            train_prompts=64,
-            steps=4,
-            prompts_per_step=4,
-            group_size=4,
-            rm_prompts=16,
-        )
-    if args.steps:
-        config.steps = args.steps
+    config = _config_from(DemoConfig, args)
+    if args.quick:  # the smoke budget; --steps still says how many steps
+        config = dataclasses.replace(quick(config), steps=args.steps or QUICK["steps"])
     summary = demo(args.output, config, progress=not args.quiet, overwrite=args.overwrite)
     print(json.dumps({"report": str(Path(args.output) / "report.md"), "time_s": round(summary["time_s"], 1)}))
     return 0
@@ -644,24 +630,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of every stage (default: %(default)s)")
-    demo.add_argument("--steps", type=positive_int, default=None, help="RL steps per run (default: the demo's)")
-    demo.add_argument(
-        "--seeds",
-        type=positive_int,
-        default=3,
-        help="RL runs per arm, seeds --seed, --seed + 1, ... (default: %(default)s; 1 for a quick look)",
-    )
-    demo.add_argument(
-        "--full",
-        action="store_true",
-        help="also outcome vs process supervision and one vs two iterations of iterative RL (longer)",
-    )
-    demo.add_argument(
-        "--neural-rm",
-        action="store_true",
-        help="also a GRPO run driven by a reward model trained on the base's own answers (on with --full)",
-    )
+    flag = lambda name, *flags, **kwargs: _field_flag(demo, DemoConfig, name, *flags, **kwargs)  # noqa: E731
+    flag("seed")
+    flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
+    flag("seeds", type=positive_int)
+    flag("full")
+    flag("neural_rm")
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
     demo.add_argument("--quiet", action="store_true", help="no progress output")
