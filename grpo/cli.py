@@ -1,19 +1,20 @@
 """The `grpo` command: parses arguments and dispatches; it holds no logic of its own.
 
-Every command's settings are one typed config, its fields declared with `grpo.config.opt`
-(one default and one docstring each): `grpo.config.Config` (train, from YAML), `SFTConfig`
-and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig` and `RewardEvalConfig`
-(rm), `DemoConfig` (demo). A flag that sets a field takes its help, default and type from the field
-(`_field_flag`), so each is written once, there. What the
-configs leave out is how a command runs rather than what it makes or measures (where its
-output goes, the device, progress lines, --overwrite): those are keyword arguments of the
-function the command calls, and their flags are written here.
+Every command's settings are one typed config whose fields are declared with
+`grpo.config.opt` (one default and one docstring each): `grpo.config.Config` (train, read
+from YAML), `SFTConfig` and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig`
+and `RewardEvalConfig` (rm), `DemoConfig` (demo). A flag that sets a field takes its help,
+default and type from the field (`_field_flag`), so each is written once, there. The configs
+hold what a command makes or measures; how it runs (where the output goes, the device,
+progress lines, --overwrite) are keyword arguments of the function it calls, and those
+flags are written here.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -32,11 +33,17 @@ from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
 from grpo.train.sft import FineTuneConfig, SFTConfig
 
-# ---- flags made from config fields ----------------------------------------------------------
+
+# ---- flags made from config fields -------------------------------------------------------
 
 
 def _fields(config: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(config)}
+
+
+def _flag_name(name: str) -> str:
+    """A field's flag: --the-name."""
+    return "--" + name.replace("_", "-")
 
 
 def _shown(value: Any) -> str:
@@ -97,9 +104,7 @@ def _field_flag(
         kwargs.setdefault("required", True)
     else:
         kwargs.setdefault("default", default)
-    parser.add_argument(
-        *(flags or ["--" + name.replace("_", "-")]), dest=name, help=_field_help(config, name, shown), **kwargs
-    )
+    parser.add_argument(*(flags or [_flag_name(name)]), dest=name, help=_field_help(config, name, shown), **kwargs)
 
 
 def _config_from(config: type, args: argparse.Namespace):
@@ -107,6 +112,8 @@ def _config_from(config: type, args: argparse.Namespace):
     field's default."""
     return config(**{name: getattr(args, name) for name in _fields(config) if getattr(args, name, None) is not None})
 
+
+# ---- what each command's --help says -----------------------------------------------------
 
 DESCRIPTION = """\
 Reinforcement-learning fine-tuning of language models with GRPO (Group Relative Policy
@@ -158,7 +165,6 @@ scores above the rejected one (accuracy; ties count 1/2) and the mean score diff
 (margin). The last line printed is a JSON object with accuracy, margin and pairs.
 """
 
-
 SFT_HELP = """\
 Supervised warm-up before RL, in two modes:
 
@@ -198,7 +204,6 @@ output, steps, loss/first, loss/last, parameters, time_s (and when fine-tuning: 
 epochs, truncated, trainable_parameters).
 """
 
-
 EVAL_HELP = """\
 Measure pass@k and maj@k of a model (DeepSeekMath Fig. 7: RL raises Maj@K, not Pass@K).
 
@@ -219,6 +224,45 @@ Before the model loads, the verifier is tried on an empty completion for every r
 it raises on fails the command; if it can score none of the rows (None for every one), the
 data is not this verifier's (a missing answer column) and the command fails too.
 """
+
+DEMO_HELP = """\
+The built-in demo, on a laptop CPU, with no download (what `make demo` runs).
+
+It warms up a tiny Llama on two- and three-digit addition until it solves some problems
+sometimes (and some never, in 64 tries), measures pass@k and maj@k (k up to 64), trains it
+with GRPO and, from the same base, with PPO on two budgets: the same prompts as GRPO, and
+the same number of generated tokens (G times the prompts). PPO runs with its own tuned
+settings (learning rates of policy and critic, GAE lambda, epochs; the critic starts from
+the base). Every RL arm runs over --seeds seeds, two runs at a time on one thread each; the
+report gives means, the spread over seeds and intervals over problems. It shows
+DeepSeekMath's findings as measured: whether RL raises Maj@K more than Pass@K; GRPO holds
+three models to PPO's four but samples G answers per question. Writes report.md,
+summary.json and plots into --output (under 10 minutes on 2 cores).
+
+--neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
+wrong answers, its true accuracy logged beside the score it optimised (reward hacking
+shows). --full adds it and DeepSeekMath's Fig. 5 and Fig. 6 at toy scale: outcome against
+process supervision (the task's per-step verifier as the reward) and one against two
+iterations of iterative RL (the reward model retrained on the policy's samples between
+them), one seed each, as plots and tables in the report.
+"""
+
+COMPARE_HELP = """\
+Train two configs on the same data and budget and put them side by side: models and
+parameters held, peak memory, generated tokens, time per step, final reward and (with
+--task) accuracy (pass@1) and maj@n over --n samples per problem, measured as `grpo eval`
+measures them. The second config takes the first one's data, seed, steps, prompts per step
+and completion length. Writes compare.md and compare.json into --output.
+
+--task is a built-in task (arithmetic) or any task as 'pkg.module:name': a grpo.tasks.Task,
+or a function of no arguments that returns one. Its verifier checks the answers; its rows
+function gives the problems unless --eval-data does. Its answer extractor reads the final
+answers that maj@n votes with, unless --answer or --answer-pattern says how; when most
+samples have no answer, a warning line says so (and compare.md repeats it).
+"""
+
+
+# ---- the commands ------------------------------------------------------------------------
 
 
 def _config_reference() -> str:
@@ -289,10 +333,10 @@ def _sft_config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
     trains from scratch; a flag of the other mode is one line."""
     fine_tune, scratch = _fields(FineTuneConfig), _fields(SFTConfig)
     given = {name: value for name, value in vars(args).items() if value is not None and name in {*fine_tune, *scratch}}
-    flag = {"hidden_size": "--hidden"}.get  # the flags not named as their field is
+    flag = {"hidden_size": "--hidden"}  # the flags not named as their field is
 
     def wrong(names: list[str]) -> str:
-        return ", ".join(flag(name, "--" + name.replace("_", "-")) for name in names)
+        return ", ".join(flag.get(name) or _flag_name(name) for name in names)
 
     if "model" not in given:
         if "data" in given:
@@ -358,43 +402,6 @@ def _eval(args: argparse.Namespace) -> int:
     )
 
 
-DEMO_HELP = """\
-The built-in demo, on a laptop CPU, with no download (what `make demo` runs).
-
-It warms up a tiny Llama on two- and three-digit addition until it solves some problems
-sometimes (and some never, in 64 tries), measures pass@k and maj@k (k up to 64), trains it
-with GRPO and, from the same base, with PPO on two budgets: the same prompts as GRPO, and
-the same number of generated tokens (G times the prompts). PPO runs with its own tuned
-settings (learning rates of policy and critic, GAE lambda, epochs; the critic starts from
-the base). Every RL arm runs over --seeds seeds, two runs at a time on one thread each; the
-report gives means, the spread over seeds and intervals over problems. It shows
-DeepSeekMath's findings as measured: whether RL raises Maj@K more than Pass@K; GRPO holds
-three models to PPO's four but samples G answers per question. Writes report.md,
-summary.json and plots into --output (under 10 minutes on 2 cores).
-
---neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
-wrong answers, its true accuracy logged beside the score it optimised (reward hacking
-shows). --full adds it and DeepSeekMath's Fig. 5 and Fig. 6 at toy scale: outcome against
-process supervision (the task's per-step verifier as the reward) and one against two
-iterations of iterative RL (the reward model retrained on the policy's samples between
-them), one seed each, as plots and tables in the report.
-"""
-
-COMPARE_HELP = """\
-Train two configs on the same data and budget and put them side by side: models and
-parameters held, peak memory, generated tokens, time per step, final reward and (with
---task) accuracy (pass@1) and maj@n over --n samples per problem, measured as `grpo eval`
-measures them. The second config takes the first one's data, seed, steps, prompts per step
-and completion length. Writes compare.md and compare.json into --output.
-
---task is a built-in task (arithmetic) or any task as 'pkg.module:name': a grpo.tasks.Task,
-or a function of no arguments that returns one. Its verifier checks the answers; its rows
-function gives the problems unless --eval-data does. Its answer extractor reads the final
-answers that maj@n votes with, unless --answer or --answer-pattern says how; when most
-samples have no answer, a warning line says so (and compare.md repeats it).
-"""
-
-
 def _demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -433,6 +440,20 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- the parser --------------------------------------------------------------------------
+
+
+def _command(commands, name: str, help: str, description: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose --help prints `description` as written."""
+    return commands.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+
+
+def _device(parser) -> None:
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
 def _log_every(parser, lines: str) -> None:
     parser.add_argument(
         "--log-every",
@@ -443,115 +464,9 @@ def _log_every(parser, lines: str) -> None:
     )
 
 
-def _add_sft(commands) -> None:
-    parser = commands.add_parser(
-        "sft",
-        help="supervised warm-up: fine-tune a model on your rows, or train a small one from scratch on arithmetic",
-        description=SFT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
-    _log_every(parser, "a plain line every N updates (update, loss, elapsed, s/step) instead of a bar")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
-
-    # Every flag of a config field is left unset (None) when not given: the flags given choose
-    # the mode (_sft_config), and the mode's config supplies the rest.
-    def both(group, name: str, *flags: str, **kwargs) -> None:
-        """A flag of either mode: its help is each mode's field doc, with each one's default."""
-        parts = [
-            f"with {mode}: {_field_help(config, name)}"
-            for mode, config in (("--model", FineTuneConfig), ("--task", SFTConfig))
-            if name in _fields(config)
-        ]
-        group.add_argument(*(flags or ["--" + name.replace("_", "-")]), dest=name, help="; ".join(parts), **kwargs)
-
-    modes = parser.add_argument_group("both modes")
-    once = modes.add_mutually_exclusive_group()
-    both(once, "steps", type=positive_int, metavar="N")
-    both(once, "epochs", type=positive_int, metavar="E")
-    both(modes, "batch_size", type=positive_int, metavar="B")
-    both(modes, "lr", type=positive_float, metavar="X")
-    both(modes, "seed", type=int, metavar="S")
-
-    mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
-    flag = lambda name, *flags, **kwargs: _field_flag(mine, FineTuneConfig, name, *flags, unset=True, **kwargs)  # noqa: E731
-    flag("model", metavar="DIR_OR_HUB_ID")
-    flag("data", metavar="FILE")
-    flag("prompt_column", metavar="NAME")
-    flag("completion_column", metavar="NAME")
-    flag("messages_column", metavar="NAME")
-    flag("max_length", type=positive_int, metavar="T")
-    flag("dtype")
-    flag("lora_r", type=int, metavar="R")
-    flag("lora_alpha", type=positive_float, metavar="A")
-    flag("lora_target_modules", metavar="NAMES")
-
-    scratch = parser.add_argument_group("from scratch (--task)")
-    flag = lambda name, *flags, **kwargs: _field_flag(scratch, SFTConfig, name, *flags, unset=True, **kwargs)  # noqa: E731
-    flag("task", metavar="NAME")
-    flag("hidden_size", "--hidden", type=positive_int, metavar="H")
-    flag("layers", type=positive_int, metavar="L")
-    flag("heads", type=positive_int, metavar="A")
-    flag("digits", type=digit_list, metavar="D")
-    parser.set_defaults(handler=_sft)
-
-
-def _add_eval(commands) -> None:
-    parser = commands.add_parser(
-        "eval",
-        help="measure pass@k and maj@k of a model (n samples per prompt)",
-        description=EVAL_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    flag = lambda name, *flags, **kwargs: _field_flag(parser, EvalConfig, name, *flags, **kwargs)  # noqa: E731
-    flag("model", metavar="DIR")
-    flag("data", metavar="D")
-    flag("n", type=positive_int)
-    flag("k", metavar="K,K,...")
-    check = parser.add_mutually_exclusive_group()
-    _field_flag(check, EvalConfig, "task", metavar="SPEC")
-    _field_flag(check, EvalConfig, "verifier", metavar="FN")
-    answer = parser.add_mutually_exclusive_group()
-    _field_flag(answer, EvalConfig, "answer", metavar="FN")
-    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")
-    flag("threshold")
-    flag("prompt_column")
-    flag("temperature")
-    flag("top_p")
-    flag("max_new_tokens", type=positive_int)
-    flag("batch_size", type=positive_int)
-    flag("seed")
-    flag("dtype")
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
-    _log_every(
-        parser,
-        "one line every N prompts (completions and prompts done, running pass@1, completions/s) instead of a bar; "
-        "the first and last always",
-    )
-    parser.set_defaults(handler=_eval)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="grpo",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"grpo {__version__}")
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-
-    train = commands.add_parser(
-        "train",
-        help="train a model with GRPO or PPO from a YAML config",
-        description=TRAIN_HELP,
-        epilog=_config_reference(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _add_train(commands) -> None:
+    train = _command(
+        commands, "train", "train a model with GRPO or PPO from a YAML config", TRAIN_HELP, epilog=_config_reference()
     )
     train.add_argument("config", help="the YAML config file")
     train.add_argument(
@@ -575,22 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
 
-    rm = commands.add_parser(
-        "rm",
-        help="train and evaluate reward models (a scalar score per completion, from comparisons)",
-        description=RM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+
+def _add_rm(commands) -> None:
+    rm = _command(
+        commands, "rm", "train and evaluate reward models (a scalar score per completion, from comparisons)", RM_HELP
     )
     rm.set_defaults(handler=lambda args: rm.print_help())
     rm_commands = rm.add_subparsers(title="commands", metavar="COMMAND")
 
-    rm_train = rm_commands.add_parser(
-        "train",
-        help="train a reward model from pairwise comparisons",
-        description=RM_TRAIN_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    flag = lambda name, *flags, **kwargs: _field_flag(rm_train, RewardTrainConfig, name, *flags, **kwargs)  # noqa: E731
+    rm_train = _command(rm_commands, "train", "train a reward model from pairwise comparisons", RM_TRAIN_HELP)
+    flag = functools.partial(_field_flag, rm_train, RewardTrainConfig)
     flag("model", metavar="BASE")
     flag("data", metavar="PAIRS")
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
@@ -600,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     flag("eval_fraction", type=fraction)
     flag("seed")
     flag("max_length", type=positive_int)
-    rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
+    _device(rm_train)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
     _log_every(
@@ -609,29 +518,106 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rm_train.set_defaults(handler=_rm_train)
 
-    rm_eval = rm_commands.add_parser(
-        "eval",
-        help="measure a reward model's accuracy on comparisons",
-        description=RM_EVAL_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    rm_eval = _command(rm_commands, "eval", "measure a reward model's accuracy on comparisons", RM_EVAL_HELP)
     _field_flag(rm_eval, RewardEvalConfig, "model", metavar="DIR")
     _field_flag(rm_eval, RewardEvalConfig, "data", metavar="PAIRS")
     _field_flag(rm_eval, RewardEvalConfig, "batch_size", type=positive_int)
-    rm_eval.add_argument("--device", default="auto", help=DEVICE_HELP)
+    _device(rm_eval)
     rm_eval.set_defaults(handler=_rm_eval)
 
-    _add_eval(commands)
-    _add_sft(commands)
 
-    demo = commands.add_parser(
-        "demo",
-        help="the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)",
-        description=DEMO_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _add_eval(commands) -> None:
+    parser = _command(commands, "eval", "measure pass@k and maj@k of a model (n samples per prompt)", EVAL_HELP)
+    flag = functools.partial(_field_flag, parser, EvalConfig)
+    flag("model", metavar="DIR")
+    flag("data", metavar="D")
+    flag("n", type=positive_int)
+    flag("k", metavar="K,K,...")
+    check = parser.add_mutually_exclusive_group()
+    _field_flag(check, EvalConfig, "task", metavar="SPEC")
+    _field_flag(check, EvalConfig, "verifier", metavar="FN")
+    answer = parser.add_mutually_exclusive_group()
+    _field_flag(answer, EvalConfig, "answer", metavar="FN")
+    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")
+    flag("threshold")
+    flag("prompt_column")
+    flag("temperature")
+    flag("top_p")
+    flag("max_new_tokens", type=positive_int)
+    flag("batch_size", type=positive_int)
+    flag("seed")
+    flag("dtype")
+    _device(parser)
+    parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
+    _log_every(
+        parser,
+        "one line every N prompts (completions and prompts done, running pass@1, completions/s) instead of a bar; "
+        "the first and last always",
     )
+    parser.set_defaults(handler=_eval)
+
+
+def _add_sft(commands) -> None:
+    parser = _command(
+        commands,
+        "sft",
+        "supervised warm-up: fine-tune a model on your rows, or train a small one from scratch on arithmetic",
+        SFT_HELP,
+    )
+    parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
+    _device(parser)
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
+    _log_every(parser, "a plain line every N updates (update, loss, elapsed, s/step) instead of a bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
+
+    # Every flag of a config field is left unset (None) when not given: the flags given choose
+    # the mode (_sft_config), and the mode's config supplies the rest.
+    def both(group, name: str, *flags: str, **kwargs) -> None:
+        """A flag of either mode: its help is each mode's field doc, with each one's default."""
+        parts = [
+            f"with {mode}: {_field_help(config, name)}"
+            for mode, config in (("--model", FineTuneConfig), ("--task", SFTConfig))
+            if name in _fields(config)
+        ]
+        group.add_argument(*(flags or [_flag_name(name)]), dest=name, help="; ".join(parts), **kwargs)
+
+    modes = parser.add_argument_group("both modes")
+    once = modes.add_mutually_exclusive_group()
+    both(once, "steps", type=positive_int, metavar="N")
+    both(once, "epochs", type=positive_int, metavar="E")
+    both(modes, "batch_size", type=positive_int, metavar="B")
+    both(modes, "lr", type=positive_float, metavar="X")
+    both(modes, "seed", type=int, metavar="S")
+
+    mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
+    flag = functools.partial(_field_flag, mine, FineTuneConfig, unset=True)
+    flag("model", metavar="DIR_OR_HUB_ID")
+    flag("data", metavar="FILE")
+    flag("prompt_column", metavar="NAME")
+    flag("completion_column", metavar="NAME")
+    flag("messages_column", metavar="NAME")
+    flag("max_length", type=positive_int, metavar="T")
+    flag("dtype")
+    flag("lora_r", type=int, metavar="R")
+    flag("lora_alpha", type=positive_float, metavar="A")
+    flag("lora_target_modules", metavar="NAMES")
+
+    scratch = parser.add_argument_group("from scratch (--task)")
+    flag = functools.partial(_field_flag, scratch, SFTConfig, unset=True)
+    flag("task", metavar="NAME")
+    flag("hidden_size", "--hidden", type=positive_int, metavar="H")
+    flag("layers", type=positive_int, metavar="L")
+    flag("heads", type=positive_int, metavar="A")
+    flag("digits", type=digit_list, metavar="D")
+    parser.set_defaults(handler=_sft)
+
+
+def _add_demo(commands) -> None:
+    demo = _command(commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)", DEMO_HELP)
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
-    flag = lambda name, *flags, **kwargs: _field_flag(demo, DemoConfig, name, *flags, **kwargs)  # noqa: E731
+    flag = functools.partial(_field_flag, demo, DemoConfig)
     flag("seed")
     flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
     flag("seeds", type=positive_int)
@@ -642,12 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress output")
     demo.set_defaults(handler=_demo)
 
-    compare = commands.add_parser(
-        "compare",
-        help="train two configs on the same data and budget, side by side",
-        description=COMPARE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def _add_compare(commands) -> None:
+    compare = _command(commands, "compare", "train two configs on the same data and budget, side by side", COMPARE_HELP)
     compare.add_argument("config_a", help="the first YAML config (its data and budget are used for both)")
     compare.add_argument("config_b", help="the second YAML config")
     compare.add_argument(
@@ -683,6 +666,19 @@ def build_parser() -> argparse.ArgumentParser:
     _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")  # as grpo eval reads it
     compare.add_argument("--quiet", action="store_true", help="no progress output")
     compare.set_defaults(handler=_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"grpo {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in (_add_train, _add_rm, _add_eval, _add_sft, _add_demo, _add_compare):  # the order --help lists them in
+        add(commands)
     return parser
 
 
