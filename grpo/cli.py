@@ -1,19 +1,119 @@
-"""The `grpo` command: parses arguments and dispatches; it holds no logic of its own."""
+"""The `grpo` command: parses arguments and dispatches; it holds no logic of its own.
+
+Every command's settings are one typed config whose fields are declared with
+`grpo.config.opt` (one default and one docstring each): `grpo.config.Config` (train, read
+from YAML), `SFTConfig` and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig`
+and `RewardEvalConfig` (rm), `DemoConfig` (demo). A flag that sets a field takes its help,
+default and type from the field (`_field_flag`), so each is written once, there. The configs
+hold what a command makes or measures; how it runs (where the output goes, the device,
+progress lines, --overwrite) are keyword arguments of the function it calls, and those
+flags are written here.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import sys
 import time
+import types
+import typing
 from pathlib import Path
+from typing import Any, Literal
 
 from grpo import __version__
+from grpo.config import REQUIRED, field_default
+from grpo.demo import QUICK, DemoConfig
 from grpo.errors import Stopped, UserError
-from grpo.eval.command import add_answer_options, register as register_eval
-from grpo.infra.argtypes import DEVICE_HELP, fraction, positive_int
+from grpo.eval.command import EvalConfig
+from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
+from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
-from grpo.train.sft import register as register_sft
+from grpo.train.sft import FineTuneConfig, SFTConfig
+
+
+# ---- flags made from config fields -------------------------------------------------------
+
+
+def _fields(config: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(config)}
+
+
+def _flag_name(name: str) -> str:
+    """A field's flag: --the-name."""
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    """A default as --help prints it; "" for none (None, False, REQUIRED: the doc says what then)."""
+    if value is None or value is False or value is REQUIRED:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _field_help(config: type, name: str, shown: str | None = None) -> str:
+    """The field's doc as a flag's help: its first word in lower case (unless a name such as
+    LoRA), no final period, then "(default: ...)": the field's default, `shown`, or what a
+    doc's last sentence "Default: ..." says (for a default of None)."""
+    f = _fields(config)[name]
+    doc, _, said = f.metadata["doc"].removesuffix(".").partition(". Default: ")
+    first = doc.split(" ", 1)[0]
+    if first[1:].islower() or len(first) == 1:
+        doc = first[0].lower() + doc[1:]
+    shown = shown if shown is not None else said or _shown(field_default(f))
+    return (doc + (f" (default: {shown})" if shown else "")).replace("%", "%%")  # argparse formats help with %
+
+
+def _flag_kind(hint: Any) -> dict:
+    """argparse's type or choices for a field's type hint (None dropped from an optional one);
+    {} where the caller must say (a field of several types)."""
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if optional else [hint]
+    if len(options) != 1:
+        return {}
+    (one,) = options
+    if typing.get_origin(one) is Literal:
+        return {"choices": typing.get_args(one)}
+    return {"type": one} if one in (int, float) else {}
+
+
+def _field_flag(
+    parser, config: type, name: str, *flags: str, unset: bool = False, shown: str | None = None, **kwargs
+) -> None:
+    """Add the flag that sets field `name` of the config class `config`: `--the-name` (or
+    `flags`), its value in args.<name>, its help, default and type from the field (`kwargs`
+    override them: a stricter type, a metavar). A field without a default is a required flag.
+    `unset`: the flag's own default is None, so that the command tells a flag given from one
+    left out; the help still shows the field's default."""
+    f = _fields(config)[name]
+    hint = typing.get_type_hints(config)[name]
+    default = field_default(f)
+    if hint is bool:
+        kwargs.setdefault("action", "store_true")
+    else:
+        kwargs = {**_flag_kind(hint), **kwargs}
+    if unset:
+        kwargs.setdefault("default", None)
+    elif default is REQUIRED:
+        kwargs.setdefault("required", True)
+    else:
+        kwargs.setdefault("default", default)
+    parser.add_argument(*(flags or [_flag_name(name)]), dest=name, help=_field_help(config, name, shown), **kwargs)
+
+
+def _config_from(config: type, args: argparse.Namespace):
+    """The config whose fields the parsed flags set; a flag left unset (None) leaves its
+    field's default."""
+    return config(**{name: getattr(args, name) for name in _fields(config) if getattr(args, name, None) is not None})
+
+
+# ---- what each command's --help says -----------------------------------------------------
 
 DESCRIPTION = """\
 Reinforcement-learning fine-tuning of language models with GRPO (Group Relative Policy
@@ -65,6 +165,105 @@ scores above the rejected one (accuracy; ties count 1/2) and the mean score diff
 (margin). The last line printed is a JSON object with accuracy, margin and pairs.
 """
 
+SFT_HELP = """\
+Supervised warm-up before RL, in two modes:
+
+  grpo sft --model M --data FILE --output DIR   fine-tune your model on your rows
+  grpo sft --task arithmetic --output DIR       a tiny model from scratch (the demo's base;
+                                                --task arithmetic is the default)
+
+Why: RL only moves a policy that already solves some prompts. GRPO's advantage is a
+completion's reward minus the mean reward of its group; a group whose rewards are all equal
+(all wrong, or all right) has zero advantage and teaches nothing. A random model solves
+nothing, a perfect one leaves nothing to learn. Warm up until the model solves some of your
+prompts some of the time, then run `grpo train` with `model: DIR`.
+
+Your rows (--data: any file or dataset `grpo train` reads) come in one of two shapes:
+  {"prompt": "What is 2+3?", "completion": "5"}                  (--prompt-column, --completion-column)
+  {"prompt": [{"role": "user", "content": "What is 2+3?"}], "completion": "5"}
+  {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
+The loss is on the completion (or each assistant message) and an EOS only. A prompt is
+encoded exactly as `grpo train` samples from it: chat messages through the tokenizer's chat
+template with the generation prompt. The model loads as `grpo train` loads one and trains on
+--device. With --lora-r the adapter is merged into the saved weights: DIR is a plain model
+directory. A row longer than the model's positions stops the command, unless --max-length
+cuts long rows to their last tokens. The defaults (below) are for a pretrained model: a light
+fine-tuning, warm-up over a tenth of the updates, then cosine to 0.
+
+From scratch (--task arithmetic): a small Llama-style model (built from a config, no
+download) learns addition written out digit by digit, from freshly drawn problems each step
+("47+85=" -> "7+5+0=12;4+8+1=13>132" + EOS). The defaults stop training early, on purpose:
+the model solves some held-out 2-digit problems some of the time, and nearly every one at
+least once in 16 samples (benchmarks/README.md has pass@1 and pass@16 by --steps). Fewer
+--steps: a weaker model; the defaults are tuned for 2 digits, and longer problems need more
+--steps.
+
+The same --seed gives the same weights. DIR holds the model, its tokenizer and
+sft_config.json (the settings it was made with). The last line printed is a JSON summary:
+output, steps, loss/first, loss/last, parameters, time_s (and when fine-tuning: model, rows,
+epochs, truncated, trainable_parameters).
+"""
+
+EVAL_HELP = """\
+Measure pass@k and maj@k of a model (DeepSeekMath Fig. 7: RL raises Maj@K, not Pass@K).
+
+For every prompt of --data, --n completions are sampled (temperature 0.7 by default) and each is
+checked: by a task (--task: a built-in name or 'pkg.module:name', its verifier, threshold and
+answer extractor) or by a reward function (--verifier, TRL's signature; correct when its
+score >= --threshold, with --answer reading the final answers). Then for every k:
+  pass@k  the chance that at least one of k samples is correct (unbiased: 1 - C(n-c,k)/C(n,k))
+  maj@k   the accuracy of a majority vote over the final answers of k samples
+both exact expectations over the k-subsets of the n samples, averaged over prompts, with
+95% normal confidence intervals over prompts (mean +- 1.96 s/sqrt(P), clipped to [0, 1]).
+
+Prints a table, then, as the last line, a JSON summary (everything but the per-prompt
+details). --out writes the full JSON (per_prompt included); --plot draws both curves.
+The same --seed and --batch-size give the same samples.
+
+Before the model loads, the verifier is tried on an empty completion for every row: a row
+it raises on fails the command; if it can score none of the rows (None for every one), the
+data is not this verifier's (a missing answer column) and the command fails too.
+"""
+
+DEMO_HELP = """\
+The built-in demo, on a laptop CPU, with no download (what `make demo` runs).
+
+It warms up a tiny Llama on two- and three-digit addition until it solves some problems
+sometimes (and some never, in 64 tries), measures pass@k and maj@k (k up to 64), trains it
+with GRPO and, from the same base, with PPO on two budgets: the same prompts as GRPO, and
+the same number of generated tokens (G times the prompts). PPO runs with its own tuned
+settings (learning rates of policy and critic, GAE lambda, epochs; the critic starts from
+the base). Every RL arm runs over --seeds seeds, two runs at a time on one thread each; the
+report gives means, the spread over seeds and intervals over problems. It shows
+DeepSeekMath's findings as measured: whether RL raises Maj@K more than Pass@K; GRPO holds
+three models to PPO's four but samples G answers per question. Writes report.md,
+summary.json and plots into --output (under 10 minutes on 2 cores).
+
+--neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
+wrong answers, its true accuracy logged beside the score it optimised (reward hacking
+shows). --full adds it and DeepSeekMath's Fig. 5 and Fig. 6 at toy scale: outcome against
+process supervision (the task's per-step verifier as the reward) and one against two
+iterations of iterative RL (the reward model retrained on the policy's samples between
+them), one seed each, as plots and tables in the report.
+"""
+
+COMPARE_HELP = """\
+Train two configs on the same data and budget and put them side by side: models and
+parameters held, peak memory, generated tokens, time per step, final reward and (with
+--task) accuracy (pass@1) and maj@n over --n samples per problem, measured as `grpo eval`
+measures them. The second config takes the first one's data, seed, steps, prompts per step
+and completion length. Writes compare.md and compare.json into --output.
+
+--task is a built-in task (arithmetic) or any task as 'pkg.module:name': a grpo.tasks.Task,
+or a function of no arguments that returns one. Its verifier checks the answers; its rows
+function gives the problems unless --eval-data does. Its answer extractor reads the final
+answers that maj@n votes with, unless --answer or --answer-pattern says how; when most
+samples have no answer, a warning line says so (and compare.md repeats it).
+"""
+
+
+# ---- the commands ------------------------------------------------------------------------
+
 
 def _config_reference() -> str:
     from grpo.config import describe_fields
@@ -108,15 +307,8 @@ def _rm_train(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # our own bar shows the training; no bars per weight file
     summary = train_reward_model(
-        args.model,
-        args.data,
         args.output,
-        lr=args.lr,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_fraction=args.eval_fraction,
-        seed=args.seed,
-        max_length=args.max_length,
+        _config_from(RewardTrainConfig, args),
         overwrite=args.overwrite,
         progress=not args.quiet,
         log_every=args.log_every,
@@ -129,79 +321,96 @@ def _rm_train(args: argparse.Namespace) -> int:
 def _rm_eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from grpo.infra.devices import resolve_device
-    from grpo.rewards.model import RewardModel, load_pairs
+    from grpo.rewards.model import evaluate_reward_model
 
     hf_logging.disable_progress_bar()
-    device = resolve_device(args.device, "--device")
-    pairs = load_pairs(args.data)  # bad data fails before the model loads
-    model = RewardModel.from_pretrained(args.model, batch_size=args.batch_size, device=device)
-    print(json.dumps({**model.evaluate(pairs), "model": args.model, "data": args.data}))
+    print(json.dumps(evaluate_reward_model(_config_from(RewardEvalConfig, args), device=args.device)))
     return 0
 
 
-DEMO_HELP = """\
-The built-in demo, on a laptop CPU, with no download (what `make demo` runs).
+def _sft_config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
+    """The mode the flags ask for, as its config: --model (and --data) fine-tune, else --task
+    trains from scratch; a flag of the other mode is one line."""
+    fine_tune, scratch = _fields(FineTuneConfig), _fields(SFTConfig)
+    given = {name: value for name, value in vars(args).items() if value is not None and name in {*fine_tune, *scratch}}
+    flag = {"hidden_size": "--hidden"}  # the flags not named as their field is
 
-It warms up a tiny Llama on two- and three-digit addition until it solves some problems
-sometimes (and some never, in 64 tries), measures pass@k and maj@k (k up to 64), trains it
-with GRPO and, from the same base, with PPO on two budgets: the same prompts as GRPO, and
-the same number of generated tokens (G times the prompts). PPO runs with its own tuned
-settings (learning rates of policy and critic, GAE lambda, epochs; the critic starts from
-the base). Every RL arm runs over --seeds seeds, two runs at a time on one thread each; the
-report gives means, the spread over seeds and intervals over problems. It shows
-DeepSeekMath's findings as measured: whether RL raises Maj@K more than Pass@K; GRPO holds
-three models to PPO's four but samples G answers per question. Writes report.md,
-summary.json and plots into --output (under 10 minutes on 2 cores).
+    def wrong(names: list[str]) -> str:
+        return ", ".join(flag.get(name) or _flag_name(name) for name in names)
 
---neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
-wrong answers, its true accuracy logged beside the score it optimised (reward hacking
-shows). --full adds it and DeepSeekMath's Fig. 5 and Fig. 6 at toy scale: outcome against
-process supervision (the task's per-step verifier as the reward) and one against two
-iterations of iterative RL (the reward model retrained on the policy's samples between
-them), one seed each, as plots and tables in the report.
-"""
+    if "model" not in given:
+        if "data" in given:
+            raise UserError(
+                "--data needs --model, the model to fine-tune on it (without --model, sft trains "
+                "the built-in --task from scratch)"
+            )
+        others = [name for name in given if name not in scratch]
+        if others:
+            raise UserError(
+                f"{wrong(others)}: fine-tuning options, for --model and --data; --task trains a new model from scratch"
+            )
+        return SFTConfig(**given)
+    if "task" in given:
+        raise UserError(
+            "--model and --task exclude each other: --model fine-tunes a model on --data, "
+            "--task trains a new model from scratch on a built-in task"
+        )
+    if "data" not in given:
+        raise UserError(
+            "--model needs --data, the rows to fine-tune it on (a file or dataset, as grpo train's data.path)"
+        )
+    others = [name for name in given if name not in fine_tune]
+    if others:
+        raise UserError(f"{wrong(others)}: options of --task (a new model from scratch), not of --model")
+    if given.get("lora_target_modules", "all-linear") != "all-linear":
+        given["lora_target_modules"] = tuple(
+            name.strip() for name in given["lora_target_modules"].split(",") if name.strip()
+        )
+    return FineTuneConfig(**given)
 
-COMPARE_HELP = """\
-Train two configs on the same data and budget and put them side by side: models and
-parameters held, peak memory, generated tokens, time per step, final reward and (with
---task) accuracy (pass@1) and maj@n over --n samples per problem, measured as `grpo eval`
-measures them. The second config takes the first one's data, seed, steps, prompts per step
-and completion length. Writes compare.md and compare.json into --output.
 
---task is a built-in task (arithmetic) or any task as 'pkg.module:name': a grpo.tasks.Task,
-or a function of no arguments that returns one. Its verifier checks the answers; its rows
-function gives the problems unless --eval-data does. Its answer extractor reads the final
-answers that maj@n votes with, unless --answer or --answer-pattern says how; when most
-samples have no answer, a warning line says so (and compare.md repeats it).
-"""
+def _sft(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from grpo.train.sft import sft
+
+    config = _sft_config(args)
+    hf_logging.disable_progress_bar()  # our own bar shows the training
+    summary = sft(
+        args.output,
+        config,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        device=args.device,
+        log_every=args.log_every,
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from grpo.eval.command import run
+
+    return run(
+        _config_from(EvalConfig, args),
+        load_task=load_task,
+        device=args.device,
+        out=args.out,
+        plot=args.plot,
+        progress=not args.quiet,
+        log_every=args.log_every,
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from grpo.demo import DemoConfig, demo
+    from grpo.demo import demo, quick
 
     hf_logging.disable_progress_bar()
-    config = DemoConfig(seed=args.seed, seeds=args.seeds, neural_rm=args.neural_rm, full=args.full)
-    if args.quick:  # a smoke run of every stage, in about a minute
-        config = DemoConfig(
-            seed=args.seed,
-            seeds=min(args.seeds, 2),
-            neural_rm=args.neural_rm,
-            full=args.full,
-            sft_steps=300,
-            eval_prompts=12,
-            n=8,
-            ks=[1, 2, 4, 8],
-            train_prompts=64,
-            steps=4,
-            prompts_per_step=4,
-            group_size=4,
-            rm_prompts=16,
-        )
-    if args.steps:
-        config.steps = args.steps
+    config = _config_from(DemoConfig, args)
+    if args.quick:  # the smoke budget; --steps still says how many steps
+        config = dataclasses.replace(quick(config), steps=args.steps or QUICK["steps"])
     summary = demo(args.output, config, progress=not args.quiet, overwrite=args.overwrite)
     print(json.dumps({"report": str(Path(args.output) / "report.md"), "time_s": round(summary["time_s"], 1)}))
     return 0
@@ -231,22 +440,33 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="grpo",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"grpo {__version__}")
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+# ---- the parser --------------------------------------------------------------------------
 
-    train = commands.add_parser(
-        "train",
-        help="train a model with GRPO or PPO from a YAML config",
-        description=TRAIN_HELP,
-        epilog=_config_reference(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+
+def _command(commands, name: str, help: str, description: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose --help prints `description` as written."""
+    return commands.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+
+
+def _device(parser) -> None:
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def _log_every(parser, lines: str) -> None:
+    parser.add_argument(
+        "--log-every",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help=f"when stderr is not a terminal (a file, a cluster's log), {lines} (default: %(default)s)",
+    )
+
+
+def _add_train(commands) -> None:
+    train = _command(
+        commands, "train", "train a model with GRPO or PPO from a YAML config", TRAIN_HELP, epilog=_config_reference()
     )
     train.add_argument("config", help="the YAML config file")
     train.add_argument(
@@ -270,113 +490,147 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)
 
-    rm = commands.add_parser(
-        "rm",
-        help="train and evaluate reward models (a scalar score per completion, from comparisons)",
-        description=RM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+
+def _add_rm(commands) -> None:
+    rm = _command(
+        commands, "rm", "train and evaluate reward models (a scalar score per completion, from comparisons)", RM_HELP
     )
     rm.set_defaults(handler=lambda args: rm.print_help())
     rm_commands = rm.add_subparsers(title="commands", metavar="COMMAND")
 
-    rm_train = rm_commands.add_parser(
-        "train",
-        help="train a reward model from pairwise comparisons",
-        description=RM_TRAIN_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    rm_train.add_argument(
-        "--model", required=True, metavar="BASE", help="the causal LM to start from (directory or hub id)"
-    )
-    rm_train.add_argument(
-        "--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected"
-    )
+    rm_train = _command(rm_commands, "train", "train a reward model from pairwise comparisons", RM_TRAIN_HELP)
+    flag = functools.partial(_field_flag, rm_train, RewardTrainConfig)
+    flag("model", metavar="BASE")
+    flag("data", metavar="PAIRS")
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
-    rm_train.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default: %(default)s)")
-    rm_train.add_argument("--epochs", type=positive_int, default=1, help="passes over the pairs (default: %(default)s)")
-    rm_train.add_argument("--batch-size", type=positive_int, default=16, help="pairs per update (default: %(default)s)")
-    rm_train.add_argument(
-        "--eval-fraction",
-        type=fraction,
-        default=0.1,
-        help="fraction of the pairs held out to measure accuracy (default: %(default)s)",
-    )
-    rm_train.add_argument(
-        "--seed", type=int, default=0, help="seeds the new head, the split and the order (default: %(default)s)"
-    )
-    rm_train.add_argument(
-        "--max-length",
-        type=positive_int,
-        default=None,
-        help="tokens per text; longer texts lose their beginning (default: the model's limit)",
-    )
-    rm_train.add_argument("--device", default="auto", help=DEVICE_HELP)
+    flag("lr")
+    flag("epochs", type=positive_int)
+    flag("batch_size", type=positive_int)
+    flag("eval_fraction", type=fraction)
+    flag("seed")
+    flag("max_length", type=positive_int)
+    _device(rm_train)
     rm_train.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
     rm_train.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
-    rm_train.add_argument(
-        "--log-every",
-        type=positive_int,
-        default=10,
-        metavar="N",
-        help="when stderr is not a terminal (a file, a cluster's log), one line every N batches "
-        "(step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always "
-        "(default: %(default)s)",
+    _log_every(
+        rm_train,
+        "one line every N batches (step, epoch, loss, accuracy, s/step) instead of a bar; the first and last always",
     )
     rm_train.set_defaults(handler=_rm_train)
 
-    rm_eval = rm_commands.add_parser(
-        "eval",
-        help="measure a reward model's accuracy on comparisons",
-        description=RM_EVAL_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    rm_eval.add_argument("--model", required=True, metavar="DIR", help="a reward model saved by `grpo rm train`")
-    rm_eval.add_argument("--data", required=True, metavar="PAIRS", help="comparisons: rows of prompt, chosen, rejected")
-    rm_eval.add_argument(
-        "--batch-size", type=positive_int, default=32, help="texts per forward pass (default: %(default)s)"
-    )
-    rm_eval.add_argument("--device", default="auto", help=DEVICE_HELP)
+    rm_eval = _command(rm_commands, "eval", "measure a reward model's accuracy on comparisons", RM_EVAL_HELP)
+    _field_flag(rm_eval, RewardEvalConfig, "model", metavar="DIR")
+    _field_flag(rm_eval, RewardEvalConfig, "data", metavar="PAIRS")
+    _field_flag(rm_eval, RewardEvalConfig, "batch_size", type=positive_int)
+    _device(rm_eval)
     rm_eval.set_defaults(handler=_rm_eval)
 
-    register_eval(commands, load_task=load_task)
-    register_sft(commands)
 
-    demo = commands.add_parser(
-        "demo",
-        help="the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)",
-        description=DEMO_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _add_eval(commands) -> None:
+    parser = _command(commands, "eval", "measure pass@k and maj@k of a model (n samples per prompt)", EVAL_HELP)
+    flag = functools.partial(_field_flag, parser, EvalConfig)
+    flag("model", metavar="DIR")
+    flag("data", metavar="D")
+    flag("n", type=positive_int)
+    flag("k", metavar="K,K,...")
+    check = parser.add_mutually_exclusive_group()
+    _field_flag(check, EvalConfig, "task", metavar="SPEC")
+    _field_flag(check, EvalConfig, "verifier", metavar="FN")
+    answer = parser.add_mutually_exclusive_group()
+    _field_flag(answer, EvalConfig, "answer", metavar="FN")
+    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")
+    flag("threshold")
+    flag("prompt_column")
+    flag("temperature")
+    flag("top_p")
+    flag("max_new_tokens", type=positive_int)
+    flag("batch_size", type=positive_int)
+    flag("seed")
+    flag("dtype")
+    _device(parser)
+    parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no progress lines")
+    _log_every(
+        parser,
+        "one line every N prompts (completions and prompts done, running pass@1, completions/s) instead of a bar; "
+        "the first and last always",
     )
+    parser.set_defaults(handler=_eval)
+
+
+def _add_sft(commands) -> None:
+    parser = _command(
+        commands,
+        "sft",
+        "supervised warm-up: fine-tune a model on your rows, or train a small one from scratch on arithmetic",
+        SFT_HELP,
+    )
+    parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
+    _device(parser)
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
+    _log_every(parser, "a plain line every N updates (update, loss, elapsed, s/step) instead of a bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
+
+    # Every flag of a config field is left unset (None) when not given: the flags given choose
+    # the mode (_sft_config), and the mode's config supplies the rest.
+    def both(group, name: str, *flags: str, **kwargs) -> None:
+        """A flag of either mode: its help is each mode's field doc, with each one's default."""
+        parts = [
+            f"with {mode}: {_field_help(config, name)}"
+            for mode, config in (("--model", FineTuneConfig), ("--task", SFTConfig))
+            if name in _fields(config)
+        ]
+        group.add_argument(*(flags or [_flag_name(name)]), dest=name, help="; ".join(parts), **kwargs)
+
+    modes = parser.add_argument_group("both modes")
+    once = modes.add_mutually_exclusive_group()
+    both(once, "steps", type=positive_int, metavar="N")
+    both(once, "epochs", type=positive_int, metavar="E")
+    both(modes, "batch_size", type=positive_int, metavar="B")
+    both(modes, "lr", type=positive_float, metavar="X")
+    both(modes, "seed", type=int, metavar="S")
+
+    mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
+    flag = functools.partial(_field_flag, mine, FineTuneConfig, unset=True)
+    flag("model", metavar="DIR_OR_HUB_ID")
+    flag("data", metavar="FILE")
+    flag("prompt_column", metavar="NAME")
+    flag("completion_column", metavar="NAME")
+    flag("messages_column", metavar="NAME")
+    flag("max_length", type=positive_int, metavar="T")
+    flag("dtype")
+    flag("lora_r", type=int, metavar="R")
+    flag("lora_alpha", type=positive_float, metavar="A")
+    flag("lora_target_modules", metavar="NAMES")
+
+    scratch = parser.add_argument_group("from scratch (--task)")
+    flag = functools.partial(_field_flag, scratch, SFTConfig, unset=True)
+    flag("task", metavar="NAME")
+    flag("hidden_size", "--hidden", type=positive_int, metavar="H")
+    flag("layers", type=positive_int, metavar="L")
+    flag("heads", type=positive_int, metavar="A")
+    flag("digits", type=digit_list, metavar="D")
+    parser.set_defaults(handler=_sft)
+
+
+def _add_demo(commands) -> None:
+    demo = _command(commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)", DEMO_HELP)
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of every stage (default: %(default)s)")
-    demo.add_argument("--steps", type=positive_int, default=None, help="RL steps per run (default: the demo's)")
-    demo.add_argument(
-        "--seeds",
-        type=positive_int,
-        default=3,
-        help="RL runs per arm, seeds --seed, --seed + 1, ... (default: %(default)s; 1 for a quick look)",
-    )
-    demo.add_argument(
-        "--full",
-        action="store_true",
-        help="also outcome vs process supervision and one vs two iterations of iterative RL (longer)",
-    )
-    demo.add_argument(
-        "--neural-rm",
-        action="store_true",
-        help="also a GRPO run driven by a reward model trained on the base's own answers (on with --full)",
-    )
+    flag = functools.partial(_field_flag, demo, DemoConfig)
+    flag("seed")
+    flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
+    flag("seeds", type=positive_int)
+    flag("full")
+    flag("neural_rm")
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
     demo.add_argument("--quiet", action="store_true", help="no progress output")
     demo.set_defaults(handler=_demo)
 
-    compare = commands.add_parser(
-        "compare",
-        help="train two configs on the same data and budget, side by side",
-        description=COMPARE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+def _add_compare(commands) -> None:
+    compare = _command(commands, "compare", "train two configs on the same data and budget, side by side", COMPARE_HELP)
     compare.add_argument("config_a", help="the first YAML config (its data and budget are used for both)")
     compare.add_argument("config_b", help="the second YAML config")
     compare.add_argument(
@@ -401,9 +655,30 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--n", type=positive_int, default=8, help="samples per problem for pass@1 and maj@n (default: %(default)s)"
     )
-    add_answer_options(compare, votes="maj@n", default="the task's extractor")
+    answer = compare.add_mutually_exclusive_group()
+    answer.add_argument(
+        "--answer",
+        default=None,
+        metavar="FN",
+        help="'pkg.module:fn' reading a completion's final answer (a hashable value, or None for none): "
+        "the votes of maj@n (default: the task's extractor)",
+    )
+    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")  # as grpo eval reads it
     compare.add_argument("--quiet", action="store_true", help="no progress output")
     compare.set_defaults(handler=_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"grpo {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in (_add_train, _add_rm, _add_eval, _add_sft, _add_demo, _add_compare):  # the order --help lists them in
+        add(commands)
     return parser
 
 

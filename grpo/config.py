@@ -29,14 +29,37 @@ import yaml
 
 from grpo.errors import UserError
 
-__all__ = ["Config", "load_config", "config_from_dict", "config_to_dict", "describe_fields", "PRESETS"]
+__all__ = [
+    "Config",
+    "PRESETS",
+    "REQUIRED",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_fields",
+    "field_default",
+    "load_config",
+    "opt",
+]
+
+
+# `opt(REQUIRED, doc)`: a field the caller must give (it has no default).
+REQUIRED: Any = dataclasses.MISSING
 
 
 def opt(default: Any, doc: str, **kw) -> Any:
-    """A dataclass field with its documentation attached."""
+    """A dataclass field with its documentation attached: every config of the project (the
+    run's, and those of `grpo sft`, `eval`, `rm` and `demo`) declares its fields so, one
+    docstring per field; the command-line flags take their help and default from it."""
+    if default is REQUIRED:
+        return field(metadata={"doc": doc}, **kw)
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc}, **kw)
     return field(default=default, metadata={"doc": doc}, **kw)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default (a fresh copy of a mutable one), or REQUIRED when it has none."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 @dataclass
@@ -740,7 +763,7 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
         if dataclasses.is_dataclass(hint):
             rows.extend(describe_fields(hint, key + "."))
             continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = field_default(f)
         if (
             typing.get_origin(hint) is list
             and typing.get_args(hint)

@@ -27,14 +27,17 @@ run's own directory (config.yaml, metrics.jsonl, final/).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo.config import opt
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
 from grpo.eval.report import ARM_NAMES
@@ -51,64 +54,73 @@ TASK = "arithmetic"
 
 @dataclass
 class DemoConfig:
-    """The demo's budget. The defaults fit in 10 minutes on a 2-core CPU; `full` adds the
-    neural reward model, the supervision and the iterative-RL comparisons. The RL settings
-    were chosen on problems outside the evaluation set (the note on issue 15 says what was
-    tried): with fewer samples per step, or sampling at temperature 1, GRPO's gains on this
-    task were within what seeds alone move."""
+    """The demo's budget. The defaults are sized for the demo's 10 minutes on a 2-core CPU;
+    `full` adds the neural reward model, the supervision and the iterative-RL comparisons.
+    The RL settings were chosen on problems outside the evaluation set, GRPO's and PPO's
+    alike: benchmarks/README.md ("grpo demo") records what was tried and what it measured."""
 
-    seed: int = 0  # the base's seed and the first RL seed; the others are seed + 1, seed + 2, ...
-    seeds: int = 3  # RL runs per arm
-    digits: list[int] = field(default_factory=lambda: [2, 3])  # operand lengths, mixed evenly
-    sft_steps: int = 460  # the base: fewer steps, a weaker model (pass@64 ~0.9 on held-out problems)
-    eval_prompts: int = 100  # held-out problems for pass@k / maj@k (split evenly over `digits`)
-    n: int = 64  # samples per problem: k goes up to n
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    eval_temperature: float = 0.7  # DeepSeekMath Fig. 7 samples at 0.7
-    train_prompts: int = 8000  # the RL prompt pool (disjoint seed from the eval set)
-    steps: int = 200
-    prompts_per_step: int = 32  # GRPO's and equal-prompt PPO's
-    group_size: int = 8  # GRPO's G; PPO samples one completion per prompt
-    temperature: float = 0.7  # the RL runs' sampling temperature: the evaluation's
-    minibatches: int = 4  # GRPO's optimizer steps per RL step (each on a part of the step's samples)
-    max_new_tokens: int = 36  # a 3-digit solution is 32 tokens with its EOS
-    lr: float = 1e-4  # GRPO's; 2e-4 and above wrecked the warmed-up model (measured)
-    warmup_steps: int = 10
-    beta: float = 0.04
-    # PPO's own settings, tuned on problems outside the evaluation set (the report and the
-    # note on issue 15 say what was tried): the policy's and the critic's learning rates,
-    # GAE's lambda and the epochs over each batch. The critic starts from the base (its
-    # backbone; the scalar head is new), as is usual.
-    ppo_lr: float = 1e-5
-    ppo_value_lr: float = 1e-3
-    ppo_lam: float = 0.95
-    ppo_epochs: int = 1
-    ppo_minibatches: int = 2
-    micro_batch_size: int = 256  # the same for every run, in every forward pass and in generation
-    parallel: int = 2  # runs trained at once, each on one thread (1: one at a time, torch's threads)
-    neural_rm: bool = False  # the neural reward model's run (always with `full`)
-    rm_prompts: int = 200  # problems the base model answers to make the reward model's comparisons
-    rm_samples: int = 8
-    full: bool = False  # add outcome vs process supervision and iterative RL (one seed each)
+    seed: int = opt(0, "The seed of every stage: the base's, and the first RL run's of each arm.")
+    seeds: int = opt(3, "RL runs per arm, with seeds seed, seed + 1 and so on; 1 for a quick look.")
+    digits: list[int] = opt([2, 3], "Operand lengths, mixed evenly (the base's training and every problem set).")
+    sft_steps: int = opt(460, "SFT updates of the base: fewer, a weaker model; more, less left for RL to find.")
+    eval_prompts: int = opt(100, "Held-out problems for pass@k and maj@k (split evenly over the digits).")
+    n: int = opt(64, "Samples per problem: k goes up to n.")
+    ks: list[int] = opt([1, 2, 4, 8, 16, 32, 64], "The k of pass@k and maj@k.")
+    eval_temperature: float = opt(0.7, "The evaluation's sampling temperature (DeepSeekMath Fig. 7 samples at 0.7).")
+    train_prompts: int = opt(8000, "The RL prompt pool (drawn with a seed apart from the evaluation set's).")
+    steps: int = opt(200, "RL steps per run.")
+    prompts_per_step: int = opt(32, "Prompts per step of GRPO and of PPO at equal prompts.")
+    group_size: int = opt(8, "GRPO's G; PPO samples one completion per prompt.")
+    temperature: float = opt(0.7, "The RL runs' sampling temperature: the evaluation's.")
+    minibatches: int = opt(4, "GRPO's optimizer steps per RL step (each on a part of the step's samples).")
+    max_new_tokens: int = opt(36, "Longest completion: a 3-digit solution is 32 tokens with its EOS.")
+    lr: float = opt(1e-4, "GRPO's learning rate (higher ones wreck the warmed-up model).")
+    warmup_steps: int = opt(10, "Learning-rate warm-up of every RL run, in optimizer steps.")
+    beta: float = opt(0.04, "KL coefficient of every RL run.")
+    # PPO's own settings, tuned on problems outside the evaluation set: the policy's and the
+    # critic's learning rates, GAE's lambda and the epochs over each batch. The critic starts
+    # from the base (its backbone; the scalar head is new), as is usual.
+    ppo_lr: float = opt(1e-5, "PPO's policy learning rate.")
+    ppo_value_lr: float = opt(1e-3, "PPO's critic learning rate.")
+    ppo_lam: float = opt(0.95, "PPO's GAE lambda.")
+    ppo_epochs: int = opt(1, "PPO's epochs over each step's batch.")
+    ppo_minibatches: int = opt(2, "PPO's optimizer steps per epoch.")
+    micro_batch_size: int = opt(
+        256, "Completions per pass, the same for every run, in every forward pass and in generation."
+    )
+    parallel: int = opt(2, "Runs trained at once, each on one thread (1: one at a time, on torch's threads).")
+    neural_rm: bool = opt(
+        False, "Also a GRPO run driven by a reward model trained on the base's own answers (on with `full`)."
+    )
+    rm_prompts: int = opt(200, "Problems the base model answers to make the reward model's comparisons.")
+    rm_samples: int = opt(8, "The base's samples per such problem.")
+    full: bool = opt(
+        False,
+        "Also outcome vs process supervision and one vs two iterations of iterative RL, one seed each (longer).",
+    )
+
+
+# `grpo demo --quick`: a tiny budget that runs every stage (about a minute), as a smoke run.
+QUICK = dict(
+    sft_steps=300,
+    eval_prompts=12,
+    n=8,
+    ks=[1, 2, 4, 8],
+    train_prompts=64,
+    steps=4,
+    prompts_per_step=4,
+    group_size=4,
+    rm_prompts=16,
+)
+
+
+def quick(config: DemoConfig) -> DemoConfig:
+    """`config` on the QUICK budget, with at most 2 seeds."""
+    return dataclasses.replace(config, **copy.deepcopy(QUICK), seeds=min(config.seeds, 2))
 
 
 # The arms over seeds: name -> label (the report's names for them).
 ARMS = ARM_NAMES
-
-# What was tried to tune PPO, for the report (measured on 100 problems drawn apart from the
-# evaluation set, one seed, the equal-prompt budget; the note on issue 15 has the numbers).
-PPO_TUNING = (
-    "Tried on the equal-prompt budget (one seed, 100 problems drawn apart from the evaluation set), "
-    "against a base of 500 SFT steps (pass@1 29.3%, maj@16 53.2%), as pass@1 / maj@16 after training, by "
-    "policy lr / critic lr: 1e-4 / 1e-4, 2 epochs: 22.4% / 32.4%; 1e-4 / 1e-3, 4 epochs: 10.5% / 16.8%; "
-    "1e-4 / 3e-4, lambda 1: 22.1% / 31.4%; 1e-4 / 1e-3, 1 epoch in 2 minibatches: 23.4% / 34.5%; "
-    "3e-5 / 1e-3, 2 epochs: 28.6% / 47.7%; 3e-5 / 1e-3, 4 epochs: 25.5% / 42.0%; 3e-5 / 3e-3, lambda 1: "
-    "27.0% / 40.9%; 1e-5 / 1e-3, 2 epochs: 30.4% / 53.2%, the best. On this demo's base (460 steps; "
-    "18.3% / 34.5% there), 1e-5 / 1e-3 with 2 minibatches a step: 1 epoch 18.0% / 31.3%, 2 epochs "
-    "17.4% / 28.4%, 4 epochs 18.8% / 31.5%, and 2e-5 with 1 epoch 17.9% / 30.8%: alike, so 1 epoch was kept "
-    "(the equal-token arm's update costs 0.8 s a step with 2). With GRPO's policy lr (1e-4) PPO ended below "
-    "its base in every setting tried."
-)
 
 
 def _prompts_per_step(c: DemoConfig, arm: str) -> int:
@@ -388,7 +400,6 @@ def demo(
         "time_s": None,
         "neural_rm_skipped": skipped_rm,
         "failed": failed,
-        "ppo_tuning": PPO_TUNING,
         "base": _public(results["base"], None),
     }
     summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import yaml
@@ -101,6 +102,10 @@ def test_report_states_what_moved_by_how_much_and_over_how_many_seeds(tmp_path):
     assert "GRPO's pass@1 is 50.0% against 50.7% (−0.7 points), within the spread over seeds" in text
     assert "| GRPO | 3 | 169,088 | 400 | 160,000 | 1,600 | 60 | 50.0% [48.0–52.0%] |" in text
     assert "| PPO, equal generated tokens | 4 | 253,700 | 480 | 159,000 | 25,600 |" in text
+    # PPO's tuning is recorded once, in benchmarks/README.md; the report says where.
+    assert 'is recorded in the project\'s benchmarks/README.md ("grpo demo")' in text
+    benchmarks = Path(__file__).parents[1] / "benchmarks" / "README.md"
+    assert "\n## `grpo demo`: how its settings were chosen\n" in benchmarks.read_text()
 
 
 def test_report_reads_a_ceiling_a_loss_and_a_large_k_move(tmp_path):

@@ -130,7 +130,8 @@ def write_report(path: Path, s: dict) -> None:
         "answers as GRPO samples. PPO's own settings, tuned on problems outside the evaluation set: "
         f"policy lr {c['ppo_lr']}, critic lr {c['ppo_value_lr']}, GAE lambda {c['ppo_lam']} (gamma 1), "
         f"{c['ppo_epochs']} epoch(s) over each batch in {c.get('ppo_minibatches', 1)} minibatches, the critic's "
-        "backbone warm-started from the base (its scalar head new). " + (s.get("ppo_tuning") or "")
+        "backbone warm-started from the base (its scalar head new). What was tried to choose them, and what "
+        'each setting measured, is recorded in the project\'s benchmarks/README.md ("grpo demo").'
     )
     parallel = c.get("parallel", 1)
     add(

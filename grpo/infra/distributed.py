@@ -22,8 +22,8 @@ Data parallel, with the trained models sharded (FSDP2, `torch.distributed.fsdp.f
 - the reference model and reward models are replicated (each process holds a full copy):
   they only run forward, on each process's own rows, so replicas need no communication,
   and a reference copy can be stored in bf16 (half the memory). Sharded, the reference's
-  pass all-gathers every block (1.24-1.60x the replica's time on 2 CPU processes,
-  benchmarks/README.md), to save memory that the policy's AdamW state dwarfs.
+  pass all-gathers every block (slower than a replica's: benchmarks/README.md,
+  `bench_reference_sharding.py`), to save memory that the policy's AdamW state dwarfs.
 """
 
 from __future__ import annotations

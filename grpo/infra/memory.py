@@ -16,8 +16,8 @@ def peak_rss_mb() -> float:
     """This process's own peak resident memory in MiB. On Linux `VmHWM` of /proc/self/status
     (the high-water mark of this process's memory since it started its program), not
     `ru_maxrss`: a process started by another inherits its parent's peak as its own starting
-    ru_maxrss (exec carries it over), so a run launched from a process that once held 4 GB
-    would read at least 4 GB (measured). Elsewhere ru_maxrss (KiB on Linux, bytes on macOS).
+    ru_maxrss (exec carries it over), so a run launched from a process that once held much
+    memory would read at least that much (benchmarks/README.md). Elsewhere ru_maxrss (KiB on Linux, bytes on macOS).
     Imports nothing heavy: the benchmark's TRL child reads it before loading torch."""
     try:
         found = re.search(r"^VmHWM:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.MULTILINE)

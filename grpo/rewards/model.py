@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,21 @@ import torch
 from torch import Tensor
 
 from grpo.algo import bradley_terry_loss, pairwise_wins
+from grpo.config import REQUIRED, opt
 from grpo.data import load_rows
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
 from grpo.infra.progress import Progress
 
-__all__ = ["RewardModel", "load_pairs", "split_pairs", "train_reward_model"]
+__all__ = [
+    "RewardEvalConfig",
+    "RewardModel",
+    "RewardTrainConfig",
+    "evaluate_reward_model",
+    "load_pairs",
+    "split_pairs",
+    "train_reward_model",
+]
 
 _FALLBACK_MAX_LENGTH = 2048  # when neither the tokenizer nor the config states a limit
 _NO_LIMIT = 1_000_000  # tokenizers without a limit report model_max_length ~ 1e30
@@ -336,44 +346,72 @@ def split_pairs(pairs: Sequence[dict], eval_fraction: float, *, seed: int = 0) -
     return [pairs[i] for i in order[n_eval:]], [pairs[i] for i in order[:n_eval]]
 
 
+# ---- the commands: grpo rm train and grpo rm eval ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardTrainConfig:
+    """What `grpo rm train` trains: a reward model on `model` from the comparisons in `data`."""
+
+    model: str = opt(REQUIRED, "The causal LM to start from (directory or hub id).")
+    data: str = opt(REQUIRED, "Comparisons: rows of prompt, chosen, rejected.")
+    lr: float = opt(1e-4, "AdamW learning rate.")
+    epochs: int = opt(1, "Passes over the pairs.")
+    batch_size: int = opt(16, "Pairs per update.")
+    eval_fraction: float = opt(0.1, "Fraction of the pairs held out to measure accuracy.")
+    seed: int = opt(0, "Seeds the new head, the split and the order.")
+    max_length: int | None = opt(
+        None, "Tokens per text; longer texts lose their beginning. Default: the model's limit."
+    )
+
+
+@dataclass(frozen=True)
+class RewardEvalConfig:
+    """What `grpo rm eval` measures: a trained reward model on the comparisons in `data`."""
+
+    model: str = opt(REQUIRED, "A reward model saved by `grpo rm train`.")
+    data: str = opt(REQUIRED, "Comparisons: rows of prompt, chosen, rejected.")
+    batch_size: int = opt(32, "Texts per forward pass.")
+
+
 def train_reward_model(
-    base: str,
-    data: str,
     output: str | Path,
+    config: RewardTrainConfig,
     *,
-    lr: float = 1e-4,
-    epochs: int = 1,
-    batch_size: int = 16,
-    eval_fraction: float = 0.1,
-    seed: int = 0,
-    max_length: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
     log_every: int = 10,
     device: str = "auto",
 ) -> dict:
-    """What `grpo rm train` does: hold out a seeded fraction of the comparisons in `data`,
-    train a reward model on `base` with the rest, measure it on the held-out pairs (before
-    and after training) and save it to `output`. Returns the summary the command prints.
+    """What `grpo rm train` does: hold out a seeded fraction of the comparisons in the config's
+    data, train a reward model on its model with the rest, measure it on the held-out pairs
+    (before and after training) and save it to `output`. Returns the summary the command prints.
 
     Checks the output directory, the device and the data before any model is loaded.
     """
     from grpo.infra.devices import resolve_device
 
+    c = config
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise UserError(f"output: '{out}' exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output: '{out}' is not empty; pass --overwrite to write into it, or choose another")
     where = resolve_device(device, "--device")
-    pairs = load_pairs(data)
-    train, held_out = split_pairs(pairs, eval_fraction, seed=seed)
+    pairs = load_pairs(c.data)
+    train, held_out = split_pairs(pairs, c.eval_fraction, seed=c.seed)
 
     started = time.perf_counter()
-    model = RewardModel.from_base(base, seed=seed, max_length=max_length, device=where)
+    model = RewardModel.from_base(c.model, seed=c.seed, max_length=c.max_length, device=where)
     before = model.evaluate(held_out) if held_out else None
     losses = model.fit(
-        train, lr=lr, epochs=epochs, batch_size=batch_size, seed=seed, progress=progress, log_every=log_every
+        train,
+        lr=c.lr,
+        epochs=c.epochs,
+        batch_size=c.batch_size,
+        seed=c.seed,
+        progress=progress,
+        log_every=log_every,
     )
     after = model.evaluate(held_out) if held_out else None
     model.save(out)
@@ -386,8 +424,20 @@ def train_reward_model(
         "pairs": len(held_out),
         "initial_accuracy": before["accuracy"],
         "train_pairs": len(train),
-        "epochs": epochs,
+        "epochs": c.epochs,
         "loss/first": losses[0],
         "loss/last": losses[-1],
         "time_s": round(time.perf_counter() - started, 3),
     }
+
+
+def evaluate_reward_model(config: RewardEvalConfig, *, device: str = "auto") -> dict:
+    """What `grpo rm eval` does: the accuracy and margin of the saved reward model on the
+    config's comparisons (`RewardModel.evaluate`), with its model and data. Bad data fails
+    before the model loads."""
+    from grpo.infra.devices import resolve_device
+
+    where = resolve_device(device, "--device")
+    pairs = load_pairs(config.data)
+    model = RewardModel.from_pretrained(config.model, batch_size=config.batch_size, device=where)
+    return {**model.evaluate(pairs), "model": config.model, "data": config.data}

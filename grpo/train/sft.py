@@ -45,9 +45,10 @@ is a plain model directory, which `grpo train` (`model: DIR`), `grpo eval` and a
 `from_pretrained` load without peft or the base model, and which `grpo train` may give a
 fresh adapter of its own. A row longer than the model's positions is an error; with
 `max_length`, longer rows keep their last tokens (the prompt loses its start, as the sampler
-cuts a long prompt), and a warning counts them. The defaults (lr 1e-5, 3 epochs of 8 rows
-per update, 10% warm-up, gradients clipped at norm 1) are those of a light fine-tuning of a
-pretrained model: a warm-up should teach the task's format, not rewrite the model.
+cuts a long prompt), and a warning counts them. The defaults (`FineTuneConfig`: a small
+learning rate, a few epochs, a short warm-up, gradients clipped) are those of a light
+fine-tuning of a pretrained model: a warm-up should teach the task's format, not rewrite the
+model.
 
 From scratch (`SFTConfig`), the recipe:
 - data: fresh problems every step from a private `random.Random(seed)` (no file, no epochs;
@@ -55,22 +56,16 @@ From scratch (`SFTConfig`), the recipe:
   character tokenizer adds no BOS to the prompt
 - the weights' initialisation and the problems both come from `seed`
 
-The default `SFTConfig` (an 85k-parameter, 2-layer model, 375 updates of 64 problems) lands
-in the regime RL needs. Measured by sampling 16 completions for each of 100 prompts drawn
-with another seed (top_k off): pass@1 0.38 and pass@16 0.99 at temperature 0.7, 0.17 and
-0.86 at temperature 1.0; over seeds 0-7, pass@1 at 0.7 spans 0.19-0.55 and pass@16 0.92-1.0.
-The number of updates is the knob (temperature 0.7):
-
-    steps     200    250    300    350    375    400    450    500    600
-    pass@1    0.02   0.05   0.12   0.28   0.38   0.47   0.63   0.75   0.90
-    pass@16   0.21   0.46   0.76   0.96   0.99   0.99   0.99   0.99   1.00
+The default `SFTConfig` (a tiny 2-layer model, trained briefly) lands in the regime RL
+needs: it solves some held-out problems some of the time. The number of updates (`steps`) is
+the knob; benchmarks/README.md ("grpo sft --task arithmetic") has pass@1 and pass@16 by
+number of updates, and the spread over seeds.
 
 `grpo eval` measures a saved model; evaluation is not part of `sft`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -81,10 +76,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from grpo.config import REQUIRED, opt
 from grpo.errors import UserError
-from grpo.infra.argtypes import DEVICE_HELP, digit_list, positive_float, positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -96,7 +91,6 @@ __all__ = [
     "completion_loss",
     "conversation_pieces",
     "encode_pieces",
-    "register",
     "sft",
     "sft_sequence_length",
 ]
@@ -114,75 +108,70 @@ Example = tuple[list[int], list[int]]
 class SFTConfig:
     """The from-scratch warm-up's settings; the defaults are the demo's (see the module docstring)."""
 
-    task: str = "arithmetic"
-    """The built-in task to learn; only "arithmetic" (addition with worked column steps)."""
-    digits: int | list[int] = 2
-    """Digits of each operand of the training problems; a list mixes lengths: each problem's
-    digits are drawn uniformly from it (e.g. [2, 3])."""
-    steps: int = 375
-    """Optimizer updates: the knob that sets how good the model gets (fewer = weaker)."""
-    batch_size: int = 64
-    """Problems per update (each one prompt + solution + EOS)."""
-    lr: float = 1e-3
-    """Peak AdamW learning rate (from-scratch models under ~1M parameters: ~1e-3)."""
-    warmup_steps: int = 30
-    """Updates of linear warm-up from lr/warmup_steps to lr; cosine decay to 0 after."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay."""
-    hidden_size: int = 64
-    """Width of the model (the MLP is twice as wide)."""
-    layers: int = 2
-    """Transformer blocks."""
-    heads: int = 4
-    """Attention heads; must divide hidden_size."""
-    seed: int = 0
-    """Seeds the weights' initialisation and the stream of training problems."""
-    max_positions: int = 64
-    """The model's max_position_embeddings: the longest sequence it can ever handle."""
+    task: str = opt("arithmetic", "The built-in task to learn; only arithmetic (addition with worked column steps).")
+    digits: int | list[int] = opt(
+        2,
+        "Digits of each operand of the training problems; several (a list, or 2,3 on the command line) mix "
+        "lengths, each problem's digits drawn uniformly from them.",
+    )
+    steps: int = opt(375, "Optimizer updates: the knob that sets how good the model gets (fewer = weaker).")
+    batch_size: int = opt(64, "Problems per update (each one prompt + solution + EOS).")
+    lr: float = opt(1e-3, "Peak AdamW learning rate (from-scratch models under ~1M parameters: ~1e-3).")
+    warmup_steps: int = opt(30, "Updates of linear warm-up from lr/warmup_steps to lr; cosine decay to 0 after.")
+    weight_decay: float = opt(0.0, "AdamW's decoupled weight decay.")
+    hidden_size: int = opt(64, "Width of the model (the MLP is twice as wide).")
+    layers: int = opt(2, "Transformer blocks.")
+    heads: int = opt(4, "Attention heads; must divide the width (hidden_size).")
+    seed: int = opt(0, "Seeds the weights' initialisation and the stream of training problems.")
+    max_positions: int = opt(64, "The model's max_position_embeddings: the longest sequence it can ever handle.")
 
 
 @dataclass(frozen=True)
 class FineTuneConfig:
     """Fine-tuning an existing causal LM on the user's rows (see the module docstring)."""
 
-    model: str
-    """The model to start from: a Hugging Face directory or hub id (as `grpo train`'s `model`)."""
-    data: str
-    """The rows: anything `grpo train`'s data.path takes (a file, a dataset, a spec)."""
-    prompt_column: str = "prompt"
-    """The prompt/completion shape: the column of the prompts (a string or chat messages)."""
-    completion_column: str = "completion"
-    """The prompt/completion shape: the column of the completions to learn."""
-    messages_column: str | None = None
-    """The conversational shape: the column of the conversations (lists of chat messages).
-    None: the prompt/completion shape, or `messages` when the rows have no prompt column."""
-    epochs: int = 3
-    """Passes over the rows (when `steps` is None)."""
-    steps: int | None = None
-    """Optimizer updates; None: `epochs` passes over the rows."""
-    batch_size: int = 8
-    """Rows per update."""
-    lr: float = 1e-5
-    """Peak AdamW learning rate: a pretrained model needs a small one (TRL's SFT default is 2e-5)."""
-    warmup_steps: int | None = None
-    """Updates of linear warm-up, cosine decay to 0 after; None: a tenth of the updates."""
-    weight_decay: float = 0.0
-    """AdamW's decoupled weight decay."""
-    max_grad_norm: float = 1.0
-    """Clip the gradient norm to this (0 = no clipping), as `grpo train` does by default."""
-    max_length: int | None = None
-    """Longest sequence in tokens: longer rows keep their last tokens. None: the model's
-    positions, and a longer row is an error."""
-    dtype: str = "float32"
-    """Dtype the model is loaded in (train.dtype's values); on a GPU the forward runs in bf16."""
-    lora_r: int = 0
-    """LoRA rank (0 = full fine-tuning); the adapter is merged into the saved weights."""
-    lora_alpha: float = 16.0
-    """LoRA alpha."""
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
-    """Modules to adapt (peft's target_modules)."""
-    seed: int = 0
-    """Seeds the order of the rows and a LoRA adapter's initialisation."""
+    model: str = opt(REQUIRED, "The model to start from: a Hugging Face directory or hub id (as `grpo train`'s model).")
+    data: str = opt(
+        REQUIRED,
+        "The rows: anything `grpo train`'s data.path takes (.jsonl, .json, .parquet, .csv, a datasets directory "
+        "or name).",
+    )
+    prompt_column: str = opt(
+        "prompt", "The prompt/completion shape: the column of the prompts (a string or chat messages)."
+    )
+    completion_column: str = opt("completion", "The prompt/completion shape: the column of the completions to learn.")
+    messages_column: str | None = opt(
+        None,
+        "The conversational shape: the column of the conversations (lists of chat messages) whose assistant "
+        "messages are learned. Default: the prompt/completion shape, or messages when the rows have no prompt column.",
+    )
+    epochs: int = opt(3, "Passes over the rows (unless `steps` says how many updates).")
+    steps: int | None = opt(None, "Optimizer updates, instead of passes over the rows. Default: `epochs` passes.")
+    batch_size: int = opt(8, "Rows per update.")
+    lr: float = opt(1e-5, "Peak AdamW learning rate: a pretrained model needs a small one (TRL's SFT default is 2e-5).")
+    warmup_steps: int | None = opt(
+        None, "Updates of linear warm-up, cosine decay to 0 after. Default: a tenth of the updates."
+    )
+    weight_decay: float = opt(0.0, "AdamW's decoupled weight decay.")
+    max_grad_norm: float = opt(
+        1.0, "Clip the gradient norm to this (0 = no clipping), as `grpo train` does by default."
+    )
+    max_length: int | None = opt(
+        None,
+        "Longest sequence in tokens: longer rows keep their last tokens (the prompt loses its start), with a "
+        "warning. Default: none; a row longer than the model's positions is an error.",
+    )
+    dtype: Literal["float32", "bfloat16"] = opt(
+        "float32",
+        "Dtype of the weights, gradients and optimizer state (train.dtype's values); on a GPU the forward runs in "
+        "bf16 either way.",
+    )
+    lora_r: int = opt(0, "LoRA rank (0 = full fine-tuning; needs peft): the adapter is merged into the saved weights.")
+    lora_alpha: float = opt(16.0, "LoRA alpha.")
+    lora_target_modules: str | tuple[str, ...] = opt(
+        "all-linear", "Modules to adapt (peft's target_modules; several comma-separated on the command line)."
+    )
+    seed: int = opt(0, "Seeds the order of the rows and a LoRA adapter's initialisation.")
 
 
 def sft_sequence_length(digits: int) -> int:
@@ -700,235 +689,3 @@ def _fine_tune(
         "trainable_parameters": trainable,
         "time_s": round(time.perf_counter() - started, 2),
     }
-
-
-# ---- the command -------------------------------------------------------------------------------
-
-SFT_HELP = """\
-Supervised warm-up before RL, in two modes:
-
-  grpo sft --model M --data FILE --output DIR   fine-tune your model on your rows
-  grpo sft --task arithmetic --output DIR       a tiny model from scratch (the demo's base;
-                                                --task arithmetic is the default)
-
-Why: RL only moves a policy that already solves some prompts. GRPO's advantage is a
-completion's reward minus the mean reward of its group; a group whose rewards are all equal
-(all wrong, or all right) has zero advantage and teaches nothing. A random model solves
-nothing, a perfect one leaves nothing to learn. Warm up until the model solves some of your
-prompts some of the time, then run `grpo train` with `model: DIR`.
-
-Your rows (--data: any file or dataset `grpo train` reads) come in one of two shapes:
-  {"prompt": "What is 2+3?", "completion": "5"}                  (--prompt-column, --completion-column)
-  {"prompt": [{"role": "user", "content": "What is 2+3?"}], "completion": "5"}
-  {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
-The loss is on the completion (or each assistant message) and an EOS only. A prompt is
-encoded exactly as `grpo train` samples from it: chat messages through the tokenizer's chat
-template with the generation prompt. The model loads as `grpo train` loads one and trains on
---device. With --lora-r the adapter is merged into the saved weights: DIR is a plain model
-directory. A row longer than the model's positions stops the command, unless --max-length
-cuts long rows to their last tokens. Defaults for a pretrained model: --lr 1e-5, --epochs 3,
---batch-size 8, warm-up over a tenth of the updates, then cosine to 0.
-
-From scratch (--task arithmetic): a small Llama-style model (built from a config, no
-download) learns addition written out digit by digit, from freshly drawn problems each step
-("47+85=" -> "7+5+0=12;4+8+1=13>132" + EOS). The defaults stop training early, on purpose:
-on held-out 2-digit problems the model solves ~20-60% of samples (pass@1) and nearly every
-prompt at least once in 16 (pass@16 > 0.8). Fewer --steps: a weaker model; the defaults are
-tuned for 2 digits, and longer problems need more --steps.
-
-The same --seed gives the same weights. DIR holds the model, its tokenizer and
-sft_config.json (the settings it was made with). The last line printed is a JSON summary:
-output, steps, loss/first, loss/last, parameters, time_s (and when fine-tuning: model, rows,
-epochs, truncated, trainable_parameters).
-"""
-
-# Command-line option -> config field, for each mode; `both` are the options the two share.
-_FROM_SCRATCH = {"hidden": "hidden_size", "layers": "layers", "heads": "heads", "digits": "digits"}
-_FINE_TUNE = {
-    "epochs": "epochs",
-    "max_length": "max_length",
-    "prompt_column": "prompt_column",
-    "completion_column": "completion_column",
-    "messages_column": "messages_column",
-    "dtype": "dtype",
-    "lora_r": "lora_r",
-    "lora_alpha": "lora_alpha",
-    "lora_target_modules": "lora_target_modules",
-}
-_BOTH = {"steps": "steps", "batch_size": "batch_size", "lr": "lr", "seed": "seed"}
-
-
-def _flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
-
-
-def _given(args: argparse.Namespace, options: dict[str, str]) -> dict:
-    return {field: getattr(args, option) for option, field in options.items() if getattr(args, option) is not None}
-
-
-def _config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
-    """The mode the options ask for, as its config; mixed modes are one line."""
-    if args.model is None:
-        if args.data is not None:
-            raise UserError(
-                "--data needs --model, the model to fine-tune on it (without --model, sft trains "
-                "the built-in --task from scratch)"
-            )
-        wrong = [_flag(option) for option in _FINE_TUNE if getattr(args, option) is not None]
-        if wrong:
-            raise UserError(
-                f"{', '.join(wrong)}: fine-tuning options, for --model and --data; "
-                "--task trains a new model from scratch"
-            )
-        task = {} if args.task is None else {"task": args.task}
-        return dataclasses.replace(SFTConfig(), **task, **_given(args, _FROM_SCRATCH), **_given(args, _BOTH))
-    if args.task is not None:
-        raise UserError(
-            "--model and --task exclude each other: --model fine-tunes a model on --data, "
-            "--task trains a new model from scratch on a built-in task"
-        )
-    if args.data is None:
-        raise UserError(
-            "--model needs --data, the rows to fine-tune it on (a file or dataset, as grpo train's data.path)"
-        )
-    wrong = [_flag(option) for option in _FROM_SCRATCH if getattr(args, option) is not None]
-    if wrong:
-        raise UserError(f"{', '.join(wrong)}: options of --task (a new model from scratch), not of --model")
-    given = _given(args, _FINE_TUNE)
-    if "lora_target_modules" in given and given["lora_target_modules"] != "all-linear":
-        given["lora_target_modules"] = tuple(
-            name.strip() for name in given["lora_target_modules"].split(",") if name.strip()
-        )
-    return FineTuneConfig(model=args.model, data=args.data, **given, **_given(args, _BOTH))
-
-
-def _run(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
-
-    config = _config(args)
-    hf_logging.disable_progress_bar()  # our own bar shows the training
-    summary = sft(
-        args.output,
-        config,
-        progress=not args.quiet,
-        overwrite=args.overwrite,
-        device=args.device,
-        log_every=args.log_every,
-    )
-    print(json.dumps(summary))
-    return 0
-
-
-def register(commands) -> None:
-    """Add `grpo sft` to argparse's subparsers object `commands`."""
-    d, f = SFTConfig(), FineTuneConfig(model="", data="")
-    parser = commands.add_parser(
-        "sft",
-        help="supervised warm-up: fine-tune a model on your rows, or train a small one from scratch on arithmetic",
-        description=SFT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--output", required=True, metavar="DIR", help="where to save the model and tokenizer")
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --output directory")
-    parser.add_argument(
-        "--log-every",
-        type=positive_int,
-        default=10,
-        metavar="N",
-        help="when stderr is not a terminal (a file, a cluster's log), a plain line every N updates "
-        "(update, loss, elapsed, s/step) instead of a bar (default: %(default)s)",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no lines")
-
-    both = parser.add_argument_group("both modes")
-    once = both.add_mutually_exclusive_group()
-    once.add_argument(
-        "--steps",
-        type=positive_int,
-        metavar="N",
-        help=f"optimizer updates. With --task: fewer = a weaker model (default: {d.steps}). "
-        "With --model: instead of --epochs",
-    )
-    once.add_argument(
-        "--epochs", type=positive_int, metavar="E", help=f"with --model: passes over the rows (default: {f.epochs})"
-    )
-    both.add_argument(
-        "--batch-size",
-        type=positive_int,
-        metavar="B",
-        help=f"rows (or problems) per update (default: {f.batch_size} with --model, {d.batch_size} with --task)",
-    )
-    both.add_argument(
-        "--lr",
-        type=positive_float,
-        metavar="X",
-        help=f"peak AdamW learning rate, after a linear warm-up, then cosine to 0 (default: {f.lr:g} "
-        f"with --model, {d.lr:g} with --task)",
-    )
-    both.add_argument(
-        "--seed", type=int, metavar="S", help=f"seeds the data's order and any new weights (default: {d.seed})"
-    )
-
-    mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
-    mine.add_argument(
-        "--model", metavar="DIR_OR_HUB_ID", help="the model to fine-tune: a Hugging Face directory or hub id"
-    )
-    mine.add_argument(
-        "--data",
-        metavar="FILE",
-        help="the rows: .jsonl, .json, .parquet, .csv, a datasets directory or name, as grpo train's data.path",
-    )
-    mine.add_argument("--prompt-column", metavar="NAME", help=f"column of the prompts (default: {f.prompt_column})")
-    mine.add_argument(
-        "--completion-column",
-        metavar="NAME",
-        help=f"column of the completions to learn (default: {f.completion_column})",
-    )
-    mine.add_argument(
-        "--messages-column",
-        metavar="NAME",
-        help="column of conversations (lists of chat messages) whose assistant messages are learned "
-        "(default: messages, when the rows have no prompt column)",
-    )
-    mine.add_argument(
-        "--max-length",
-        type=positive_int,
-        metavar="T",
-        help="cut rows longer than T tokens to their last T, with a warning (default: none; a row "
-        "longer than the model's positions is an error)",
-    )
-    mine.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        help=f"dtype of the weights, gradients and optimizer state, as train.dtype; on a GPU the "
-        f"forward runs in bf16 either way (default: {f.dtype})",
-    )
-    mine.add_argument(
-        "--lora-r",
-        type=int,
-        metavar="R",
-        help="train a LoRA adapter of rank R (needs peft), merged into the saved weights (default: 0, "
-        "full fine-tuning)",
-    )
-    mine.add_argument("--lora-alpha", type=positive_float, metavar="A", help=f"LoRA alpha (default: {f.lora_alpha:g})")
-    mine.add_argument(
-        "--lora-target-modules",
-        metavar="NAMES",
-        help=f"comma-separated modules to adapt (default: {f.lora_target_modules})",
-    )
-
-    scratch = parser.add_argument_group("from scratch (--task)")
-    scratch.add_argument("--task", metavar="NAME", help="the built-in task to learn (default: arithmetic)")
-    scratch.add_argument("--hidden", type=positive_int, metavar="H", help=f"model width (default: {d.hidden_size})")
-    scratch.add_argument("--layers", type=positive_int, metavar="L", help=f"transformer blocks (default: {d.layers})")
-    scratch.add_argument(
-        "--heads", type=positive_int, metavar="A", help=f"attention heads, dividing --hidden (default: {d.heads})"
-    )
-    scratch.add_argument(
-        "--digits",
-        type=digit_list,
-        metavar="D",
-        help=f"digits per operand, or several comma-separated (2,3) to mix problem lengths (default: {d.digits})",
-    )
-    parser.set_defaults(handler=_run)

@@ -1,4 +1,3 @@
-import argparse
 import json
 import re
 import sys
@@ -6,8 +5,9 @@ import sys
 import pytest
 import torch
 
+from grpo.cli import build_parser
 from grpo.errors import UserError
-from grpo.eval.command import TASK_SEED, load_data, parse_ks, register
+from grpo.eval.command import TASK_SEED, load_data, parse_ks
 from grpo.tasks import load_task
 from grpo.tasks.arithmetic import ALPHABET, make_rows
 from grpo.tasks.tiny import save_tiny_model
@@ -22,9 +22,7 @@ def explodes(completion):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="grpo")
-    register(p.add_subparsers(), load_task=load_task)
-    return p
+    return build_parser()
 
 
 def run(capsys, *argv):

@@ -1,6 +1,5 @@
 """`grpo sft`: the supervised warm-up that puts a from-scratch model where RL can move it."""
 
-import argparse
 import json
 import random
 
@@ -9,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo.cli import build_parser
 from grpo.errors import UserError
 from grpo.tasks import arithmetic
 from grpo.tasks.tiny import char_tokenizer, tiny_llama
@@ -17,7 +17,6 @@ from grpo.train.sft import (
     SFTConfig,
     completion_batch,
     completion_loss,
-    register,
     sft,
     sft_sequence_length,
 )
@@ -27,9 +26,7 @@ TINY = dict(hidden_size=32, layers=1, heads=2, batch_size=16, warmup_steps=1)
 
 
 def parser():
-    p = argparse.ArgumentParser()
-    register(p.add_subparsers())
-    return p
+    return build_parser()
 
 
 @pytest.fixture(scope="module")
