@@ -9,6 +9,9 @@ due, after a failure (`save_after_failure`), at the end (`save_final`).
 A checkpoint of step N is the state after N completed steps. When step N+1 fails before it
 changed any weight, the random and data state taken as it began (`snapshot`) stand in for
 the current ones, so that the checkpoint is still that of step N.
+
+A checkpoint whose write fails (a full disk) leaves nothing behind and the previous one in
+place (grpo.infra.checkpoint), so that `--resume` continues from that one; `kept` says so.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from grpo.data import PromptStream
 from grpo.errors import first_line
 from grpo.infra.checkpoint import list_checkpoints, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.seed import rng_state, set_rng_state
+from grpo.infra.space import writing
 from grpo.train.step import Engine
 
-__all__ = ["Checkpointer", "unwrapped_architecture"]
+__all__ = ["Checkpointer", "kept", "unwrapped_architecture"]
 
 
 class Checkpointer:
@@ -36,6 +40,7 @@ class Checkpointer:
     def __init__(self, e: Engine, c: Config, stream: PromptStream, updater):
         self.e, self.c, self.stream, self.updater = e, c, stream, updater
         self.output_dir = Path(c.output_dir)
+        self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
 
     def snapshot(self) -> dict:
         """What a checkpoint of the steps completed so far needs, should the next step fail
@@ -62,6 +67,7 @@ class Checkpointer:
             # it is a snapshot of the policy, which only the checkpoint can give back.
             "has_reference": iteration > 0,
         }
+        self.unsaved = step  # until it is in place
         if e.world.world_size == 1:
             state = {
                 **common,
@@ -72,9 +78,11 @@ class Checkpointer:
                 "rng": snapshot["rng"],
             }
             save_checkpoint(self.output_dir, step, state, keep=keep)
-            return
-        sharded = self._sharded_state(iteration > 0)
-        save_sharded_checkpoint(e.world, self.output_dir, step, common, {"rng": snapshot["rng"]}, sharded, keep=keep)
+        else:
+            sharded = self._sharded_state(iteration > 0)
+            local = {"rng": snapshot["rng"]}
+            save_sharded_checkpoint(e.world, self.output_dir, step, common, local, sharded, keep=keep)
+        self.unsaved = None
 
     def restore(self, state: dict) -> int:
         """Load a checkpoint's state (grpo.infra.checkpoint.load_latest_checkpoint's) into the
@@ -105,29 +113,42 @@ class Checkpointer:
         return int(state["step"])
 
     def save_after_failure(
-        self, completed: int, iteration: int, snapshot: dict | None, metrics: dict | None
+        self,
+        completed: int,
+        iteration: int,
+        snapshot: dict | None,
+        metrics: dict | None,
+        *,
+        fix: str = "fix the cause",
     ) -> str | None:
         """After an error: a checkpoint of the last completed step (of `iteration`), when the
-        weights are still those it ended with; what was done, in words (None when there was
-        nothing to save). `snapshot`: the one taken as the failing step began, None when the
-        failure came after the step completed."""
+        weights are still those it ended with; what was done and how to go on, in words (None
+        when there was nothing to save). `snapshot`: the one taken as the failing step began,
+        None when the failure came after the step completed. `fix`: what the user must do
+        before resuming ("free space" when the disk is full)."""
         if completed == 0:
             return None
         if snapshot is not None and snapshot["updates"] != self.e.scheduler.last_epoch:
             return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
-        saved = f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
+        if self.unsaved == completed:  # the failure was this very checkpoint's write: not again
+            return kept(self.output_dir, fix)
+        saved = f"checkpoint of step {completed} saved: {fix} and continue with --resume"
         checkpoints = list_checkpoints(self.output_dir)
         if snapshot is None and checkpoints and checkpoints[-1].name == f"step-{completed:06d}":
             return saved  # the failure came after this step's own checkpoint
         try:
             self.save(completed, iteration, snapshot, metrics if snapshot is None else None)
         except Exception as err:  # the disk may be what failed
-            return f"could not save a checkpoint of step {completed} ({first_line(err)})"
+            return f"could not save a checkpoint of step {completed} ({first_line(err)}); {kept(self.output_dir, fix)}"
         return saved
 
     def save_final(self, final_dir: Path) -> None:
         """The trained policy as one plain Hugging Face directory, whatever the number of
         processes (process 0 writes it, from the whole weights gathered to it)."""
+        with writing(final_dir):
+            self._save_final(final_dir)
+
+    def _save_final(self, final_dir: Path) -> None:
         e = self.e
         policy = e.policy
         if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
@@ -156,6 +177,15 @@ class Checkpointer:
             "optimizer": optimizer,
             **({"reference": self.e.reference.state_dict()} if with_reference else {}),
         }
+
+
+def kept(output_dir: Path, fix: str = "fix the cause") -> str:
+    """After a failure: the checkpoint a resume would continue from, and what to run."""
+    checkpoints = list_checkpoints(output_dir)
+    if not checkpoints:
+        return f"no checkpoint was saved yet: {fix} and start again with --overwrite"
+    step = int(checkpoints[-1].name.removeprefix("step-"))
+    return f"the checkpoint of step {step} is kept: {fix} and continue with --resume"
 
 
 def unwrapped_architecture(directory: Path, model) -> None:

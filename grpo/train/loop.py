@@ -34,6 +34,7 @@ from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
+from grpo.infra.space import no_space
 from grpo.infra.seed import prompt_seed, seed_everything
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
@@ -51,7 +52,7 @@ from grpo.train.models import (
     trainable_parameters,
 )
 from grpo.train.schedule import lr_lambda
-from grpo.train.checkpointing import Checkpointer
+from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import check_resume_config, prepare_output, record_update, rewind_logs, write_samples
 from grpo.train.seams import build_baseline, build_critic, build_kl
@@ -326,6 +327,13 @@ def _train(
         functions, verifier, rows, state = world.checked(inputs)
         opened = world.checked(lambda: dashboards(state))
         return _run(c, world, device, functions, verifier, rows, state, opened, progress)
+    except (UserError, Stopped, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        full = no_space(err)  # a write before or after the loop (config.yaml, final/, summary.json)
+        if full is None:
+            raise
+        raise UserError(f"{full} [{kept(out, 'free space')}]") from err
     finally:
         opened.close()  # when the run stopped before its loop (which closes them)
         lock.release()
@@ -428,8 +436,16 @@ def _run(
             # together; any other error may be one process's, and the periodic checkpoints
             # and signal stops (both collective) are what survives it.
             agreed = world.world_size == 1 or isinstance(err, UserError)
+            full = no_space(err)  # a write failed for lack of space (a log's, a checkpoint's)
+            fix = "free space" if full is not None else "fix the cause"
             iteration = max(completed - 1, 0) // steps_per_iteration  # that of the last completed step
-            saved = checkpoints.save_after_failure(completed, iteration, snapshot, last_metrics) if agreed else None
+            saved = (
+                checkpoints.save_after_failure(completed, iteration, snapshot, last_metrics, fix=fix)
+                if agreed
+                else None
+            )
+            if full is not None:
+                raise UserError(f"{full} [{saved or kept(out, fix)}]") from err
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:

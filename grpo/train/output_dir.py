@@ -18,6 +18,7 @@ from grpo.config import Config, config_to_dict
 from grpo.errors import UserError
 from grpo.infra.checkpoint import list_checkpoints
 from grpo.infra.logging import JsonlSink, read_metrics, truncate_metrics
+from grpo.infra.space import writing
 
 __all__ = [
     "RESUME_FIXED",
@@ -140,7 +141,7 @@ def rewind_logs(out: Path, step: int, metrics: dict | None) -> None:
 def write_samples(path: Path, step: int, result, prompt_column: str) -> None:
     """samples.jsonl: the completions of the step's first prompt, with their rewards."""
     batch = result.rollout
-    with open(path, "a", encoding="utf-8") as f:
+    with writing(path), open(path, "a", encoding="utf-8") as f:
         for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
             reward = float(result.scores[i])
             f.write(
@@ -159,7 +160,9 @@ def write_samples(path: Path, step: int, result, prompt_column: str) -> None:
 def record_update(out: Path, before_step: int, iteration: int, update: dict, updater, save: bool) -> None:
     """reward_model_updates.jsonl: one iterative-RL update of the reward model (and, with
     `save`, the updated model in reward_model/)."""
-    with open(out / "reward_model_updates.jsonl", "a", encoding="utf-8") as f:
+    path = out / "reward_model_updates.jsonl"
+    with writing(path), open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps({"before_step": before_step, "after_iteration": iteration, **update}) + "\n")
     if save:
-        updater.model.save(out / "reward_model")
+        with writing(out / "reward_model"):
+            updater.model.save(out / "reward_model")
