@@ -30,7 +30,8 @@ def main() -> None:
     from grpo.config import config_from_dict
     from grpo.data import PromptStream, load_rows
     from grpo.rewards import load_rewards
-    from grpo.train.loop import NoUpdater, _save, build_engine
+    from grpo.train.checkpointing import Checkpointer
+    from grpo.train.loop import NoUpdater, build_engine
 
     for hidden, layers in SHAPES:
         with tempfile.TemporaryDirectory() as tmp:
@@ -41,10 +42,11 @@ def main() -> None:
                 p.grad = torch.zeros_like(p)
             e.optimizer.step()
             stream = PromptStream(load_rows(c.data.path, prompt_column="prompt"), seed=0)
+            checkpoints = Checkpointer(e, c, stream, NoUpdater())
             times = []
             for step in range(1, 6):
                 start = time.perf_counter()
-                _save(e, c, stream, NoUpdater(), step, 0)
+                checkpoints.save(step, 0)
                 times.append(time.perf_counter() - start)
             newest = sorted((tmp / "run" / "checkpoints").glob("step-*"))[-1]
             size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file()) / 1e6

@@ -745,7 +745,7 @@ def validate(c: Config) -> None:
 def config_to_dict(config: Config) -> dict:
     """The config as plain data (what config.yaml and a checkpoint hold): a reward function
     given from Python is written as its 'module:qualname'."""
-    from grpo.rewards.functions import spec_of
+    from grpo.rewards.scoring import spec_of
 
     data = dataclasses.asdict(config)
     for reward in data["rewards"]:

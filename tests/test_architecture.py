@@ -1,9 +1,12 @@
 """The shape the code keeps (issue 10): the critic is asked about only inside its classes, no
-keyword argument is swallowed silently, and rewards and evaluation know no task."""
+keyword argument is swallowed silently, and rewards and evaluation know no task; and (issue 22)
+the import graph of grpo/ has no cycle."""
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import grpo
 
@@ -52,3 +55,153 @@ def test_rewards_and_eval_import_no_task():
         if module == "grpo.tasks" or module.startswith("grpo.tasks.")
     ]
     assert edges == []
+
+
+# ---- the import graph has no cycle --------------------------------------------------------------
+
+
+def module_names(root):
+    """Every module of the package at `root`: dotted name -> its file."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _is_type_checking(test):
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def module_level_imports(tree):
+    """The import statements that run when the module is imported: in its body and in the
+    blocks, try/except and class bodies in it, not in a function, nor under `if TYPE_CHECKING:`."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            pending += node.orelse if _is_type_checking(node.test) else node.body + node.orelse
+        elif isinstance(node, (ast.Try, ast.TryStar)):
+            pending += node.body + [n for h in node.handlers for n in h.body] + node.orelse + node.finalbody
+        elif isinstance(node, (ast.With, ast.For, ast.While, ast.ClassDef)):
+            pending += node.body + getattr(node, "orelse", [])
+
+
+def _with_parents(name):
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def import_graph(root):
+    """module -> the modules of the package that must have run for it to run.
+
+    Importing `pkg.sub` runs pkg/__init__.py first, so it needs `pkg` too, except where `pkg`
+    holds the importing module itself (then it is already running and gives the module object).
+    `from pkg import name` needs the submodule `pkg.name` when there is one, and otherwise
+    `pkg` itself, run to the end (where `name` is bound), even from inside `pkg`."""
+    names = module_names(root)
+    graph = {}
+    for module, path in names.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        running = set(_with_parents(module))  # those that have started when `module` runs
+        needs = set()
+        for node in module_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                targets = [source]
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in names:
+                        targets.append(f"{source}.{alias.name}")
+                    else:
+                        needs.add(source)  # an attribute bound by the package's own code
+            for target in targets:
+                needs.update(n for n in _with_parents(target) if n not in running)
+        graph[module] = sorted(n for n in needs if n in names and n != module)
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle of `graph` as [a, b, ..., a], or None."""
+    done, path = set(), []
+
+    def visit(node):
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return None
+        path.append(node)
+        for target in graph.get(node, ()):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        cycle = visit(node)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    cycle = find_cycle(import_graph(PACKAGE))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def write_package(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+@pytest.mark.parametrize(
+    "files,cycle",
+    [
+        # Two modules that import each other, however they name it.
+        ({"a.py": "from pkg import b\n", "b.py": "import pkg.a\n"}, ["pkg.a", "pkg.b", "pkg.a"]),
+        ({"a.py": "from .b import f\n", "b.py": "from . import a\n"}, ["pkg.a", "pkg.b", "pkg.a"]),
+        # An attribute of the package, taken by a module the package's __init__ imports first.
+        (
+            {"__init__.py": "from pkg.a import f\nX = 1\n", "a.py": "from pkg import X\ndef f(): pass\n"},
+            ["pkg", "pkg.a", "pkg"],
+        ),
+        # Importing pkg.sub.mod runs pkg/sub/__init__.py, which imports the importer.
+        (
+            {"a.py": "import pkg.sub.m\n", "sub/__init__.py": "from pkg import a\n", "sub/m.py": ""},
+            ["pkg.a", "pkg.sub", "pkg.a"],
+        ),
+        # Inside a class body or a try block, the import runs at import time too.
+        (
+            {
+                "a.py": "class A:\n    from pkg import b\n",
+                "b.py": "try:\n    import pkg.a\nexcept ImportError:\n    pass\n",
+            },
+            ["pkg.a", "pkg.b", "pkg.a"],
+        ),
+        # Not cycles: inside a function, under TYPE_CHECKING, a sibling taken from the package.
+        ({"a.py": "from pkg import b\n", "b.py": "def f():\n    from pkg import a\n"}, None),
+        (
+            {
+                "a.py": "from pkg import b\n",
+                "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n",
+            },
+            None,
+        ),
+        ({"__init__.py": "from pkg.a import f\n", "a.py": "from pkg import b\ndef f(): pass\n", "b.py": ""}, None),
+    ],
+)
+def test_the_cycle_check_sees_the_cycles_python_runs_into(tmp_path, files, cycle):
+    files = {"__init__.py": "", **files}
+    root = write_package(tmp_path, {f"pkg/{name}": text for name, text in files.items()})
+    assert find_cycle(import_graph(root)) == cycle

@@ -163,6 +163,21 @@ def test_conversational_prompts(tmp_path, fmt):
     assert load_rows(str(path)) == CHAT
 
 
+def generated_rows(path, *, prompt_column, task_options):
+    """A generated data source (as reasoning-gym's is): rows made from the path and options."""
+    return [{prompt_column: f"{path} #{i}", **(task_options or {})} for i in range(2)]
+
+
+def test_a_registered_source_makes_the_rows_of_its_paths(monkeypatch, no_datasets):
+    from grpo import data
+
+    monkeypatch.setitem(data.SOURCES, "made:", "tests.test_data:generated_rows")
+    rows = load_rows("made:x", prompt_column="q", task_options={"level": 3})
+    assert rows == [{"q": "made:x #0", "level": 3}, {"q": "made:x #1", "level": 3}]
+    with pytest.raises(UserError, match="only a 'reasoning_gym:NAME' or 'made:NAME' data.path takes task options"):
+        load_rows("file.jsonl", task_options={"level": 3})
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 

@@ -49,7 +49,8 @@ from grpo.eval.metrics import maj_at_k, pass_at_k
 from grpo.infra.imports import describe, one_line
 from grpo.infra.progress import Progress
 from grpo.rewards import contain
-from grpo.rewards.functions import RESERVED_ARGUMENTS, RewardFn, WeightedReward, as_messages, as_scores, resolve_reward
+from grpo.rewards.scoring import RESERVED_ARGUMENTS, as_messages, as_scores, resolve_reward
+from grpo.rewards.types import RewardFn, WeightedReward
 from grpo.rewards.rules import extract_answer
 
 __all__ = [
@@ -132,10 +133,10 @@ def reward_verifier(
 ) -> Verifier:
     """A reward function as a verifier: a completion is correct when its score >= threshold.
 
-    `fn` is a reward function, called as in training (grpo.rewards.functions), or anything `grpo.rewards.resolve_reward` takes
+    `fn` is a reward function, called as in training (grpo.rewards.scoring), or anything `grpo.rewards.resolve_reward` takes
     (a built-in name or 'pkg.module:function'); it gets the row's prompt and its other
     columns, once per row for all its completions. What it returns is checked by
-    `grpo.rewards.functions.as_scores`, as in training; a None score is not correct.
+    `grpo.rewards.scoring.as_scores`, as in training; a None score is not correct.
     `extract` defaults to `grpo.rewards.rules.extract_answer` (an <answer> tag, a \\boxed{},
     or GSM8K's '####'). Errors start with `kind` and `name` (default: the spec, or the
     function's module:qualname): "verifier 'mypkg:fn' returned ...".

@@ -1,7 +1,9 @@
 """Resumable checkpoints: everything a run needs to continue exactly where it stopped.
 
-Safe to write: a checkpoint is written to a temporary directory and renamed into place, so
-a run killed while saving leaves the previous checkpoint intact and never a half-written one.
+Safe to write: a checkpoint is written to a temporary directory beside the others, synced,
+and renamed into place, so that a run killed while saving leaves the previous checkpoint
+intact and never a half-written one. A write that fails (a full disk: NoSpace) removes what
+it wrote; older checkpoints are pruned only once the new one is in place.
 
 Safe to read: a checkpoint holds only tensors and plain data (numbers, strings, lists,
 dicts; random-number states as tensors and tuples), and is loaded with
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import UserError, first_line
+from grpo.infra.space import writing
 
 _NAME = re.compile(r"^step-(\d+)$")
 MANIFEST = "manifest.json"
@@ -79,16 +82,31 @@ def _replace(tmp: Path, final: Path, output_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _save_file(state: dict, path: Path) -> None:
+    """torch.save through a Python file, synced: its failed write is then an OSError that
+    says why (to a path, torch.save's own writer reports only 'iostream error')."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def save_checkpoint(output_dir: Path, step: int, state: dict, *, keep: int) -> Path:
-    """One process: `state` (tensors and plain data only) to step-N/state.pt, with its manifest."""
+    """One process: `state` (tensors and plain data only) to step-N/state.pt, with its
+    manifest. A failed write (NoSpace for lack of space) leaves no part of it behind."""
     root = checkpoint_dir(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    _write_manifest(tmp, step, 1)
+    with writing(final):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            _save_file(state, tmp / "state.pt")
+            _write_manifest(tmp, step, 1)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     _replace(tmp, final, output_dir, keep)
     return final
 
@@ -98,23 +116,31 @@ def save_sharded_checkpoint(
 ) -> Path:
     """Every process calls this at the same step: `sharded` (a state dict of DTensors and
     plain tensors) goes to `shards/`, `local` to this process's own file, `common` (the
-    same in every process) to `state.pt`, written last, then the manifest."""
+    same in every process) to `state.pt`, written last, then the manifest. A failed write
+    (NoSpace for lack of space) leaves no part of it behind."""
     import torch.distributed.checkpoint as dcp
 
     root = checkpoint_dir(output_dir)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
+    with writing(final):
+        try:
+            if world.is_main:
+                root.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+            world.barrier()
+            dcp.save(sharded, checkpoint_id=str(tmp / "shards"))
+            _save_file(local, tmp / f"rank-{world.rank:05d}.pt")
+            world.barrier()
+            if world.is_main:
+                _save_file({**common, "world_size": world.world_size}, tmp / "state.pt")
+                _write_manifest(tmp, step, world.world_size)
+        except BaseException:
+            if world.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     if world.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    world.barrier()
-    dcp.save(sharded, checkpoint_id=str(tmp / "shards"))
-    torch.save(local, tmp / f"rank-{world.rank:05d}.pt")
-    world.barrier()
-    if world.is_main:
-        torch.save({**common, "world_size": world.world_size}, tmp / "state.pt")
-        _write_manifest(tmp, step, world.world_size)
         _replace(tmp, final, output_dir, keep)
     world.barrier()
     return final

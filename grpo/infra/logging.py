@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from grpo.errors import UserError, first_line
+from grpo.infra.space import NoSpace, writing
 
 
 class Sink(Protocol):
@@ -37,21 +38,29 @@ def _clean(value):
 
 class JsonlSink:
     """One JSON object per line, flushed at once, so a killed run loses no logged step. A
-    line cut short (a full disk, a kill mid-write) is dropped when the run resumes."""
+    line cut short (a full disk, a kill mid-write) is dropped when the run resumes. A write
+    that fails for lack of space is NoSpace; for another reason, a UserError."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.file = open(path, "a", encoding="utf-8")
 
     def log(self, step, metrics):
+        line = json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n"
         try:
-            self.file.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
-            self.file.flush()
+            with writing(self.path):
+                self.file.write(line)
+                self.file.flush()
+        except NoSpace:
+            raise
         except OSError as err:
             raise UserError(f"cannot write {self.path}: {err.strerror or err}") from None
 
     def close(self):
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:
+            pass  # every line is flushed as it is logged: only a failed one, already reported, is left
 
 
 def _scalars(metrics: dict) -> dict:
@@ -258,11 +267,17 @@ def read_metrics(path: Path) -> list[dict]:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` beside `path` and rename it into place: a reader (or a crash) never sees
-    half a file."""
+    half a file. A failed write (NoSpace for lack of space) removes its partial file and
+    leaves `path` as it was."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    with writing(path):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def truncate_metrics(path: Path, last_step: int, *, key: str = "step") -> None:

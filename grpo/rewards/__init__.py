@@ -4,18 +4,9 @@
 `score` runs them on every batch and returns each function's scores and their weighted sum.
 """
 
-from grpo.rewards.functions import (
-    BUILTIN_REWARDS,
-    RewardFn,
-    RewardScores,
-    WeightedReward,
-    load_rewards,
-    StepScores,
-    resolve_reward,
-    score,
-    score_steps,
-)
 from grpo.rewards.rules import exact_answer, extract_answer, math_answer, r1_format
+from grpo.rewards.scoring import BUILTIN_REWARDS, load_rewards, resolve_reward, score, score_steps
+from grpo.rewards.types import RewardFn, RewardScores, StepScores, WeightedReward
 
 __all__ = [
     "BUILTIN_REWARDS",

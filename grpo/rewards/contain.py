@@ -62,7 +62,7 @@ from grpo.errors import UserError
 from grpo.infra.imports import describe, import_callable, one_line
 
 if TYPE_CHECKING:
-    from grpo.rewards.functions import WeightedReward
+    from grpo.rewards.types import WeightedReward
 
 __all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "stop_workers"]
 

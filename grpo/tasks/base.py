@@ -10,7 +10,7 @@ A task is whatever `grpo eval`, `grpo compare` and the demo need to measure a mo
   "prompt" key and whatever columns the verifier reads, the same for the same seed; a
   task without it only verifies rows of the user's own data;
 - `step_verifier` (optional): a process reward function (per completion a list of
-  (end, reward) steps; see `grpo.rewards.functions.score_steps`).
+  (end, reward) steps; see `grpo.rewards.scoring.score_steps`).
 
 A task is named by a spec, 'pkg.module:name', where the module attribute is a `Task` or a
 function of no arguments that returns one. Built-in tasks are registered exactly like a
@@ -30,7 +30,7 @@ from grpo.errors import UserError
 from grpo.infra.imports import builtin_spec, describe, import_object, one_line
 
 if TYPE_CHECKING:
-    from grpo.rewards.functions import RewardFn
+    from grpo.rewards.types import RewardFn
 
 __all__ = ["TASKS", "Task", "load_task"]
 

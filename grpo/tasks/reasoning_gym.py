@@ -51,7 +51,6 @@ from urllib.parse import unquote
 
 import yaml
 
-from grpo.data import REASONING_GYM as PREFIX
 from grpo.errors import UserError
 from grpo.infra.imports import describe, one_line
 from grpo.rewards.rules import text_of
@@ -70,6 +69,7 @@ __all__ = [
     "task_names",
 ]
 
+PREFIX = "reasoning_gym:"  # a data path naming these rows (registered in grpo.data.SOURCES)
 DEFAULT_SIZE = 500  # reasoning-gym's own default size
 DEFAULT_SEED = 0
 FORMATS = ("text", "chat")

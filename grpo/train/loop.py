@@ -8,7 +8,9 @@ for iteration in 1..I:              reference <- policy
 Everything is validated before any model is loaded: the config, the reward functions, the
 data. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
 `output_dir`, and `resume=True` continues from the newest checkpoint so that the metrics
-are those of a run never interrupted.
+are those of a run never interrupted. Beside the loop: `grpo.train.checkpointing` (the
+checkpoints, both formats), `grpo.train.output_dir` (which folder a run may use, what a
+resume may change, the logs) and `grpo.train.signals` (Ctrl-C and SIGTERM).
 """
 
 from __future__ import annotations
@@ -16,33 +18,24 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
-from torch import nn
 
 from grpo.config import Config, config_from_dict, config_to_dict, load_config, reporters
 from grpo.data import PromptStream, load_rows
-from grpo.errors import Stopped, UserError, first_line
-from grpo.infra.checkpoint import (
-    list_checkpoints,
-    load_latest_checkpoint,
-    safe_shards_reader,
-    save_checkpoint,
-    save_sharded_checkpoint,
-)
+from grpo.errors import Stopped, UserError
+from grpo.infra.checkpoint import load_latest_checkpoint
 from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
-from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, truncate_metrics, write_atomic
+from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
-from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
+from grpo.infra.space import no_space
+from grpo.infra.seed import prompt_seed, seed_everything
 from grpo.rewards import WeightedReward, load_rewards, score, score_steps
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
@@ -59,9 +52,12 @@ from grpo.train.models import (
     trainable_parameters,
 )
 from grpo.train.schedule import lr_lambda
+from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
+from grpo.train.output_dir import check_resume_config, prepare_output, record_update, rewind_logs, write_samples
 from grpo.train.seams import build_baseline, build_critic, build_kl
-from grpo.train.step import Engine, StepResult, train_step
+from grpo.train.signals import Signals
+from grpo.train.step import Engine, train_step
 
 
 @dataclass
@@ -247,140 +243,6 @@ class NoUpdater:
         pass
 
 
-def _trained(e: Engine) -> nn.ModuleDict:
-    """The networks the optimizer moves, under one root (for the sharded state dicts)."""
-    return nn.ModuleDict({"policy": e.policy, **{"critic": n for n in e.critic.networks}})
-
-
-def _save(
-    e: Engine,
-    c: Config,
-    stream: PromptStream,
-    updater,
-    step: int,
-    iteration: int,
-    snapshot: dict | None = None,
-    metrics: dict | None = None,
-) -> None:
-    """A checkpoint of `step` completed steps. `snapshot` (the random and data state taken
-    when the following step began) stands in for the current ones when that step failed
-    before it changed any weight. `metrics`: step `step`'s line, which resume writes back if
-    the log lacks it (its write failed)."""
-    snapshot = snapshot or {"rng": rng_state(), "data": stream.state_dict()}
-    out, keep = Path(c.output_dir), c.train.keep_checkpoints
-    common = {
-        "config": config_to_dict(c),  # what resume checks a new config against
-        "metrics": metrics,  # numbers and None: plain data
-        "reward_model_update": updater.state_dict(),
-        "step": step,
-        "scheduler": e.scheduler.state_dict(),
-        "data": snapshot["data"],
-        # The reference equals the initial model during the first iteration; after a reset
-        # it is a snapshot of the policy, which only the checkpoint can give back.
-        "has_reference": iteration > 0,
-    }
-    if e.world.world_size == 1:
-        save_checkpoint(
-            out,
-            step,
-            {
-                **common,
-                "policy": e.policy.state_dict(),
-                "reference": e.reference.state_dict() if iteration > 0 else None,
-                "critic": e.critic.state_dict(),  # None without one
-                "optimizer": e.optimizer.state_dict(),
-                "rng": snapshot["rng"],
-            },
-            keep=keep,
-        )
-        return
-    save_sharded_checkpoint(
-        e.world, out, step, common, {"rng": snapshot["rng"]}, _sharded_state(e, iteration > 0), keep=keep
-    )
-
-
-def _sharded_state(e: Engine, with_reference: bool) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model, optimizer = get_state_dict(_trained(e), e.optimizer)
-    return {
-        "model": model,
-        "optimizer": optimizer,
-        **({"reference": e.reference.state_dict()} if with_reference else {}),
-    }
-
-
-def _restore(e: Engine, stream: PromptStream, updater, state: dict) -> int:
-    if e.world.world_size == 1:
-        e.policy.load_state_dict(state["policy"])
-        if state["reference"] is not None:
-            e.reference.load_state_dict(state["reference"])
-        e.critic.load_state_dict(state["critic"])
-        e.optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"])
-    else:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        sharded = _sharded_state(e, state["has_reference"])
-        dcp.load(sharded, storage_reader=safe_shards_reader(state["shards"]))
-        set_state_dict(
-            _trained(e), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
-        )
-        if state["has_reference"]:
-            e.reference.load_state_dict(sharded["reference"])
-        set_rng_state(state["local"]["rng"])
-    updater.load_state_dict(state["reward_model_update"])
-    e.scheduler.load_state_dict(state["scheduler"])
-    stream.load_state_dict(state["data"])
-    return int(state["step"])
-
-
-def _write_samples(path: Path, step: int, result: StepResult, prompt_column: str) -> None:
-    batch = result.rollout
-    with open(path, "a", encoding="utf-8") as f:
-        for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
-            reward = float(result.scores[i])
-            f.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "prompt": batch.rows[i][prompt_column],
-                        "completion": batch.completions[i],
-                        "reward": reward if math.isfinite(reward) else None,
-                    }
-                )
-                + "\n"
-            )
-
-
-def _record_update(
-    out: Path, before_step: int, iteration: int, update: dict, updater: RewardModelUpdater, save: bool
-) -> None:
-    with open(out / "reward_model_updates.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"before_step": before_step, "after_iteration": iteration, **update}) + "\n")
-    if save:
-        updater.model.save(out / "reward_model")
-
-
-def _save_final(e: Engine, final_dir: Path) -> None:
-    """One plain Hugging Face directory, whatever the number of processes (process 0 writes
-    it, from the whole weights gathered to it)."""
-    policy = e.policy
-    if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
-        policy = policy.merge_and_unload()
-    if e.world.world_size == 1:
-        policy.save_pretrained(final_dir)
-        e.tokenizer.save_pretrained(final_dir)
-        return
-    weights = e.world.full_state_dict(policy, main_only=True)
-    if e.world.is_main:
-        policy.save_pretrained(final_dir, state_dict=weights)
-        e.tokenizer.save_pretrained(final_dir)
-        unwrapped_architecture(final_dir, policy)
-    e.world.barrier()
-
-
 def _progress_fields(metrics: dict) -> dict:
     """What a step's progress shows (the bar's fields, a plain line's): reward, KL, length."""
     return {
@@ -388,18 +250,6 @@ def _progress_fields(metrics: dict) -> dict:
         "kl": metrics.get("kl"),
         "length": f"{metrics['completion_length/mean']:.1f}",
     }
-
-
-def unwrapped_architecture(directory: Path, model) -> None:
-    """config.json names the model's class; FSDP2 renames it (FSDPLlamaForCausalLM): put
-    back the class it wraps, so that the directory is the same as one process writes."""
-    from torch.distributed.fsdp import FSDPModule
-
-    plain = next(k for k in type(model).__mro__ if not issubclass(k, FSDPModule))
-    path = Path(directory) / "config.json"
-    config = json.loads(path.read_text())
-    config["architectures"] = [plain.__name__]
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def train(
@@ -430,131 +280,6 @@ def train(
         world.close()
 
 
-# What a checkpoint holds depends on these keys: resuming with other values would load
-# weights into another model or continue another algorithm. Everything else (more steps,
-# logging, checkpointing, the learning rate, ...) may change on resume.
-RESUME_FIXED = (
-    "model",
-    "algorithm",
-    "seed",
-    "data.path",
-    "data.prompt_column",
-    "data.split",
-    "data.shuffle",
-    "rollout.group_size",
-    "rollout.prompts_per_step",
-    "train.dtype",
-    "train.iterations",
-    "train.epochs",
-    "train.minibatches",
-    "loss.baseline",
-    "loss.kl_in",
-    "loss.supervision",
-    "value.model",
-    "lora.r",
-    "lora.alpha",
-    "lora.target_modules",
-)
-# Files a run writes into output_dir (what --overwrite removes; nothing else is touched).
-RUN_FILES = (
-    "config.yaml",
-    "metrics.jsonl",
-    "samples.jsonl",
-    "summary.json",
-    "reward_model_updates.jsonl",
-    "checkpoints",
-    "final",
-    "tensorboard",
-    "wandb",
-    "wandb_run_id",
-    "reward_model",
-)
-
-
-def _dotted(tree: dict, key: str):
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
-def _check_resume_config(c: Config, state: dict) -> None:
-    saved = state.get("config")
-    if saved is None:
-        return  # a checkpoint from before configs were recorded
-    ours = config_to_dict(c)
-    if (saved.get("loss", {}).get("beta", 0) == 0) != (c.loss.beta == 0):
-        raise UserError(
-            "--resume: loss.beta cannot change between 0 and non-zero (it decides whether a reference model is held)"
-        )
-    changed = [k for k in RESUME_FIXED if _dotted(saved, k) != _dotted(ours, k)]
-    if changed:
-        detail = ", ".join(f"{k}: {_dotted(saved, k)!r} -> {_dotted(ours, k)!r}" for k in changed)
-        raise UserError(
-            f"--resume: the config changes what the checkpoint holds ({detail}); resume with the "
-            "checkpoint's values, or start afresh with --overwrite"
-        )
-
-
-def _prepare_output(out: Path, *, resume: bool, overwrite: bool, clear: bool, metrics_path: Path) -> bool:
-    """Check output_dir (with `overwrite`, the process that holds the lock, `clear`, empties
-    it of an earlier run's files); whether there is a checkpoint to resume."""
-    if overwrite:
-        if not clear:
-            return False
-        for name in RUN_FILES:
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        return False
-    completed = read_metrics(metrics_path)
-    has_checkpoint = bool(list_checkpoints(out))
-    if resume:
-        if not has_checkpoint and completed:
-            raise UserError(
-                f"--resume: output_dir '{out}' has {len(completed)} logged step(s) but no checkpoint to continue "
-                "from; pass --overwrite to start afresh"
-            )
-        return has_checkpoint  # nothing done yet: --resume starts from the beginning
-    if completed or has_checkpoint:
-        raise UserError(
-            f"output_dir '{out}' already holds a run; pass --resume to continue it, --overwrite to start "
-            "afresh, or choose another output_dir"
-        )
-    return False
-
-
-class _Signals:
-    """Ctrl-C and SIGTERM ask the run to stop after the step in progress (which then saves a
-    checkpoint); a second one stops at once (KeyboardInterrupt)."""
-
-    NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(self):
-        self.received: int | None = None
-        self.previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.NAMES:
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-        print(
-            f"\ngrpo: {self.NAMES[signum]}: stopping after this step and saving a checkpoint (again to stop at once)",
-            file=sys.stderr,
-        )
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
 def _train(
     c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False
 ) -> TrainResult:
@@ -568,7 +293,7 @@ def _train(
         if out.exists() and not out.is_dir():
             raise UserError(f"output_dir '{out}' is a file, not a directory")
         lock.acquire()  # before anything in the folder is read, let alone removed
-        resumable = _prepare_output(
+        resumable = prepare_output(
             out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
         )
         functions = resolve_functions(c)
@@ -579,7 +304,7 @@ def _train(
         )
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
-            _check_resume_config(c, state)
+            check_resume_config(c, state)
         return functions, verifier, rows, state
 
     def dashboards(state):
@@ -602,6 +327,13 @@ def _train(
         functions, verifier, rows, state = world.checked(inputs)
         opened = world.checked(lambda: dashboards(state))
         return _run(c, world, device, functions, verifier, rows, state, opened, progress)
+    except (UserError, Stopped, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        full = no_space(err)  # a write before or after the loop (config.yaml, final/, summary.json)
+        if full is None:
+            raise
+        raise UserError(f"{full} [{kept(out, 'free space')}]") from err
     finally:
         opened.close()  # when the run stopped before its loop (which closes them)
         lock.release()
@@ -617,6 +349,7 @@ def _run(
     rewards, reward_models = load_reward_models(c, functions, device)
     e = build_engine(c, rewards, device, world)
     updater = build_updater(c, e, verifier, reward_models, rows) if verifier else NoUpdater()
+    checkpoints = Checkpointer(e, c, stream, updater)
     if world.world_size > 1:
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
     if world.is_main:
@@ -625,13 +358,9 @@ def _run(
 
     start = 0
     if state is not None:
-        start = _restore(e, stream, updater, state)
+        start = checkpoints.restore(state)
         if world.is_main:  # what the stopped run logged after its checkpoint is redone
-            truncate_metrics(metrics_path, start)
-            if state.get("metrics") and not any(m["step"] == start for m in read_metrics(metrics_path)):
-                JsonlSink(metrics_path).log(start, state["metrics"])  # its write had failed; the checkpoint kept it
-            truncate_metrics(out / "samples.jsonl", start)
-            truncate_metrics(out / "reward_model_updates.jsonl", start, key="before_step")
+            rewind_logs(out, start, state.get("metrics"))
     sinks = Sinks([JsonlSink(metrics_path), dashboards] if world.is_main else [])
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
@@ -644,20 +373,20 @@ def _run(
     bar = Progress(
         c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
     )
-    with _Signals() as signals:
+    with Signals() as signals:
         try:
             for step in range(start, c.train.steps):
                 iteration = step // steps_per_iteration
                 # What a checkpoint of the steps completed so far needs, should this step fail
                 # before it changes any weight.
-                snapshot = {"rng": rng_state(), "data": stream.state_dict(), "updates": e.scheduler.last_epoch}
+                snapshot = checkpoints.snapshot()
                 if step > 0 and step % steps_per_iteration == 0:
                     # Algorithm 1, between iterations: the reward model learns from the policy's
                     # new samples (iterative RL), then the reference becomes the policy.
                     update = updater.update(e.policy)
                     if update is not None:
                         snapshot["updates"] = None  # the reward model moved: this step cannot be undone
-                        _record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
+                        record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
                     e.reference.reset_to(e.policy)
                 # Every process takes the step's prompts from the same stream and keeps its share.
                 batch_rows = stream.take(c.rollout.prompts_per_step)
@@ -670,7 +399,7 @@ def _run(
                 sinks.log(number, metrics)
                 bar.update(1, **_progress_fields(metrics))
                 if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
-                    _write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
+                    write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
                 unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
                 give_up = bool(c.train.max_unscored_steps) and unscored >= c.train.max_unscored_steps
                 if unscored and world.is_main:
@@ -686,11 +415,11 @@ def _run(
                 # Saving and stopping are collective: every process does both at the same step.
                 stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
                 if due or stop or give_up:
-                    _save(e, c, stream, updater, number, iteration, metrics=metrics)
+                    checkpoints.save(number, iteration, metrics=metrics)
                     saved_at = time.monotonic()
                 if stop:
                     raise Stopped(
-                        f"stopped by {_Signals.NAMES.get(stop, f'signal {stop}')} after step {number}; "
+                        f"stopped by {Signals.name(stop)} after step {number}; "
                         f"checkpoint saved: continue with `grpo train CONFIG --resume`",
                         128 + stop,
                     )
@@ -707,12 +436,16 @@ def _run(
             # together; any other error may be one process's, and the periodic checkpoints
             # and signal stops (both collective) are what survives it.
             agreed = world.world_size == 1 or isinstance(err, UserError)
+            full = no_space(err)  # a write failed for lack of space (a log's, a checkpoint's)
+            fix = "free space" if full is not None else "fix the cause"
             iteration = max(completed - 1, 0) // steps_per_iteration  # that of the last completed step
             saved = (
-                _save_after_failure(e, c, stream, updater, completed, iteration, snapshot, last_metrics)
+                checkpoints.save_after_failure(completed, iteration, snapshot, last_metrics, fix=fix)
                 if agreed
                 else None
             )
+            if full is not None:
+                raise UserError(f"{full} [{saved or kept(out, fix)}]") from err
             if isinstance(err, UserError) and saved is not None:
                 raise UserError(f"{err} [{saved}]") from err
             if saved is not None and world.is_main:
@@ -721,38 +454,10 @@ def _run(
         finally:
             bar.close()
             sinks.close()
-    _save_final(e, out / "final")
+    checkpoints.save_final(out / "final")
     world.barrier()
     metrics = read_metrics(metrics_path)
     summary = run_summary(c, metrics, held, parameters_held(e, reward_models))
     if world.is_main:
         write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return TrainResult(out, out / "final", metrics, held, summary)
-
-
-def _save_after_failure(
-    e: Engine,
-    c: Config,
-    stream: PromptStream,
-    updater,
-    completed: int,
-    iteration: int,
-    snapshot: dict | None,
-    metrics: dict | None,
-) -> str | None:
-    """After an error: a checkpoint of the last completed step (of `iteration`), when the
-    weights are still those it ended with; what was done, in words (None when there was
-    nothing to save)."""
-    if completed == 0:
-        return None
-    if snapshot is not None and snapshot["updates"] != e.scheduler.last_epoch:
-        return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
-    saved = f"checkpoint of step {completed} saved: fix the cause and continue with --resume"
-    checkpoints = list_checkpoints(Path(c.output_dir))
-    if snapshot is None and checkpoints and checkpoints[-1].name == f"step-{completed:06d}":
-        return saved  # the failure came after this step's own checkpoint
-    try:
-        _save(e, c, stream, updater, completed, iteration, snapshot, metrics if snapshot is None else None)
-    except Exception as err:  # the disk may be what failed
-        return f"could not save a checkpoint of step {completed} ({first_line(err)})"
-    return saved

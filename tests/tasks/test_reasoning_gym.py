@@ -196,6 +196,14 @@ def test_the_builtin_reward_and_task_are_these():
     ] == ["42", "42", "7", None]
 
 
+def test_the_data_source_is_registered_with_data_by_its_prefix():
+    from grpo import data
+    from grpo.infra.imports import import_callable
+
+    assert data.REASONING_GYM == gym.PREFIX
+    assert import_callable(data.SOURCES[gym.PREFIX], kind="data source") is gym.make_rows
+
+
 # ---- wherever a data path goes -----------------------------------------------------------------
 
 

@@ -105,3 +105,20 @@ def sevens_then_raise_in_rank_1(prompts, completions, **columns):
     if os.environ.get("RANK") == "1":
         return sevens_then_raise(prompts, completions)
     return sevens(prompts, completions)
+
+
+def sevens_then_fill_disk(prompts, completions, **columns):
+    """`sevens`, but at the Nth call ($GRPO_TEST_FULL_AT) the process's file-size limit falls
+    to $GRPO_TEST_FULL_LIMIT bytes (beyond the size of $GRPO_TEST_FULL_FILE, when given), with
+    SIGXFSZ ignored: every write past it fails with EFBIG, as on a full disk. Run it in a
+    process of its own."""
+    import resource
+
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_FULL_AT", "0")):
+        limit = int(os.environ["GRPO_TEST_FULL_LIMIT"])
+        if os.environ.get("GRPO_TEST_FULL_FILE"):
+            limit += os.path.getsize(os.environ["GRPO_TEST_FULL_FILE"])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return sevens(prompts, completions)

@@ -480,3 +480,40 @@ def test_overwrite_touches_nothing_in_a_folder_another_run_holds(finished, tmp_p
     finally:
         lock.release()
     assert results(out) == finished[1] and checkpoints(out) == ["step-000004", "step-000005"]
+
+
+def _fill_disk_in_step_3(path, limit, file=None):
+    """`grpo train` in a process of its own whose file-size limit falls to `limit` bytes (past
+    `file`'s size) in step 3: writes beyond it fail with EFBIG (as they would with ENOSPC)."""
+    from tests.train.test_resume import grpo_train
+
+    env = {"GRPO_TEST_FULL_AT": "3", "GRPO_TEST_FULL_LIMIT": str(limit), "GRPO_TEST_FULL_FILE": str(file or "")}
+    return grpo_train(path, env=env)
+
+
+@pytest.mark.parametrize("full", ["log", "checkpoint"])
+def test_a_full_disk_is_one_line_keeps_the_last_checkpoint_and_resumes(runs, finished, capsys, full):
+    """Step 2's checkpoint is written; then the disk fills. "log": step 3's metrics line is cut
+    short, and the checkpoint of step 3 that would keep it cannot be written either.
+    "checkpoint": step 4's checkpoint cannot be written. Either way one line says what and
+    where, step 2's checkpoint is intact and alone (no partial one beside it), and --resume
+    continues from it to the metrics of a run never interrupted."""
+    path = runs(f"full_{full}", reward="tests.train.rewards_for_tests:sevens_then_fill_disk", checkpoint_every=2)
+    out = Path(yaml.safe_load(path.read_text())["output_dir"])
+    if full == "log":  # a line's worth past metrics.jsonl; far below a checkpoint
+        failed = _fill_disk_in_step_3(path, 100, out / "metrics.jsonl")
+        what = (
+            f"cannot write {out / 'metrics.jsonl'}: File too large [could not save a checkpoint of step 3 "
+            f"(cannot write {out / 'checkpoints' / 'step-000003'}: File too large); "
+        )
+    else:  # the logs fit; a checkpoint (1 MB) does not
+        failed = _fill_disk_in_step_3(path, 500_000)
+        what = f"cannot write {out / 'checkpoints' / 'step-000004'}: File too large ["
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert our_lines(failed.stderr) == [
+        f"grpo: error: {what}the checkpoint of step 2 is kept: free space and continue with --resume]"
+    ]
+    assert os.listdir(out / "checkpoints") == ["step-000002"]
+    status, err = train(path, "--resume", capsys=capsys)
+    assert status == 0, err
+    assert results(out) == finished[1]

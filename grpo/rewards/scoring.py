@@ -1,4 +1,5 @@
-"""Reward functions: the protocol, turning the config's specs into functions, and scoring.
+"""Scoring a batch with the reward functions: the config's specs turned into functions, each
+function called (contained) as TRL calls it, what it returns checked, and the scores combined.
 
 A reward function is called exactly as TRL's GRPOTrainer calls it, all by keyword:
 `fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
@@ -42,8 +43,7 @@ import numbers
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -52,75 +52,15 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.infra.imports import builtin_spec, import_callable, one_line
 from grpo.rewards import contain
+from grpo.rewards.types import SPEC_FORM, RewardFn, RewardScores, StepScores, WeightedReward
 
-__all__ = [
-    "BUILTIN_REWARDS",
-    "RewardFn",
-    "RewardScores",
-    "WeightedReward",
-    "as_scores",
-    "load_rewards",
-    "resolve_reward",
-    "score",
-    "score_steps",
-    "StepScores",
-]
+__all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "score", "score_steps", "spec_of"]
 
 _PREVIEW_CHARS = 40  # of a completion, in an error message
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # a score beyond it would be inf in the (N,) tensors
 _OPTIONS = ("timeout", "on_timeout", "isolate")  # load_rewards' per-reward options
-_FORM = "pkg.module:function"  # a user's reward spec, in messages
 # Names `score` passes itself: a data column of one of these names could not reach the function.
 RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
-
-
-class RewardFn(Protocol):
-    """fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) ->
-    one score per completion; None = cannot score.
-
-    `columns` are the dataset's other columns, each a list row-aligned with `completions`
-    (TRL's GRPOTrainer convention, so its reward functions work unchanged).
-    """
-
-    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
-
-
-@dataclass(frozen=True)
-class WeightedReward:
-    """A resolved reward function, its weight in the total, and how its calls are contained
-    (`grpo.rewards.contain`)."""
-
-    name: str  # the spec as written (built-in name or 'pkg.module:attr'), '#2' on repeats
-    fn: RewardFn
-    weight: float
-    timeout: float | None = None  # seconds one call may take; None = no limit
-    on_timeout: str = "fail"  # past the timeout: "fail" (a UserError) or "none" (the batch scores None)
-    isolate: bool = False  # call it in a worker process, killed past the timeout
-    spec: str | None = None  # 'pkg.module:attr', what a worker imports (isolate); load_rewards sets it
-
-    def __post_init__(self) -> None:
-        t = self.timeout
-        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < math.inf):
-            raise UserError(
-                f"reward {self.name!r}: timeout must be a number of seconds > 0, or None; got {one_line(repr(t))}"
-            )
-        if self.on_timeout not in ("fail", "none"):
-            raise UserError(
-                f"reward {self.name!r}: on_timeout must be 'fail' or 'none', got {one_line(repr(self.on_timeout))}"
-            )
-        if self.isolate and not (isinstance(self.spec, str) and ":" in self.spec):
-            raise UserError(
-                f"reward {self.name!r}: isolate needs the function's spec ('{_FORM}'), to import it in a worker process"
-            )
-
-
-@dataclass
-class RewardScores:
-    """The scores of one batch of N completions."""
-
-    # (N,) float32: sum of weight * score over the functions that scored the row; NaN if none did
-    total: Tensor
-    per_function: dict[str, Tensor]  # name -> (N,) float32 unweighted scores, NaN where None
 
 
 # Built-in name -> the spec it stands for, imported on use. The arithmetic task's rewards are
@@ -154,12 +94,12 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
             f"reward {spec!r}: expected a built-in name, 'pkg.module:function' or a function, "
             f"got a {type(spec).__name__}"
         )
-    return import_callable(_target(spec), kind="reward", form=_FORM)
+    return import_callable(_target(spec), kind="reward", form=SPEC_FORM)
 
 
 def _target(spec: str) -> str:
     """The 'pkg.module:attr' a spec names: itself, or the one its built-in name stands for."""
-    return spec if ":" in spec else builtin_spec(spec, BUILTIN_REWARDS, kind="reward", form=_FORM)
+    return spec if ":" in spec else builtin_spec(spec, BUILTIN_REWARDS, kind="reward", form=SPEC_FORM)
 
 
 def _check_weight(spec: str, weight: Any) -> float:
@@ -418,19 +358,6 @@ def score(
 
 
 # ---- process supervision: rewards per reasoning step ------------------------------------------
-
-
-@dataclass
-class StepScores:
-    """Step rewards of one batch of N completions (process supervision, DeepSeekMath §4.1.3)."""
-
-    steps: list[list[tuple[int, float]]]  # (N,) lists of (end, weighted reward), sorted by end
-    per_function: dict[str, Tensor]  # name -> (N,) mean unweighted step reward, NaN if unscored
-
-    @property
-    def total(self) -> Tensor:
-        """(N,) float32: the mean step reward of each completion, NaN where it has none."""
-        return torch.tensor([sum(r for _, r in s) / len(s) if s else math.nan for s in self.steps], dtype=torch.float32)
 
 
 def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:

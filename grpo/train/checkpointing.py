@@ -1,0 +1,200 @@
+"""A run's checkpoints, as one object: save, restore, save after a failure, the final model.
+
+`Checkpointer` knows the two formats (grpo.infra.checkpoint writes and reads them): one
+process saves every state dict whole in `state.pt`; several processes (FSDP2) save the
+trained models and the optimizer as shards (torch.distributed.checkpoint), each its own
+random state, and process 0 what they share. The loop only says when: after a step that is
+due, after a failure (`save_after_failure`), at the end (`save_final`).
+
+A checkpoint of step N is the state after N completed steps. When step N+1 fails before it
+changed any weight, the random and data state taken as it began (`snapshot`) stand in for
+the current ones, so that the checkpoint is still that of step N.
+
+A checkpoint whose write fails (a full disk) leaves nothing behind and the previous one in
+place (grpo.infra.checkpoint), so that `--resume` continues from that one; `kept` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from grpo.config import Config, config_to_dict
+from grpo.data import PromptStream
+from grpo.errors import first_line
+from grpo.infra.checkpoint import list_checkpoints, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
+from grpo.infra.seed import rng_state, set_rng_state
+from grpo.infra.space import writing
+from grpo.train.step import Engine
+
+__all__ = ["Checkpointer", "kept", "unwrapped_architecture"]
+
+
+class Checkpointer:
+    """Saves and restores the state of a run: the engine's models, optimizer and scheduler,
+    the prompt stream's position, the reward-model updater (iterative RL) and the random
+    state, into `output_dir/checkpoints/step-N` (the newest `train.keep_checkpoints` kept)."""
+
+    def __init__(self, e: Engine, c: Config, stream: PromptStream, updater):
+        self.e, self.c, self.stream, self.updater = e, c, stream, updater
+        self.output_dir = Path(c.output_dir)
+        self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
+
+    def snapshot(self) -> dict:
+        """What a checkpoint of the steps completed so far needs, should the next step fail
+        before it changes any weight: the random and data state, and the optimizer updates
+        made (to tell whether it did change them)."""
+        return {"rng": rng_state(), "data": self.stream.state_dict(), "updates": self.e.scheduler.last_epoch}
+
+    def save(self, step: int, iteration: int, snapshot: dict | None = None, metrics: dict | None = None) -> None:
+        """A checkpoint of `step` completed steps (of `iteration`). `snapshot` stands in for
+        the current random and data state when the following step failed before it changed
+        any weight. `metrics`: step `step`'s line, which resume writes back if the log lacks
+        it (its write failed)."""
+        e = self.e
+        snapshot = snapshot or {"rng": rng_state(), "data": self.stream.state_dict()}
+        keep = self.c.train.keep_checkpoints
+        common = {
+            "config": config_to_dict(self.c),  # what resume checks a new config against
+            "metrics": metrics,  # numbers and None: plain data
+            "reward_model_update": self.updater.state_dict(),
+            "step": step,
+            "scheduler": e.scheduler.state_dict(),
+            "data": snapshot["data"],
+            # The reference equals the initial model during the first iteration; after a reset
+            # it is a snapshot of the policy, which only the checkpoint can give back.
+            "has_reference": iteration > 0,
+        }
+        self.unsaved = step  # until it is in place
+        if e.world.world_size == 1:
+            state = {
+                **common,
+                "policy": e.policy.state_dict(),
+                "reference": e.reference.state_dict() if iteration > 0 else None,
+                "critic": e.critic.state_dict(),  # None without one
+                "optimizer": e.optimizer.state_dict(),
+                "rng": snapshot["rng"],
+            }
+            save_checkpoint(self.output_dir, step, state, keep=keep)
+        else:
+            sharded = self._sharded_state(iteration > 0)
+            local = {"rng": snapshot["rng"]}
+            save_sharded_checkpoint(e.world, self.output_dir, step, common, local, sharded, keep=keep)
+        self.unsaved = None
+
+    def restore(self, state: dict) -> int:
+        """Load a checkpoint's state (grpo.infra.checkpoint.load_latest_checkpoint's) into the
+        run; the number of steps it completed."""
+        e = self.e
+        if e.world.world_size == 1:
+            e.policy.load_state_dict(state["policy"])
+            if state["reference"] is not None:
+                e.reference.load_state_dict(state["reference"])
+            e.critic.load_state_dict(state["critic"])
+            e.optimizer.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"])
+        else:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            sharded = self._sharded_state(state["has_reference"])
+            dcp.load(sharded, storage_reader=safe_shards_reader(state["shards"]))
+            set_state_dict(
+                self._trained(), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
+            )
+            if state["has_reference"]:
+                e.reference.load_state_dict(sharded["reference"])
+            set_rng_state(state["local"]["rng"])
+        self.updater.load_state_dict(state["reward_model_update"])
+        e.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["data"])
+        return int(state["step"])
+
+    def save_after_failure(
+        self,
+        completed: int,
+        iteration: int,
+        snapshot: dict | None,
+        metrics: dict | None,
+        *,
+        fix: str = "fix the cause",
+    ) -> str | None:
+        """After an error: a checkpoint of the last completed step (of `iteration`), when the
+        weights are still those it ended with; what was done and how to go on, in words (None
+        when there was nothing to save). `snapshot`: the one taken as the failing step began,
+        None when the failure came after the step completed. `fix`: what the user must do
+        before resuming ("free space" when the disk is full)."""
+        if completed == 0:
+            return None
+        if snapshot is not None and snapshot["updates"] != self.e.scheduler.last_epoch:
+            return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
+        if self.unsaved == completed:  # the failure was this very checkpoint's write: not again
+            return kept(self.output_dir, fix)
+        saved = f"checkpoint of step {completed} saved: {fix} and continue with --resume"
+        checkpoints = list_checkpoints(self.output_dir)
+        if snapshot is None and checkpoints and checkpoints[-1].name == f"step-{completed:06d}":
+            return saved  # the failure came after this step's own checkpoint
+        try:
+            self.save(completed, iteration, snapshot, metrics if snapshot is None else None)
+        except Exception as err:  # the disk may be what failed
+            return f"could not save a checkpoint of step {completed} ({first_line(err)}); {kept(self.output_dir, fix)}"
+        return saved
+
+    def save_final(self, final_dir: Path) -> None:
+        """The trained policy as one plain Hugging Face directory, whatever the number of
+        processes (process 0 writes it, from the whole weights gathered to it)."""
+        with writing(final_dir):
+            self._save_final(final_dir)
+
+    def _save_final(self, final_dir: Path) -> None:
+        e = self.e
+        policy = e.policy
+        if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
+            policy = policy.merge_and_unload()
+        if e.world.world_size == 1:
+            policy.save_pretrained(final_dir)
+            e.tokenizer.save_pretrained(final_dir)
+            return
+        weights = e.world.full_state_dict(policy, main_only=True)
+        if e.world.is_main:
+            policy.save_pretrained(final_dir, state_dict=weights)
+            e.tokenizer.save_pretrained(final_dir)
+            unwrapped_architecture(final_dir, policy)
+        e.world.barrier()
+
+    def _trained(self) -> nn.ModuleDict:
+        """The networks the optimizer moves, under one root (for the sharded state dicts)."""
+        return nn.ModuleDict({"policy": self.e.policy, **{"critic": n for n in self.e.critic.networks}})
+
+    def _sharded_state(self, with_reference: bool) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self._trained(), self.e.optimizer)
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            **({"reference": self.e.reference.state_dict()} if with_reference else {}),
+        }
+
+
+def kept(output_dir: Path, fix: str = "fix the cause") -> str:
+    """After a failure: the checkpoint a resume would continue from, and what to run."""
+    checkpoints = list_checkpoints(output_dir)
+    if not checkpoints:
+        return f"no checkpoint was saved yet: {fix} and start again with --overwrite"
+    step = int(checkpoints[-1].name.removeprefix("step-"))
+    return f"the checkpoint of step {step} is kept: {fix} and continue with --resume"
+
+
+def unwrapped_architecture(directory: Path, model) -> None:
+    """config.json names the model's class; FSDP2 renames it (FSDPLlamaForCausalLM): put
+    back the class it wraps, so that the directory is the same as one process writes."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain = next(k for k in type(model).__mro__ if not issubclass(k, FSDPModule))
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text())
+    config["architectures"] = [plain.__name__]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
