@@ -270,7 +270,8 @@ def train(
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
     c = as_config(config, overrides)
     if rewards is not None:
-        c = config_from_dict({**config_to_dict(c), "rewards": list(rewards)})
+        entries = [{"function": r} if isinstance(r, str) else r for r in rewards]  # a spec string: weight 1
+        c = config_from_dict({**config_to_dict(c), "rewards": entries})
     device = resolve_device(c.train.device)
     backend = check_launch(launched_world_size(), c, device)
     world = init_world(device, backend)

@@ -144,5 +144,11 @@ def test_rewards_given_beside_the_config_replace_its_rewards(make_config):
     names = {key for key in result.metrics[-1] if key.startswith("reward/")}
     assert "reward/tests.rewards.trl_style_rewards:reward_len" in names
     assert not any("lambda" in name for name in names)
+    by_spec = grpo.train(config, progress=False, overwrite=True, rewards=["r1_format"])  # a spec string, as documented
+    assert {key for key in by_spec.metrics[-1] if key.startswith("reward/")} == {
+        "reward/mean",
+        "reward/std",
+        "reward/r1_format",
+    }
     with pytest.raises(UserError, match="rewards"):
         grpo.train(config, progress=False, rewards=[42])
