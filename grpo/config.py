@@ -66,7 +66,7 @@ def field_default(f: dataclasses.Field) -> Any:
 class DataConfig:
     path: str = opt(
         "",
-        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see the README's reasoning-gym section).",
+        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see docs/reasoning-gym.md).",
     )
     prompt_column: str = opt(
         "prompt",
@@ -125,18 +125,18 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature; log-probabilities in the loss use the same temperature.")
     top_p: float = opt(
         1.0,
-        "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off). A truncation the loss does not score (README, 'Sampling').",
+        "Nucleus sampling: keep the smallest set of tokens with this much probability (1 = off). A truncation the loss does not score (docs/sampling.md).",
     )
     top_k: int = opt(
-        0, "Sample among the k most likely tokens (0 = off). A truncation the loss does not score (README, 'Sampling')."
+        0, "Sample among the k most likely tokens (0 = off). A truncation the loss does not score (docs/sampling.md)."
     )
     min_p: float = opt(
         0.0,
-        "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (README, 'Sampling').",
+        "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (docs/sampling.md).",
     )
     repetition_penalty: float = opt(
         1.0,
-        "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (README, 'Sampling').",
+        "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (docs/sampling.md).",
     )
     max_prompt_length: int = opt(
         0,
