@@ -1,5 +1,10 @@
 """One RL step, the same for GRPO and PPO: sample, score, baseline, update.
 
+The step is two halves: `collect` (sample, score, the truncation and group filters) and
+`learn` (the passes before the update, the baseline, the update). What `collect` returns, a
+`Collected`, holds everything `learn` and the step's metrics need, so that generation can
+run apart from training; `train_step` is the two in sequence.
+
 The algorithms differ in exactly three places, the seams of `grpo.train.seams`, chosen once
 when the engine is built: the baseline (group, or critic + GAE), the KL placement (in the
 loss, or in the per-token reward) and the critic (none, or a value model trained beside the
@@ -21,7 +26,7 @@ from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
-from grpo.rewards import StepScores, WeightedReward
+from grpo.rewards import RewardScores, StepScores, WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.train.models import (
     Reference,
@@ -81,6 +86,20 @@ class StepResult:
     scores: Tensor  # (N,) their rewards
 
 
+@dataclass
+class Collected:
+    """One step's experience, scored and filtered: what `learn` trains on and what the step's
+    metrics report, self-contained (it may wait for its update while another is collected)."""
+
+    batch: Rollout  # what the update trains on: the groups kept, the truncated ones' tokens out of the loss
+    scored: Scored  # (len(batch),) its rewards
+    sampled: Rollout  # everything sampled, kept or not
+    rewards: RewardScores | StepScores  # everything sampled's rewards as scored: .total (N,), .per_function
+    truncated: Tensor  # (N,) bool: cut off at max_new_tokens (no EOS)
+    spread: Tensor  # (N/G,) bool: the group's scored rewards are not all equal
+    seconds: dict  # time spent: "generate", "score", "collect" (the whole of it)
+
+
 def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
     """(N/G,) bool: groups whose scored rewards are not all equal (their advantages move the policy)."""
     groups = scores.view(-1, group_size)
@@ -100,11 +119,21 @@ def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]
 
 
 def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> StepResult:
-    """One step on `rows` (this process's share of prompts_per_step data rows): sample
-    (each row's completions from its own seed, when `seeds` are given), score, baseline,
-    update. Every statistic over the batch (counts, reward scaling, whitening, the metrics)
-    is one over all processes' rows. `step`: the steps done before this one (what reward
-    functions see as trainer_state.global_step)."""
+    """One step on `rows` (this process's share of prompts_per_step data rows): collect
+    (sample, each row's completions from its own seed when `seeds` are given; score;
+    filter), then learn from it (passes, baseline, update). Every statistic over the batch
+    (counts, reward scaling, whitening, the metrics) is one over all processes' rows.
+    `step`: the steps done before this one (what reward functions see as
+    trainer_state.global_step)."""
+    collected = collect(e, rows, seeds, step)
+    metrics = learn(e, collected)
+    return StepResult(metrics, collected.sampled, collected.rewards.total)
+
+
+def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> Collected:
+    """Sample G completions for each of `rows`, score them, and filter what the update sees:
+    the truncation mask (loss.mask_truncated_completions) and the group filter
+    (loss.drop_zero_std_groups)."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
 
@@ -151,39 +180,25 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     if e.loss.drop_zero_std_groups:
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
-    trained_rows = int(world.sum(torch.tensor(len(batch))))  # over all processes
+    seconds = {"generate": generated - start, "score": scored_at - generated, "collect": time.perf_counter() - start}
+    return Collected(batch, scored, sampled, reward, truncated, spread, seconds)
+
+
+def learn(e: Engine, collected: Collected) -> dict:
+    """Train on what `collect` gave: the passes before the update, the advantages, mu epochs
+    of updates. Returns the step's metrics."""
+    start = time.perf_counter()
+    batch, scored = collected.batch, collected.scored
+    trained_rows = int(e.world.sum(torch.tensor(len(batch))))  # over all processes
 
     stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
     if trained_rows:
         live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
         if not len(batch):
-            batch, scored = _placeholder(sampled, steps)
+            batch, scored = _placeholder(collected.sampled, collected.scored.steps)
             live = torch.zeros(len(batch), dtype=torch.bool)
-        # 3. The passes before the update: the reference's log-probs, the old policy's (when
-        #    the policy moves before the last update) and the critic's values. In
-        #    micro-batches, like the update, so that no pass holds the whole batch's activations.
-        #    Every log-prob is of the distribution sampled from, up to truncation: at the
-        #    rollout's temperature and repetition penalty (README, "Sampling").
-        #    Each micro-batch is cut to its longest completion (and ordered by length first,
-        #    with train.length_grouping); the passes' (N, T) results are 0 past every mask.
-        size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
-        by_length = e.train.length_grouping
-        policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
-        with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
-            passes = Passes(
-                ref_logprobs=no_grad_pass(
-                    lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
-                ),  # (N, T) or None
-                old_logprobs=no_grad_pass(
-                    lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
-                    batch,
-                    size,
-                    by_length=by_length,
-                )
-                if e.needs_old_logprobs
-                else None,
-                old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
-            )
+        # 3. The passes before the update: the reference's, the old policy's, the critic's.
+        passes = _passes(e, batch)
 
         # 4. Advantages: from the group (GRPO) or from the critic (PPO).
         targets = e.baseline(batch, scored, passes)
@@ -192,17 +207,58 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         stats = _update(e, batch, targets, passes, live, trained_rows)
     if e.device.type == "cuda":
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
-    updated = time.perf_counter()
+    return _metrics(e, collected, batch, stats, time.perf_counter() - start)
 
+
+def _passes(e: Engine, batch: Rollout) -> Passes:
+    """The no-grad passes before the update: the reference's log-probs, the old policy's (when
+    the policy moves before the last update) and the critic's values. In micro-batches,
+    like the update, so that no pass holds the whole batch's activations. Every log-prob is
+    of the distribution sampled from, up to truncation: at the rollout's temperature and
+    repetition penalty (README, "Sampling"). Each micro-batch is cut to its longest
+    completion (and ordered by length first, with train.length_grouping); the passes' (N, T)
+    results are 0 past every mask."""
+    size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
+    by_length = e.train.length_grouping
+    policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
+    with autocast(e.policy, e.compute_dtype), e.world.gathered(*policy_pass, *e.critic.networks):
+        return Passes(
+            ref_logprobs=no_grad_pass(
+                lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
+            ),  # (N, T) or None
+            old_logprobs=no_grad_pass(
+                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
+                batch,
+                size,
+                by_length=by_length,
+            )
+            if policy_pass
+            else None,
+            old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
+        )
+
+
+def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, update_seconds: float) -> dict:
+    """The step's line of metrics.jsonl, over every process's rows: the rewards and lengths of
+    everything sampled, the update's `stats`, the step's times and peak memory. `batch`:
+    what the update trained on (a placeholder's rows count no token)."""
+    c, world, group_size = collected, e.world, e.rollout.group_size
+    reward, sampled = c.rewards, c.sampled
     # Every process's rows, in one collective: (N * processes, 4 + functions).
-    per_row = [reward.total, lengths, truncated, spread.repeat_interleave(group_size), *reward.per_function.values()]
+    per_row = [
+        reward.total,
+        sampled.completion_lengths,
+        c.truncated,
+        c.spread.repeat_interleave(group_size),
+        *reward.per_function.values(),
+    ]
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
     counts = world.sum(
         torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64)
     )
-    metrics = {
+    return {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
         **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(reward.per_function)},
@@ -215,13 +271,12 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         "frac_truncated": float(all_truncated.mean()),  # cut off at max_new_tokens
         "prompts/truncated": int(counts[1]),  # cut to rollout.max_prompt_length
         "lr": e.scheduler.get_last_lr()[0],
-        "time/step": updated - start,
-        "time/generate": generated - start,
-        "time/score": scored_at - generated,
-        "time/update": updated - scored_at,
+        "time/step": c.seconds["collect"] + update_seconds,
+        "time/generate": c.seconds["generate"],
+        "time/score": c.seconds["score"],
+        "time/update": update_seconds,
         "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
     }
-    return StepResult(metrics, sampled, reward.total)
 
 
 def _micro_batch_plan(world, n: int, minibatches: int, micro_batch_size: int) -> list[int]:
