@@ -166,7 +166,7 @@ class ProcessBaseline:
 
     def __call__(self, batch, scored, passes):
         rewards, ends = self.step_tensors(scored.steps, batch)
-        return Targets(process_advantages(rewards, ends, batch.completion_mask, self.group_size, eps=self.eps))
+        return Targets(process_advantages(rewards, ends, batch.loss_mask, self.group_size, eps=self.eps))
 
     def step_tensors(self, steps: list[list[tuple[int, float]]], batch: Rollout) -> tuple[Tensor, Tensor]:
         """(N, S) step rewards (NaN where a completion has fewer than S steps) and (N, S) the
@@ -197,7 +197,7 @@ class GAEBaseline:
         self.world = world  # whitening's mean and variance are over every process's tokens
 
     def __call__(self, batch, scored, passes):
-        mask = batch.completion_mask
+        mask = batch.loss_mask  # the policy's actions: GAE bootstraps across the tokens between them
         scores = torch.nan_to_num(scored.scores, nan=0.0)  # an unscorable output teaches nothing
         rewards = self.kl.token_rewards(scores, passes, mask)  # (N, T)
         advantages, returns = gae(rewards, passes.old_values, mask, gamma=self.gamma, lam=self.lam)
@@ -249,7 +249,7 @@ class Critic:
             values,
             part.fit(passes.old_values[rows]),
             part.fit(targets.returns[rows]),
-            part.completion_mask,
+            part.loss_mask,
             clip=self.value_clip,
             num_tokens=num_tokens,
         )

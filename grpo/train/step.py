@@ -109,12 +109,12 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
 
 
 def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]:
-    """A group that weighs nothing: the first sampled group with an empty completion mask and
-    no score. A process whose every group was dropped still runs the collectives of a step
-    on it, while the other processes train on theirs."""
+    """A group that weighs nothing: the first sampled group with an empty loss mask and no
+    score. A process whose every group was dropped still runs the collectives of a step on
+    it, while the other processes train on theirs."""
     group = sampled.select(torch.arange(sampled.group_size))
-    group.completion_mask = torch.zeros_like(group.completion_mask)
-    scores = torch.full((len(group),), math.nan, device=group.completion_mask.device)
+    group.loss_mask = torch.zeros_like(group.loss_mask)
+    scores = torch.full((len(group),), math.nan, device=group.loss_mask.device)
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
@@ -166,14 +166,15 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
     scored = Scored(reward.total.to(batch.completion_mask.device), steps)
     scored_at = time.perf_counter()
 
-    # Completions cut off at max_new_tokens (no EOS); with loss.mask_truncated_completions
-    # (DAPO's overlong filtering) their tokens leave the loss, after they were scored.
+    # Completions cut off at max_new_tokens (no EOS at their last token); with
+    # loss.mask_truncated_completions (DAPO's overlong filtering) their tokens leave the
+    # loss, after they were scored. They stay there (attended to, counted in the lengths).
     eos = e.tokenizer.eos_token_id
     last = batch.completion_ids.gather(1, (lengths.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
     truncated = (last != eos) if eos is not None else torch.ones_like(last, dtype=torch.bool)
     if e.loss.mask_truncated_completions:
         batch = batch.select(torch.arange(len(batch)))  # a copy: `sampled` keeps its mask
-        batch.completion_mask = batch.completion_mask * (~truncated).unsqueeze(1).to(batch.completion_mask.dtype)
+        batch.loss_mask = batch.loss_mask * (~truncated).unsqueeze(1).to(batch.loss_mask.dtype)
 
     # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scored.scores, group_size)  # (N/G,)
@@ -241,7 +242,8 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
 def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, update_seconds: float) -> dict:
     """The step's line of metrics.jsonl, over every process's rows: the rewards and lengths of
     everything sampled, the update's `stats`, the step's times and peak memory. `batch`:
-    what the update trained on (a placeholder's rows count no token)."""
+    what the update trained on (its tokens in the loss are "tokens/trained"; a placeholder's
+    rows have none)."""
     c, world, group_size = collected, e.world, e.rollout.group_size
     reward, sampled = c.rewards, c.sampled
     # Every process's rows, in one collective: (N * processes, 4 + functions).
@@ -255,9 +257,7 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
-    counts = world.sum(
-        torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64)
-    )
+    counts = world.sum(torch.tensor([float(batch.loss_mask.sum()), sampled.truncated_prompts], dtype=torch.float64))
     return {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
@@ -291,9 +291,10 @@ def _micro_batch_plan(world, n: int, minibatches: int, micro_batch_size: int) ->
 def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: Tensor, trained_rows: int) -> dict:
     """mu epochs of clipped-ratio updates; returns the step's loss, KL, entropy, clipping, grad
     norm (and the critic's own metrics). A loss is divided by the whole batch's counts (over
-    all processes), so the processes' gradients sum to the whole batch's gradient."""
+    all processes), so the processes' gradients sum to the whole batch's gradient. Every
+    loss, count and statistic of the policy is over the loss mask's tokens (its actions)."""
     n, world = len(batch), e.world
-    mask = batch.completion_mask
+    mask = batch.loss_mask
     lo, tr = e.loss, e.train
     clip = dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level)
     sums = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "value_loss", "first_pass_tokens"), 0.0)
@@ -312,18 +313,18 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
             micros = micro_batches(
                 batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping, whole_groups=_shares_prompts(e)
             )
-            padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its mask emptied
+            padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its loss mask emptied
             for micro in micros + padding:
                 weightless = micro is None
                 micro = torch.zeros(1, dtype=torch.long) if weightless else micro
                 part = batch.select(micro)
                 if weightless:
-                    part.completion_mask = torch.zeros_like(part.completion_mask)
+                    part.loss_mask = torch.zeros_like(part.loss_mask)
                 # Cut to its longest completion (and prompt): T' <= T columns; every per-token
                 # tensor of these rows is cut alike (`fit`), so the loss sees the same tokens.
                 part = part.trimmed()
                 rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
-                m = part.completion_mask  # (n, T')
+                m = part.loss_mask  # (n, T')
                 # As sampled (and as the passes above scored); the entropy, a metric, on the first epoch.
                 logprobs, entropy = _policy_logprobs(e, part, with_entropy=epoch == 0)  # (n, T'), (n, T') or None
                 old = part.fit(passes.old_logprobs[micro]) if passes.old_logprobs is not None else logprobs.detach()
