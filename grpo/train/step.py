@@ -72,11 +72,20 @@ class Engine:
         return trainable_parameters(self.policy)
 
     @property
-    def needs_old_logprobs(self) -> bool:
-        """With one epoch and one minibatch the old policy is the current one (ratio 1), so
-        its log-probs are the current ones, detached: no extra forward pass. Otherwise the
-        policy moves between updates; and PPO's KL-in-reward reads them before any update."""
-        return self.train.epochs > 1 or self.train.minibatches > 1 or self.kl.needs_old_logprobs
+    def version(self) -> int:
+        """The policy's version: the optimizer steps its weights have taken (the scheduler
+        counts them, and a checkpoint keeps the count)."""
+        return self.scheduler.last_epoch
+
+    def needs_old_logprobs(self, batch: Rollout) -> bool:
+        """Whether the update needs a pass of its own for the old policy's log-probs. Not for
+        a batch the current weights sampled, with one epoch and one minibatch: the old policy
+        is then the current one (ratio 1), so its log-probs are the update's own, detached.
+        Otherwise the policy moves between updates, or the batch was sampled by earlier
+        weights (its policy_version behind this one); and PPO's KL-in-reward reads them
+        before any update."""
+        moves = self.train.epochs > 1 or self.train.minibatches > 1
+        return moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
 
 
 @dataclass
@@ -140,6 +149,7 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
     with world.gathered(e.policy):
         batch = sampled = e.sampler.sample(e.policy, rows, seeds)
+    sampled.policy_version = e.version  # the weights that drew it
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
@@ -213,7 +223,8 @@ def learn(e: Engine, collected: Collected) -> dict:
 
 def _passes(e: Engine, batch: Rollout) -> Passes:
     """The no-grad passes before the update: the reference's log-probs, the old policy's (when
-    the policy moves before the last update) and the critic's values. In micro-batches,
+    the policy moves before the last update, or moved since it sampled the batch) and the
+    critic's values. In micro-batches,
     like the update, so that no pass holds the whole batch's activations. Every log-prob is
     of the distribution sampled from, up to truncation: at the rollout's temperature and
     repetition penalty (README, "Sampling"). Each micro-batch is cut to its longest
@@ -221,7 +232,7 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
     results are 0 past every mask."""
     size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
     by_length = e.train.length_grouping
-    policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
+    policy_pass = [e.policy] if e.needs_old_logprobs(batch) else []  # gathered whole only when it runs
     with autocast(e.policy, e.compute_dtype), e.world.gathered(*policy_pass, *e.critic.networks):
         return Passes(
             ref_logprobs=no_grad_pass(
