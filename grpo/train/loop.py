@@ -43,7 +43,7 @@ from grpo.infra.distributed import SingleProcess, World, check_launch, init_worl
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, truncate_metrics, write_atomic
 from grpo.infra.progress import Progress
 from grpo.infra.seed import prompt_seed, rng_state, seed_everything, set_rng_state
-from grpo.rewards import WeightedReward, load_rewards, score, score_steps
+from grpo.rewards import WeightedReward, load_rewards
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer
@@ -60,6 +60,7 @@ from grpo.train.models import (
 )
 from grpo.train.schedule import lr_lambda
 from grpo.train.iterative import RewardModelUpdater
+from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.step import Engine, StepResult, train_step
 
@@ -155,7 +156,7 @@ def build_engine(
         tokenizer=tokenizer,
         sampler=Sampler.from_config(tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype),
         rewards=rewards,
-        score=score_steps if c.loss.supervision == "process" else score,
+        score=build_scorer(c),
         reference=reference,
         baseline=build_baseline(c, tokenizer, kl, world),
         kl=kl,

@@ -19,7 +19,7 @@ takes; `BASELINES` and `KL_PLACEMENTS` below say which class each name is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -45,14 +45,18 @@ from grpo.train.models import ValueModel, autocast, load_value_model, no_grad_pa
 
 @dataclass
 class Scored:
-    """The rewards of a batch's completions."""
+    """The rewards of a batch's completions, as a scorer (grpo.train.scoring) gives them."""
 
-    scores: Tensor  # (N,) float, NaN where no reward could score the completion
+    scores: Tensor  # (N,) float: each completion's total, NaN where no reward could score it
     steps: list[list[tuple[int, float]]] | None = None  # process supervision: (end character, reward) per step
+    per_function: dict[str, Tensor] = field(default_factory=dict)  # name -> (N,) unweighted scores, NaN where None
 
     def select(self, rows: Tensor) -> Scored:
         steps = None if self.steps is None else [self.steps[i] for i in rows.tolist()]
-        return Scored(self.scores[rows], steps)
+        return Scored(self.scores[rows], steps, {name: s[rows] for name, s in self.per_function.items()})
+
+    def to(self, device: torch.device | str) -> Scored:
+        return Scored(self.scores.to(device), self.steps, {k: v.to(device) for k, v in self.per_function.items()})
 
 
 @dataclass

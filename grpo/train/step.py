@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -26,7 +25,7 @@ from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
-from grpo.rewards import RewardScores, StepScores, WeightedReward
+from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.train.models import (
     Reference,
@@ -38,6 +37,7 @@ from grpo.train.models import (
     policy_logprobs,
     trainable_parameters,
 )
+from grpo.train.scoring import Scorer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
 
 
@@ -50,7 +50,7 @@ class Engine:
     tokenizer: object  # the caller's, unchanged; saved with the trained model
     sampler: Sampler
     rewards: list[WeightedReward]
-    score: Callable  # grpo.rewards.score (outcome) or score_steps (process supervision)
+    score: Scorer  # OutcomeScorer, or ProcessScorer (process supervision)
     reference: Reference
     baseline: Baseline
     kl: KLPlacement
@@ -103,7 +103,7 @@ class Collected:
     batch: Rollout  # what the update trains on: the groups kept, the truncated ones' tokens out of the loss
     scored: Scored  # (len(batch),) its rewards
     sampled: Rollout  # everything sampled, kept or not
-    rewards: RewardScores | StepScores  # everything sampled's rewards as scored: .total (N,), .per_function
+    sampled_scored: Scored  # (N,) everything sampled's rewards
     truncated: Tensor  # (N,) bool: cut off at max_new_tokens (no EOS)
     spread: Tensor  # (N/G,) bool: the group's scored rewards are not all equal
     seconds: dict  # time spent: "generate", "score", "collect" (the whole of it)
@@ -136,7 +136,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     trainer_state.global_step)."""
     collected = collect(e, rows, seeds, step)
     metrics = learn(e, collected)
-    return StepResult(metrics, collected.sampled, collected.rewards.total)
+    return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
 
 
 def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> Collected:
@@ -162,7 +162,7 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
         ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())
     ]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
-    reward = world.checked(
+    scored = sampled_scored = world.checked(
         lambda: e.score(
             e.rewards,
             prompts,
@@ -171,9 +171,7 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
             completion_ids=completion_ids,
             trainer_state=trainer_state,
         )
-    )
-    steps = reward.steps if isinstance(reward, StepScores) else None
-    scored = Scored(reward.total.to(batch.completion_mask.device), steps)
+    ).to(batch.completion_mask.device)
     scored_at = time.perf_counter()
 
     # Completions cut off at max_new_tokens (no EOS at their last token); with
@@ -192,7 +190,7 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
     seconds = {"generate": generated - start, "score": scored_at - generated, "collect": time.perf_counter() - start}
-    return Collected(batch, scored, sampled, reward, truncated, spread, seconds)
+    return Collected(batch, scored, sampled, sampled_scored, truncated, spread, seconds)
 
 
 def learn(e: Engine, collected: Collected) -> dict:
@@ -206,7 +204,7 @@ def learn(e: Engine, collected: Collected) -> dict:
     if trained_rows:
         live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
         if not len(batch):
-            batch, scored = _placeholder(collected.sampled, collected.scored.steps)
+            batch, scored = _placeholder(collected.sampled, collected.sampled_scored.steps)
             live = torch.zeros(len(batch), dtype=torch.bool)
         # 3. The passes before the update: the reference's, the old policy's, the critic's.
         passes = _passes(e, batch)
@@ -256,14 +254,14 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
     what the update trained on (its tokens in the loss are "tokens/trained"; a placeholder's
     rows have none)."""
     c, world, group_size = collected, e.world, e.rollout.group_size
-    reward, sampled = c.rewards, c.sampled
+    scored, sampled = c.sampled_scored, c.sampled
     # Every process's rows, in one collective: (N * processes, 4 + functions).
     per_row = [
-        reward.total,
+        scored.scores,
         sampled.completion_lengths,
         c.truncated,
         c.spread.repeat_interleave(group_size),
-        *reward.per_function.values(),
+        *scored.per_function.values(),
     ]
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
@@ -272,7 +270,7 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
     return {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
-        **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(reward.per_function)},
+        **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(scored.per_function)},
         **stats,
         "tokens/completion": int(all_lengths.sum()),
         "tokens/trained": int(counts[0]),
