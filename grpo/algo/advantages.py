@@ -130,23 +130,30 @@ def gae(
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv 1506.02438).
 
-    delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1},
-    returns R_t = A_t + V_t. Values (and rewards) past the last valid token count as 0, so
-    the last valid token's delta is r_t - V_t. All arguments and both results are (N, T);
-    results are zero where the mask is zero.
+    delta_t = r_t + gamma * V_{t'} - V_t,   A_t = delta_t + gamma * lam * A_{t'},
+    returns R_t = A_t + V_t, over the tokens the mask marks (the policy's actions), where t'
+    is the next marked token after t: a run of unmarked tokens inside a completion (a
+    tool's or an environment's output) is skipped, and bootstrapping goes across it, as if
+    it were not there. Values (and rewards) past the last marked token count as 0, so its
+    delta is r_t - V_t; rewards at unmarked tokens are ignored. With a right-padded mask
+    (every completion's tokens, then padding) this is the plain recursion over each row.
+    All arguments and both results are (N, T); results are zero where the mask is zero.
     """
+    action = mask.bool()  # (N, T)
     mask = mask.to(values.dtype)
     values = values * mask
     rewards = rewards * mask
     t_len = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
-    next_advantage = torch.zeros_like(rewards[:, 0])  # (N,)
-    next_value = torch.zeros_like(values[:, 0])  # (N,)
+    next_advantage = torch.zeros_like(rewards[:, 0])  # (N,) A at each row's next action token
+    next_value = torch.zeros_like(values[:, 0])  # (N,) V at each row's next action token
     for t in reversed(range(t_len)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = next_advantage
-        next_value = values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage
+        # Only an action token moves the recursion on; an unmarked one leaves it as it was.
+        next_advantage = torch.where(action[:, t], advantage, next_advantage)
+        next_value = torch.where(action[:, t], values[:, t], next_value)
     advantages = advantages * mask
     returns = (advantages + values) * mask
     return advantages, returns

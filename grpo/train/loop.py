@@ -36,7 +36,7 @@ from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, 
 from grpo.infra.progress import Progress
 from grpo.infra.space import no_space
 from grpo.infra.seed import prompt_seed, seed_everything
-from grpo.rewards import WeightedReward, load_rewards, score, score_steps
+from grpo.rewards import WeightedReward, load_rewards
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer
@@ -55,6 +55,7 @@ from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import check_resume_config, prepare_output, record_update, rewind_logs, write_samples
+from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
 from grpo.train.step import Engine, train_step
@@ -151,7 +152,7 @@ def build_engine(
         tokenizer=tokenizer,
         sampler=Sampler.from_config(tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype),
         rewards=rewards,
-        score=score_steps if c.loss.supervision == "process" else score,
+        score=build_scorer(c),
         reference=reference,
         baseline=build_baseline(c, tokenizer, kl, world),
         kl=kl,

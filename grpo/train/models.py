@@ -272,9 +272,10 @@ def completion_logprobs(
     of each position's distribution (a metric, without a gradient; else None).
 
     With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
-    from the hidden states through the head chunk by chunk, at the completion tokens only
-    (`completion_mask`; the padding after a row's end gets 0, which no loss or metric reads);
-    else from the full logits. The same numbers at every completion token either way
+    from the hidden states through the head chunk by chunk, at the tokens in the loss only
+    (`loss_mask`: the policy's actions; the padding after a row's end, and a tool's tokens
+    inside it, get 0 and no gradient, and no loss or metric reads them); else from the full
+    logits. The same numbers at every token in the loss either way
     (tests/algo/test_chunked_head.py)."""
     context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
     scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
@@ -289,7 +290,7 @@ def completion_logprobs(
             ids,
             bias=head.bias,
             with_entropy=with_entropy,
-            mask=batch.completion_mask.bool(),
+            mask=batch.loss_mask.bool(),
             **scoring,
         )
     logits = completion_logits(model, batch, share_prompts)  # (N, T, V)

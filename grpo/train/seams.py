@@ -19,7 +19,7 @@ takes; `BASELINES` and `KL_PLACEMENTS` below say which class each name is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -45,14 +45,18 @@ from grpo.train.models import ValueModel, autocast, load_value_model, no_grad_pa
 
 @dataclass
 class Scored:
-    """The rewards of a batch's completions."""
+    """The rewards of a batch's completions, as a scorer (grpo.train.scoring) gives them."""
 
-    scores: Tensor  # (N,) float, NaN where no reward could score the completion
+    scores: Tensor  # (N,) float: each completion's total, NaN where no reward could score it
     steps: list[list[tuple[int, float]]] | None = None  # process supervision: (end character, reward) per step
+    per_function: dict[str, Tensor] = field(default_factory=dict)  # name -> (N,) unweighted scores, NaN where None
 
     def select(self, rows: Tensor) -> Scored:
         steps = None if self.steps is None else [self.steps[i] for i in rows.tolist()]
-        return Scored(self.scores[rows], steps)
+        return Scored(self.scores[rows], steps, {name: s[rows] for name, s in self.per_function.items()})
+
+    def to(self, device: torch.device | str) -> Scored:
+        return Scored(self.scores.to(device), self.steps, {k: v.to(device) for k, v in self.per_function.items()})
 
 
 @dataclass
@@ -166,7 +170,7 @@ class ProcessBaseline:
 
     def __call__(self, batch, scored, passes):
         rewards, ends = self.step_tensors(scored.steps, batch)
-        return Targets(process_advantages(rewards, ends, batch.completion_mask, self.group_size, eps=self.eps))
+        return Targets(process_advantages(rewards, ends, batch.loss_mask, self.group_size, eps=self.eps))
 
     def step_tensors(self, steps: list[list[tuple[int, float]]], batch: Rollout) -> tuple[Tensor, Tensor]:
         """(N, S) step rewards (NaN where a completion has fewer than S steps) and (N, S) the
@@ -197,7 +201,7 @@ class GAEBaseline:
         self.world = world  # whitening's mean and variance are over every process's tokens
 
     def __call__(self, batch, scored, passes):
-        mask = batch.completion_mask
+        mask = batch.loss_mask  # the policy's actions: GAE bootstraps across the tokens between them
         scores = torch.nan_to_num(scored.scores, nan=0.0)  # an unscorable output teaches nothing
         rewards = self.kl.token_rewards(scores, passes, mask)  # (N, T)
         advantages, returns = gae(rewards, passes.old_values, mask, gamma=self.gamma, lam=self.lam)
@@ -249,7 +253,7 @@ class Critic:
             values,
             part.fit(passes.old_values[rows]),
             part.fit(targets.returns[rows]),
-            part.completion_mask,
+            part.loss_mask,
             clip=self.value_clip,
             num_tokens=num_tokens,
         )

@@ -1,5 +1,10 @@
 """One RL step, the same for GRPO and PPO: sample, score, baseline, update.
 
+The step is two halves: `collect` (sample, score, the truncation and group filters) and
+`learn` (the passes before the update, the baseline, the update). What `collect` returns, a
+`Collected`, holds everything `learn` and the step's metrics need, so that generation can
+run apart from training; `train_step` is the two in sequence.
+
 The algorithms differ in exactly three places, the seams of `grpo.train.seams`, chosen once
 when the engine is built: the baseline (group, or critic + GAE), the KL placement (in the
 loss, or in the per-token reward) and the critic (none, or a value model trained beside the
@@ -10,7 +15,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -21,7 +25,7 @@ from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
-from grpo.rewards import StepScores, WeightedReward
+from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout, Sampler
 from grpo.train.models import (
     Reference,
@@ -33,6 +37,7 @@ from grpo.train.models import (
     policy_logprobs,
     trainable_parameters,
 )
+from grpo.train.scoring import Scorer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
 
 
@@ -45,7 +50,7 @@ class Engine:
     tokenizer: object  # the caller's, unchanged; saved with the trained model
     sampler: Sampler
     rewards: list[WeightedReward]
-    score: Callable  # grpo.rewards.score (outcome) or score_steps (process supervision)
+    score: Scorer  # OutcomeScorer, or ProcessScorer (process supervision)
     reference: Reference
     baseline: Baseline
     kl: KLPlacement
@@ -67,11 +72,20 @@ class Engine:
         return trainable_parameters(self.policy)
 
     @property
-    def needs_old_logprobs(self) -> bool:
-        """With one epoch and one minibatch the old policy is the current one (ratio 1), so
-        its log-probs are the current ones, detached: no extra forward pass. Otherwise the
-        policy moves between updates; and PPO's KL-in-reward reads them before any update."""
-        return self.train.epochs > 1 or self.train.minibatches > 1 or self.kl.needs_old_logprobs
+    def version(self) -> int:
+        """The policy's version: the optimizer steps its weights have taken (the scheduler
+        counts them, and a checkpoint keeps the count)."""
+        return self.scheduler.last_epoch
+
+    def needs_old_logprobs(self, batch: Rollout) -> bool:
+        """Whether the update needs a pass of its own for the old policy's log-probs. Not for
+        a batch the current weights sampled, with one epoch and one minibatch: the old policy
+        is then the current one (ratio 1), so its log-probs are the update's own, detached.
+        Otherwise the policy moves between updates, or the batch was sampled by earlier
+        weights (its policy_version behind this one); and PPO's KL-in-reward reads them
+        before any update."""
+        moves = self.train.epochs > 1 or self.train.minibatches > 1
+        return moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
 
 
 @dataclass
@@ -79,6 +93,20 @@ class StepResult:
     metrics: dict
     rollout: Rollout  # everything sampled, including groups left out of the update
     scores: Tensor  # (N,) their rewards
+
+
+@dataclass
+class Collected:
+    """One step's experience, scored and filtered: what `learn` trains on and what the step's
+    metrics report, self-contained (it may wait for its update while another is collected)."""
+
+    batch: Rollout  # what the update trains on: the groups kept, the truncated ones' tokens out of the loss
+    scored: Scored  # (len(batch),) its rewards
+    sampled: Rollout  # everything sampled, kept or not
+    sampled_scored: Scored  # (N,) everything sampled's rewards
+    truncated: Tensor  # (N,) bool: cut off at max_new_tokens (no EOS)
+    spread: Tensor  # (N/G,) bool: the group's scored rewards are not all equal
+    seconds: dict  # time spent: "generate", "score", "collect" (the whole of it)
 
 
 def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
@@ -90,27 +118,38 @@ def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
 
 
 def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]:
-    """A group that weighs nothing: the first sampled group with an empty completion mask and
-    no score. A process whose every group was dropped still runs the collectives of a step
-    on it, while the other processes train on theirs."""
+    """A group that weighs nothing: the first sampled group with an empty loss mask and no
+    score. A process whose every group was dropped still runs the collectives of a step on
+    it, while the other processes train on theirs."""
     group = sampled.select(torch.arange(sampled.group_size))
-    group.completion_mask = torch.zeros_like(group.completion_mask)
-    scores = torch.full((len(group),), math.nan, device=group.completion_mask.device)
+    group.loss_mask = torch.zeros_like(group.loss_mask)
+    scores = torch.full((len(group),), math.nan, device=group.loss_mask.device)
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
 def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> StepResult:
-    """One step on `rows` (this process's share of prompts_per_step data rows): sample
-    (each row's completions from its own seed, when `seeds` are given), score, baseline,
-    update. Every statistic over the batch (counts, reward scaling, whitening, the metrics)
-    is one over all processes' rows. `step`: the steps done before this one (what reward
-    functions see as trainer_state.global_step)."""
+    """One step on `rows` (this process's share of prompts_per_step data rows): collect
+    (sample, each row's completions from its own seed when `seeds` are given; score;
+    filter), then learn from it (passes, baseline, update). Every statistic over the batch
+    (counts, reward scaling, whitening, the metrics) is one over all processes' rows.
+    `step`: the steps done before this one (what reward functions see as
+    trainer_state.global_step)."""
+    collected = collect(e, rows, seeds, step)
+    metrics = learn(e, collected)
+    return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
+
+
+def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> Collected:
+    """Sample G completions for each of `rows`, score them, and filter what the update sees:
+    the truncation mask (loss.mask_truncated_completions) and the group filter
+    (loss.drop_zero_std_groups)."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
 
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
     with world.gathered(e.policy):
         batch = sampled = e.sampler.sample(e.policy, rows, seeds)
+    sampled.policy_version = e.version  # the weights that drew it
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
@@ -123,7 +162,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())
     ]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
-    reward = world.checked(
+    scored = sampled_scored = world.checked(
         lambda: e.score(
             e.rewards,
             prompts,
@@ -132,58 +171,43 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
             completion_ids=completion_ids,
             trainer_state=trainer_state,
         )
-    )
-    steps = reward.steps if isinstance(reward, StepScores) else None
-    scored = Scored(reward.total.to(batch.completion_mask.device), steps)
+    ).to(batch.completion_mask.device)
     scored_at = time.perf_counter()
 
-    # Completions cut off at max_new_tokens (no EOS); with loss.mask_truncated_completions
-    # (DAPO's overlong filtering) their tokens leave the loss, after they were scored.
+    # Completions cut off at max_new_tokens (no EOS at their last token); with
+    # loss.mask_truncated_completions (DAPO's overlong filtering) their tokens leave the
+    # loss, after they were scored. They stay there (attended to, counted in the lengths).
     eos = e.tokenizer.eos_token_id
     last = batch.completion_ids.gather(1, (lengths.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
     truncated = (last != eos) if eos is not None else torch.ones_like(last, dtype=torch.bool)
     if e.loss.mask_truncated_completions:
         batch = batch.select(torch.arange(len(batch)))  # a copy: `sampled` keeps its mask
-        batch.completion_mask = batch.completion_mask * (~truncated).unsqueeze(1).to(batch.completion_mask.dtype)
+        batch.loss_mask = batch.loss_mask * (~truncated).unsqueeze(1).to(batch.loss_mask.dtype)
 
     # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scored.scores, group_size)  # (N/G,)
     if e.loss.drop_zero_std_groups:
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
-    trained_rows = int(world.sum(torch.tensor(len(batch))))  # over all processes
+    seconds = {"generate": generated - start, "score": scored_at - generated, "collect": time.perf_counter() - start}
+    return Collected(batch, scored, sampled, sampled_scored, truncated, spread, seconds)
+
+
+def learn(e: Engine, collected: Collected) -> dict:
+    """Train on what `collect` gave: the passes before the update, the advantages, mu epochs
+    of updates. Returns the step's metrics."""
+    start = time.perf_counter()
+    batch, scored = collected.batch, collected.scored
+    trained_rows = int(e.world.sum(torch.tensor(len(batch))))  # over all processes
 
     stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
     if trained_rows:
         live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
         if not len(batch):
-            batch, scored = _placeholder(sampled, steps)
+            batch, scored = _placeholder(collected.sampled, collected.sampled_scored.steps)
             live = torch.zeros(len(batch), dtype=torch.bool)
-        # 3. The passes before the update: the reference's log-probs, the old policy's (when
-        #    the policy moves before the last update) and the critic's values. In
-        #    micro-batches, like the update, so that no pass holds the whole batch's activations.
-        #    Every log-prob is of the distribution sampled from, up to truncation: at the
-        #    rollout's temperature and repetition penalty (README, "Sampling").
-        #    Each micro-batch is cut to its longest completion (and ordered by length first,
-        #    with train.length_grouping); the passes' (N, T) results are 0 past every mask.
-        size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
-        by_length = e.train.length_grouping
-        policy_pass = [e.policy] if e.needs_old_logprobs else []  # gathered whole only when it runs
-        with autocast(e.policy, e.compute_dtype), world.gathered(*policy_pass, *e.critic.networks):
-            passes = Passes(
-                ref_logprobs=no_grad_pass(
-                    lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
-                ),  # (N, T) or None
-                old_logprobs=no_grad_pass(
-                    lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
-                    batch,
-                    size,
-                    by_length=by_length,
-                )
-                if e.needs_old_logprobs
-                else None,
-                old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
-            )
+        # 3. The passes before the update: the reference's, the old policy's, the critic's.
+        passes = _passes(e, batch)
 
         # 4. Advantages: from the group (GRPO) or from the critic (PPO).
         targets = e.baseline(batch, scored, passes)
@@ -192,20 +216,61 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         stats = _update(e, batch, targets, passes, live, trained_rows)
     if e.device.type == "cuda":
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
-    updated = time.perf_counter()
+    return _metrics(e, collected, batch, stats, time.perf_counter() - start)
 
+
+def _passes(e: Engine, batch: Rollout) -> Passes:
+    """The no-grad passes before the update: the reference's log-probs, the old policy's (when
+    the policy moves before the last update, or moved since it sampled the batch) and the
+    critic's values. In micro-batches,
+    like the update, so that no pass holds the whole batch's activations. Every log-prob is
+    of the distribution sampled from, up to truncation: at the rollout's temperature and
+    repetition penalty (README, "Sampling"). Each micro-batch is cut to its longest
+    completion (and ordered by length first, with train.length_grouping); the passes' (N, T)
+    results are 0 past every mask."""
+    size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
+    by_length = e.train.length_grouping
+    policy_pass = [e.policy] if e.needs_old_logprobs(batch) else []  # gathered whole only when it runs
+    with autocast(e.policy, e.compute_dtype), e.world.gathered(*policy_pass, *e.critic.networks):
+        return Passes(
+            ref_logprobs=no_grad_pass(
+                lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
+            ),  # (N, T) or None
+            old_logprobs=no_grad_pass(
+                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
+                batch,
+                size,
+                by_length=by_length,
+            )
+            if policy_pass
+            else None,
+            old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
+        )
+
+
+def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, update_seconds: float) -> dict:
+    """The step's line of metrics.jsonl, over every process's rows: the rewards and lengths of
+    everything sampled, the update's `stats`, the step's times and peak memory. `batch`:
+    what the update trained on (its tokens in the loss are "tokens/trained"; a placeholder's
+    rows have none)."""
+    c, world, group_size = collected, e.world, e.rollout.group_size
+    scored, sampled = c.sampled_scored, c.sampled
     # Every process's rows, in one collective: (N * processes, 4 + functions).
-    per_row = [reward.total, lengths, truncated, spread.repeat_interleave(group_size), *reward.per_function.values()]
+    per_row = [
+        scored.scores,
+        sampled.completion_lengths,
+        c.truncated,
+        c.spread.repeat_interleave(group_size),
+        *scored.per_function.values(),
+    ]
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
-    counts = world.sum(
-        torch.tensor([float(batch.completion_lengths.sum()), sampled.truncated_prompts], dtype=torch.float64)
-    )
-    metrics = {
+    counts = world.sum(torch.tensor([float(batch.loss_mask.sum()), sampled.truncated_prompts], dtype=torch.float64))
+    return {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
-        **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(reward.per_function)},
+        **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(scored.per_function)},
         **stats,
         "tokens/completion": int(all_lengths.sum()),
         "tokens/trained": int(counts[0]),
@@ -215,13 +280,12 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
         "frac_truncated": float(all_truncated.mean()),  # cut off at max_new_tokens
         "prompts/truncated": int(counts[1]),  # cut to rollout.max_prompt_length
         "lr": e.scheduler.get_last_lr()[0],
-        "time/step": updated - start,
-        "time/generate": generated - start,
-        "time/score": scored_at - generated,
-        "time/update": updated - scored_at,
+        "time/step": c.seconds["collect"] + update_seconds,
+        "time/generate": c.seconds["generate"],
+        "time/score": c.seconds["score"],
+        "time/update": update_seconds,
         "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
     }
-    return StepResult(metrics, sampled, reward.total)
 
 
 def _micro_batch_plan(world, n: int, minibatches: int, micro_batch_size: int) -> list[int]:
@@ -236,9 +300,10 @@ def _micro_batch_plan(world, n: int, minibatches: int, micro_batch_size: int) ->
 def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: Tensor, trained_rows: int) -> dict:
     """mu epochs of clipped-ratio updates; returns the step's loss, KL, entropy, clipping, grad
     norm (and the critic's own metrics). A loss is divided by the whole batch's counts (over
-    all processes), so the processes' gradients sum to the whole batch's gradient."""
+    all processes), so the processes' gradients sum to the whole batch's gradient. Every
+    loss, count and statistic of the policy is over the loss mask's tokens (its actions)."""
     n, world = len(batch), e.world
-    mask = batch.completion_mask
+    mask = batch.loss_mask
     lo, tr = e.loss, e.train
     clip = dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level)
     sums = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "value_loss", "first_pass_tokens"), 0.0)
@@ -257,18 +322,18 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
             micros = micro_batches(
                 batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping, whole_groups=_shares_prompts(e)
             )
-            padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its mask emptied
+            padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its loss mask emptied
             for micro in micros + padding:
                 weightless = micro is None
                 micro = torch.zeros(1, dtype=torch.long) if weightless else micro
                 part = batch.select(micro)
                 if weightless:
-                    part.completion_mask = torch.zeros_like(part.completion_mask)
+                    part.loss_mask = torch.zeros_like(part.loss_mask)
                 # Cut to its longest completion (and prompt): T' <= T columns; every per-token
                 # tensor of these rows is cut alike (`fit`), so the loss sees the same tokens.
                 part = part.trimmed()
                 rows = 0.0 if weightless else float(live[micro].sum())  # sequences it counts
-                m = part.completion_mask  # (n, T')
+                m = part.loss_mask  # (n, T')
                 # As sampled (and as the passes above scored); the entropy, a metric, on the first epoch.
                 logprobs, entropy = _policy_logprobs(e, part, with_entropy=epoch == 0)  # (n, T'), (n, T') or None
                 old = part.fit(passes.old_logprobs[micro]) if passes.old_logprobs is not None else logprobs.detach()

@@ -105,6 +105,37 @@ def test_gae_values_past_the_end_count_as_zero():
     torch.testing.assert_close(ret, torch.tensor([[0.75, 1.0, 0.0]]))
 
 
+def test_gae_bootstraps_across_a_loss_masked_token():
+    # Tokens 0, 2 and 3 are the policy's; token 1 (a tool's output) is not: token 0's next
+    # value is token 2's, and its advantage follows from token 2's.
+    rewards = torch.tensor([[0.0, 7.0, 0.0, 1.0]])  # the 7 sits on the tool's token and must not be used
+    values = torch.tensor([[0.5, 9.0, 0.25, 0.75]])  # so must the 9
+    adv, ret = gae(rewards, values, torch.tensor([[1.0, 0.0, 1.0, 1.0]]), gamma=1.0, lam=0.5)
+    # delta3 = 1 - 0.75 = 0.25; delta2 = 0 + 0.75 - 0.25 = 0.5; delta0 = 0 + 0.25 - 0.5 = -0.25.
+    # A3 = 0.25, A2 = 0.5 + 0.5 * 0.25 = 0.625, A0 = -0.25 + 0.5 * 0.625 = 0.0625.
+    torch.testing.assert_close(adv, torch.tensor([[0.0625, 0.0, 0.625, 0.25]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.5625, 0.0, 0.875, 1.0]]))
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 4), t_len=st.integers(1, 8), lam=st.floats(0.0, 1.0))
+def test_gae_over_a_mask_with_holes_is_gae_over_its_marked_tokens_side_by_side(seed, n, t_len, lam):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(n, t_len, generator=g, dtype=torch.float64)
+    values = torch.randn(n, t_len, generator=g, dtype=torch.float64)
+    mask = (torch.rand(n, t_len, generator=g) < 0.6).double()
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=lam)
+    for i in range(n):
+        marked = mask[i].bool()
+        k = int(marked.sum())
+        packed_rewards, packed_values = torch.zeros(2, 1, t_len, dtype=torch.float64)  # marked tokens first
+        packed_rewards[0, :k], packed_values[0, :k] = rewards[i, marked], values[i, marked]
+        packed_mask = right_padded_mask(torch.tensor([k]), t_len).double()
+        want_adv, want_ret = gae(packed_rewards, packed_values, packed_mask, gamma=0.9, lam=lam)
+        torch.testing.assert_close(adv[i, marked], want_adv[0, :k])
+        torch.testing.assert_close(ret[i, marked], want_ret[0, :k])
+        assert (adv[i, ~marked] == 0).all() and (ret[i, ~marked] == 0).all()
+
+
 def test_whiten_by_hand():
     x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])

@@ -14,7 +14,7 @@ from grpo.rewards import load_rewards
 from grpo.rollout.sampler import Sampler, completion_mask
 from grpo.train.loop import build_engine
 from grpo.train.models import policy_logprobs
-from grpo.train.step import train_step
+from grpo.train.step import collect, learn, train_step
 
 
 def engine_for(config_dict):
@@ -61,13 +61,41 @@ def test_one_update_epoch_needs_no_old_policy_pass(make_config, monkeypatch):
     calls = []
     monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
     e, c, stream = engine_for(make_config())
-    assert not e.needs_old_logprobs
     train_step(e, stream.take(c.rollout.prompts_per_step))
     assert calls == []
     e, c, stream = engine_for(make_config(train={"epochs": 2, "lr": 1e-3}))
     result = train_step(e, stream.take(c.rollout.prompts_per_step))
     assert calls == [1]  # one pass for the old policy, before the first update
     assert result.metrics["clip_fraction"] >= 0.0
+
+
+def test_a_batch_sampled_by_earlier_weights_gets_the_old_policy_pass(make_config, monkeypatch):
+    """Collected while the policy moved on (as an asynchronous rollout is), a batch's old
+    policy is no longer the current one: even with one epoch and one minibatch the update
+    takes the old-policy pass rather than its own log-probs, detached."""
+    calls = []
+    monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
+    e, c, stream = engine_for(make_config(train={"lr": 1e-3}))
+    first, second = (collect(e, stream.take(c.rollout.prompts_per_step), step=i) for i in range(2))
+    assert e.version == 0 and first.batch.policy_version == second.batch.policy_version == 0
+    assert not e.needs_old_logprobs(first.batch)
+    learn(e, first)
+    assert calls == [] and e.version == 1  # one optimizer step
+    assert e.needs_old_logprobs(second.batch)
+    learn(e, second)
+    assert calls == [1] and e.version == 2
+    # A batch the current weights sampled needs none again; the version is stamped as sampled.
+    third = collect(e, stream.take(c.rollout.prompts_per_step), step=2)
+    assert third.sampled.policy_version == third.batch.policy_version == 2 and not e.needs_old_logprobs(third.batch)
+
+
+def test_the_policy_version_is_restored_with_the_scheduler(make_config):
+    e, c, stream = engine_for(make_config(train={"epochs": 2, "minibatches": 2}))
+    train_step(e, stream.take(c.rollout.prompts_per_step))
+    assert e.version == 4  # 2 epochs x 2 minibatches
+    resumed, _, _ = engine_for(make_config(train={"epochs": 2, "minibatches": 2}))
+    resumed.scheduler.load_state_dict(e.scheduler.state_dict())  # as a checkpoint's resume does
+    assert resumed.version == 4
 
 
 def test_micro_batches_give_the_same_update_as_the_whole_batch(make_config):
