@@ -86,7 +86,7 @@ def sample_both(model, seed=1, **options):
         sampler = Sampler(
             TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options
         )
-        assert sampler.uses_fast(model, 5) == (backend == "fast")
+        assert sampler.decoder_name(model, 5) == backend
         torch.manual_seed(seed)
         rollout = sampler.sample(model, ROWS)
         out[backend] = (rollout, torch.rand(3))
@@ -178,7 +178,7 @@ def test_unsupported_models_fall_back_to_generate_or_say_why():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOKENIZER), n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     assert "gpt2" in fast.supported(gpt2, 20)
     auto = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4)
-    assert not auto.uses_fast(gpt2, 5)
+    assert auto.decoder_name(gpt2, 5) == "hf"
     assert auto.sample(gpt2, ROWS[:2]).completion_mask.shape == (4, 4)
     forced = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="fast")
     with pytest.raises(UserError, match="fast cannot decode this model: model type 'gpt2'"):
