@@ -127,7 +127,7 @@ class RolloutConfig:
     )
     seed_per_prompt: bool = opt(
         False,
-        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
+        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws each step from one random stream of the sampler's own (seeded by the seed, its rank and the step; apart from the global stream the update draws from), the same tokens as transformers' generate draws from the same stream. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
     )
     sampler: Literal[DECODERS] = opt(
         "auto",

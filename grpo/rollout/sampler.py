@@ -7,6 +7,14 @@ log-probs; "hf", transformers' `generate` (any causal LM, e.g. a peft-wrapped po
 "auto" (default), "fast" where the model is supported, else "hf". Every decoder samples by
 the same `SamplingParams`, built once.
 
+Random numbers. Built with the run's seed (training's sampler is), the sampler draws each
+step from a generator of its own, seeded by the seed, the process's rank and the step: not
+from the global stream, which the update's random permutations draw from, so that neither
+changes what the other draws, whichever runs first. With per-prompt seeds
+(rollout.seed_per_prompt) each prompt's completions draw from a generator of that seed.
+Built without a seed (evaluation, the demo, iterative RL's reward-model samples), it draws
+from the global stream, as `generate` does; its callers seed that.
+
 `Sampler.from_config` builds it from the rollout config; training, iterative RL and
 evaluation all get theirs from there. The sampler works on its own copy of the tokenizer
 (set to pad on the left, where prompts must end), so the caller's tokenizer, and the one
@@ -32,6 +40,7 @@ import torch
 
 from grpo.errors import UserError
 from grpo.infra.hf import context_length
+from grpo.infra.seed import sampling_seed
 from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.decoders import Decoder, pad_cat
@@ -100,6 +109,8 @@ class Sampler:
         backend: str = decoders.AUTO,
         autocast: torch.dtype | None = None,
         max_prompt_length: int = 0,
+        seed: int | None = None,
+        rank: int = 0,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -114,6 +125,7 @@ class Sampler:
         self.autocast = autocast  # compute dtype for decoding (None = the model's)
         self.max_prompt_length = max_prompt_length  # longer prompts keep their last tokens (0 = no limit)
         self.params = params if params is not None else SamplingParams.of(tokenizer, **sampling)
+        self.seed, self.rank = seed, rank  # the run's seed (None: the global stream) and this process's rank
         self.decoders: dict[str, Decoder] = {}  # built as they are first chosen, kept for their per-version work
 
     @classmethod
@@ -125,9 +137,12 @@ class Sampler:
         prompt_column: str,
         autocast: torch.dtype | None = None,
         group_size: int | None = None,
+        seed: int | None = None,
+        rank: int = 0,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
-        overrides the config's (iterative RL samples its own number per prompt)."""
+        overrides the config's (iterative RL samples its own number per prompt). With the
+        run's `seed` (and the process's `rank`), it draws from its own stream (module doc)."""
         return cls(
             tokenizer,
             prompt_column=prompt_column,
@@ -137,6 +152,8 @@ class Sampler:
             backend=rollout.sampler,
             autocast=autocast,
             max_prompt_length=rollout.max_prompt_length,
+            seed=seed,
+            rank=rank,
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:
@@ -170,11 +187,22 @@ class Sampler:
         )
 
     @torch.no_grad()
-    def sample(self, model, rows: list[dict], seeds: list[int] | None = None, *, version: int | None = None) -> Rollout:
+    def sample(
+        self,
+        model,
+        rows: list[dict],
+        seeds: list[int] | None = None,
+        *,
+        step: int = 0,
+        version: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
         """G completions of each row's prompt. With `seeds` (one per row), row i's completions
         are drawn from their own generator seeded with seeds[i]: they do not depend on the
         other rows sampled beside them (nor on how many processes share a step), given the
-        same generation_batch_size. Without, all rows draw from the global random stream.
+        same generation_batch_size. Without, every row draws from one stream: `generator`
+        when given, else this sampler's own for `step` (the steps done before this one) when
+        it was built with a seed, else the global stream (see the module doc).
         `version`: the optimizer steps `model`'s weights have taken (the Rollout's
         policy_version), so that a decoder does its per-version work once; None: redone.
         Prompts longer than max_prompt_length keep their last tokens (see the module doc)."""
@@ -199,6 +227,8 @@ class Sampler:
         decoder.prepare(model, version)
         # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
         prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
+        if generator is None and self.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(sampling_seed(self.seed, self.rank, step))
         pieces, logprob_pieces = [], []
         size = self.batch_size or len(prompt_of_row)
         if seeds is not None:  # whole prompts per call: a prompt's generator draws all its rows
@@ -206,7 +236,7 @@ class Sampler:
         for chunk in prompt_of_row.split(size):
             which, counts = torch.unique_consecutive(chunk, return_counts=True)
             generators = (
-                [None]  # the global stream
+                [generator]  # one stream for every row (None: the global one)
                 if seeds is None
                 else [torch.Generator(device=device).manual_seed(seeds[i]) for i in which.tolist()]
             )

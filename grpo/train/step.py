@@ -110,7 +110,7 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
 
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
     with world.gathered(e.policy):
-        batch = sampled = e.sampler.sample(e.policy, rows, seeds, version=e.scheduler.last_epoch)
+        batch = sampled = e.sampler.sample(e.policy, rows, seeds, step=step, version=e.scheduler.last_epoch)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
