@@ -28,6 +28,8 @@ from typing import Any, Literal
 import yaml
 
 from grpo.errors import UserError
+from grpo.rollout.decoders import NAMES as DECODERS
+from grpo.rollout.decoders import lora_refusal
 
 __all__ = [
     "Config",
@@ -148,9 +150,9 @@ class RolloutConfig:
     )
     seed_per_prompt: bool = opt(
         False,
-        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws from one random stream (seed and rank), the same tokens as transformers' generate for the same seed. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
+        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws each step from one random stream of the sampler's own (seeded by the seed, its rank and the step; apart from the global stream the update draws from), the same tokens as transformers' generate draws from the same stream. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
     )
-    sampler: Literal["auto", "fast", "hf"] = opt(
+    sampler: Literal[DECODERS] = opt(
         "auto",
         "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).",
     )
@@ -733,10 +735,8 @@ def validate(c: Config) -> None:
     )
     _require(u.lr > 0, "reward_model_update.lr: must be > 0")
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
-    _require(
-        c.lora.r == 0 or c.rollout.sampler != "fast",
-        "rollout.sampler: fast cannot decode a LoRA-wrapped policy; use auto (falls back to hf) or hf",
-    )
+    refusal = lora_refusal(c.rollout.sampler)
+    _require(c.lora.r == 0 or refusal is None, refusal)
 
 
 # ---- writing and documenting ----------------------------------------------------------------

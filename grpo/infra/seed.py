@@ -20,6 +20,12 @@ def prompt_seed(seed: int, step: int, index: int) -> int:
     return (((seed * 1_000_003) + step) * 1_000_033 + index) % 2**63
 
 
+def sampling_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of one process's sampling at one step, without per-prompt seeds: a stream
+    of its own, apart from the global one the update draws from, and the same on resume."""
+    return (((seed * 1_000_037) + rank) * 1_000_039 + step) % 2**63
+
+
 def rng_state() -> dict:
     """Every generator's state as tensors and plain tuples (a checkpoint loads with
     weights_only=True, so it holds no other object: numpy's key array becomes a tensor)."""

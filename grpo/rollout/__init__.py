@@ -1,6 +1,21 @@
-"""Sampling G completions per prompt, and the batch type that carries them through a step."""
+"""Sampling G completions per prompt, and the batch type that carries them through a step.
 
-from grpo.rollout.batch import Rollout
-from grpo.rollout.sampler import Sampler, check_context, prompt_text
+The names below are imported on first use, so that `grpo.config` can read the decoder
+registry's names (`grpo.rollout.decoders`) without loading torch."""
 
-__all__ = ["Rollout", "Sampler", "check_context", "prompt_text"]
+import importlib
+
+_HOMES = {
+    "Rollout": "grpo.rollout.batch",
+    "Sampler": "grpo.rollout.sampler",
+    "SamplingParams": "grpo.rollout.params",
+    "check_context": "grpo.rollout.sampler",
+    "prompt_text": "grpo.rollout.sampler",
+}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'grpo.rollout' has no attribute {name!r}")

@@ -8,8 +8,8 @@ Python (cache objects, masks, logits processors, output dataclasses), not in ari
 - each prompt's prefix computed once and shared by its G completions (the prefill runs on
   the distinct prompts; their cache rows are then repeated G times);
 - the q/k/v and gate/up projections fused into one matmul each (`fuse_weights` concatenates them;
-  the sampler does so once per `sample` call, i.e. once per policy update, and passes them
-  to every decoding call of that sample);
+  `grpo.rollout.decoders.FastDecoder` does so once per policy version and passes them to
+  every decoding call of that version);
 - the rotary tables computed once per call by the model's own rotary module (so any RoPE
   scaling the model's config asks for is honoured);
 - rows that have emitted EOS leave the loop: the LM head and the sampling processors run on
@@ -22,10 +22,12 @@ top-p, min-p, as transformers' `_get_logits_processor` lists them), `softmax` th
 `torch.multinomial`'s draw over all rows every step (so the random stream is consumed
 identically: on the CPU the unfinished rows' draws are computed as multinomial computes them,
 and the finished rows' share of the stream is skipped at a fifth of the cost of drawing it,
-`_draw`), padding after EOS, and stopping when every row has finished. With the same seed it draws
-the same tokens as `generate` (tests/rollout/test_fast.py checks this, with padding, groups,
-each sampling option alone and together, early EOS, and rows ending at very different lengths,
-which leave the loop as they finish); the logits agree to float rounding.
+`_draw`), padding after EOS, and stopping when every row has finished. From the same random
+numbers it draws the same tokens as `generate` (tests/rollout/test_fast.py checks this, with
+padding, groups, each sampling option alone and together, early EOS, and rows ending at very
+different lengths, which leave the loop as they finish); the logits agree to float rounding.
+It also returns what `generate` does not: each drawn token's log-prob under the distribution
+it was drawn from (the probability the draw already computed, gathered).
 
 Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`
 (SiLU MLP, RMSNorm, RoPE, grouped-query attention, optional q/k/v biases, Qwen3's per-head
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.algo.logprobs import penalize
+from grpo.rollout.params import SamplingParams
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
 
@@ -291,19 +295,6 @@ def _forward(
     return F.linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias)  # (B or len(heads), V)
 
 
-@dataclass
-class SamplingParams:
-    max_new_tokens: int
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    eos_token_ids: tuple[int, ...] = ()
-    pad_token_id: int = 0
-
-
 def process(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, seen: Tensor | None = None) -> Tensor:
     """generate's logits processors for one step, in generate's order: (B, V) float32 logits
     -> the scores it samples from (softmax of them). `seen` (B, V) bool marks the tokens of
@@ -374,7 +365,7 @@ def _cpu_draw(probs: Tensor, rows: list[int], start: int, stop: int, generator: 
 
 
 # Where a step's draw takes its random numbers: (first row, row past the last, generator) per
-# stretch of rows; one stretch from the global stream (generator None), or one per prompt.
+# stretch of rows: one for every row (from its generator; None: the global stream), or one per prompt.
 Segments = list[tuple[int, int, "torch.Generator | None"]]
 
 
@@ -409,34 +400,36 @@ def decode(
     p: SamplingParams,
     dtype=None,
     weights: _Weights | None = None,
-    seeds: list[int] | None = None,
-) -> Tensor:
+    generators: Sequence[torch.Generator | None] | None = None,
+) -> tuple[Tensor, Tensor]:
     """Sample completions: prompt i (a row of the left-padded `prompt_ids` (B, P)) gets
     counts[i] consecutive rows. Returns (sum(counts), T) token ids, T <= max_new_tokens,
-    padded with `pad_token_id` after each row's EOS. `dtype` is the compute dtype (default:
-    the model's); `weights` are the model's current fused weights from `fuse_weights(model, dtype)`
-    (default: built for this call). With `seeds` (one per prompt), prompt i's rows are drawn
-    from a generator seeded with seeds[i], so its completions do not depend on the other
-    prompts of the call; without, every row from the global stream, as `generate` draws."""
+    padded with `pad_token_id` after each row's EOS, and (sum(counts), T) float32: the
+    log-prob of each token drawn under the distribution it was drawn from (after the
+    processors), 0 after EOS. `dtype` is the compute dtype (default: the model's); `weights`
+    are the model's current fused weights from `fuse_weights(model, dtype)` (default: built
+    for this call). `generators`: one for every row, or one per prompt (prompt i's rows drawn
+    from generators[i], so that its completions do not depend on the other prompts of the
+    call); None (or a None in place of the one): the global stream, as `generate` draws."""
     # inference_mode skips autograd's per-op bookkeeping; its tensors cannot enter autograd
     # later, so the result is copied out of it.
     with torch.inference_mode():
         w = weights if weights is not None else fuse_weights(model, dtype or next(model.parameters()).dtype)
         n = int(counts.sum())
-        segments: Segments = [(0, n, None)]
-        if seeds is not None:
+        generators = [None] if generators is None else list(generators)
+        segments: Segments = [(0, n, generators[0])]
+        if len(generators) > 1:
+            if len(generators) != len(counts):
+                raise ValueError(f"{len(generators)} generators for {len(counts)} prompts")
             starts = [0, *counts.cumsum(0).tolist()]
-            segments = [
-                (a, b, torch.Generator(device=prompt_ids.device).manual_seed(seed))
-                for a, b, seed in zip(starts, starts[1:], seeds)
-            ]
-        out = _decode(model, w, prompt_ids, prompt_mask, counts, p, segments)
-    return out.clone()
+            segments = list(zip(starts, starts[1:], generators))
+        ids, logprobs = _decode(model, w, prompt_ids, prompt_mask, counts, p, segments)
+    return ids.clone(), logprobs.clone()
 
 
 def _decode(
     model, w: _Weights, prompt_ids: Tensor, prompt_mask: Tensor, counts: Tensor, p: SamplingParams, segments: Segments
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     b, prompt_len = prompt_ids.shape
     total = prompt_len + p.max_new_tokens
     device = prompt_ids.device
@@ -466,6 +459,7 @@ def _decode(
 
     eos = torch.tensor(p.eos_token_ids, dtype=torch.long, device=device) if p.eos_token_ids else None
     out = torch.full((n, p.max_new_tokens), p.pad_token_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros(n, p.max_new_tokens, device=device)  # (N, T) of the tokens drawn
     # The repetition penalty's tokens: as generate counts them, every token of the prompt
     # but its padding, then each token drawn (a finished row's padding too; its draws are discarded).
     seen = None
@@ -495,12 +489,16 @@ def _decode(
         if full_batch and everyone is None:
             everyone = probs.clone()
         tokens = _draw(probs, rows, segments, everyone)
+        # The drawn token's probability, already computed: a gather, no pass over the vocabulary.
+        logprobs = probs.gather(1, tokens[:, None]).squeeze(1).log_()  # (len(rows),)
         if eos is not None:
+            logprobs = logprobs.masked_fill_(~unfinished, 0.0)
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
             unfinished &= ~torch.isin(tokens, eos)
         if seen is not None:
             seen[torch.arange(len(rows), device=device), tokens] = True
         out[rows, step] = tokens
+        out_logprobs[rows, step] = logprobs
         generated = step + 1
         left = int(unfinished.sum()) if eos is not None else len(rows)  # one host sync per step
         if generated == p.max_new_tokens or left == 0:
@@ -530,4 +528,4 @@ def _decode(
             step_mask,
             heads=pick,
         ).float()
-    return out[:, :generated]
+    return out[:, :generated], out_logprobs[:, :generated]

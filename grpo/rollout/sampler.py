@@ -1,10 +1,19 @@
 """The Sampler: from prompts to a Rollout of G completions each.
 
-One class, two decoding loops behind it (`backend`):
-- "fast": `grpo.rollout.fast.decode`, a KV-cache loop for Llama-family models that computes
-  each prompt's prefix once for its G completions and draws the same tokens as `generate`;
-- "hf": `transformers`' `generate` (any causal LM, e.g. a peft-wrapped policy);
-- "auto" (default): "fast" where the model is supported, else "hf".
+One class, its decoders behind one registry (`grpo.rollout.decoders`; rollout.sampler
+names one): "fast", our KV-cache loop for Llama-family models, which computes each prompt's
+prefix once for its G completions, draws the same tokens as `generate` and gives their
+log-probs; "hf", transformers' `generate` (any causal LM, e.g. a peft-wrapped policy);
+"auto" (default), "fast" where the model is supported, else "hf". Every decoder samples by
+the same `SamplingParams`, built once.
+
+Random numbers. Built with the run's seed (training's sampler is), the sampler draws each
+step from a generator of its own, seeded by the seed, the process's rank and the step: not
+from the global stream, which the update's random permutations draw from, so that neither
+changes what the other draws, whichever runs first. With per-prompt seeds
+(rollout.seed_per_prompt) each prompt's completions draw from a generator of that seed.
+Built without a seed (evaluation, the demo, iterative RL's reward-model samples), it draws
+from the global stream, as `generate` does; its callers seed that.
 
 `Sampler.from_config` builds it from the rollout config; training, iterative RL and
 evaluation all get theirs from there. The sampler works on its own copy of the tokenizer
@@ -28,14 +37,14 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 from grpo.errors import UserError
 from grpo.infra.hf import context_length
-from grpo.rollout import fast
+from grpo.infra.seed import sampling_seed
+from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
-
-BACKENDS = ("auto", "fast", "hf")
+from grpo.rollout.decoders import Decoder, pad_cat
+from grpo.rollout.params import SamplingParams
 
 
 def prompt_text(prompt, tokenizer) -> str:
@@ -83,17 +92,11 @@ def keep_last_tokens(
     return ids[:, -length:], mask[:, -length:], mask.sum(1) > length
 
 
-def _pad_cat(pieces: list[torch.Tensor], pad: int) -> torch.Tensor:
-    """Rows of token ids from several decoding calls (those that hit EOS early are shorter),
-    right-padded to the longest and stacked."""
-    width = max(p.shape[1] for p in pieces)
-    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
-
-
 class Sampler:
-    """G completions per prompt, a prompt's G in contiguous rows: temperature, top-p, top-k,
-    min-p, repetition penalty, min/max new tokens, EOS; decoded by the fast loop or by
-    `generate` (see the module doc)."""
+    """G completions per prompt, a prompt's G in contiguous rows, sampled by `params` (a
+    `SamplingParams`; or given as its fields, `sampling`, with the tokenizer's EOS and
+    padding): temperature, top-p, top-k, min-p, repetition penalty, min/max new tokens;
+    decoded by the decoder `backend` names (see the module doc)."""
 
     def __init__(
         self,
@@ -101,22 +104,18 @@ class Sampler:
         *,
         prompt_column: str,
         group_size: int,
-        max_new_tokens: int,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
+        params: SamplingParams | None = None,
         batch_size: int = 0,
-        backend: str = "auto",
+        backend: str = decoders.AUTO,
         autocast: torch.dtype | None = None,
         max_prompt_length: int = 0,
+        seed: int | None = None,
+        rank: int = 0,
+        **sampling,
     ):
-        from transformers import GenerationConfig
-
-        if backend not in BACKENDS:
-            raise UserError(f"rollout.sampler: unknown backend {backend!r} (auto, fast or hf)")
+        decoders.check_name(backend)
+        if (params is None) == (not sampling):
+            raise TypeError("Sampler takes either params or the sampling options (SamplingParams' fields)")
         self.tokenizer = copy.deepcopy(tokenizer)  # ours to set up; the caller's stays as it was
         self.tokenizer.padding_side = "left"  # prompts end where generation starts
         self.prompt_column = prompt_column
@@ -125,35 +124,9 @@ class Sampler:
         self.backend = backend
         self.autocast = autocast  # compute dtype for decoding (None = the model's)
         self.max_prompt_length = max_prompt_length  # longer prompts keep their last tokens (0 = no limit)
-        self.params = fast.SamplingParams(
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=float(min_p),
-            repetition_penalty=float(repetition_penalty),
-            eos_token_ids=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,),
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        )
-        self.generation_config = GenerationConfig(
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,  # explicit: GenerationConfig's own default is 50, not off
-            min_p=float(min_p),  # 0, not None: None would be filled from the model's own generation config
-            # Explicit too: generate fills values left unset from the model's own
-            # generation_config.json, and chat models often set a repetition penalty there
-            # (the Qwen2.5-Instruct family does). RL must sample from the distribution it
-            # scores: only the run's own rollout.repetition_penalty, which the loss applies too.
-            repetition_penalty=float(repetition_penalty),
-            no_repeat_ngram_size=0,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
+        self.params = params if params is not None else SamplingParams.of(tokenizer, **sampling)
+        self.seed, self.rank = seed, rank  # the run's seed (None: the global stream) and this process's rank
+        self.decoders: dict[str, Decoder] = {}  # built as they are first chosen, kept for their per-version work
 
     @classmethod
     def from_config(
@@ -164,34 +137,35 @@ class Sampler:
         prompt_column: str,
         autocast: torch.dtype | None = None,
         group_size: int | None = None,
+        seed: int | None = None,
+        rank: int = 0,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
-        overrides the config's (iterative RL samples its own number per prompt)."""
+        overrides the config's (iterative RL samples its own number per prompt). With the
+        run's `seed` (and the process's `rank`), it draws from its own stream (module doc)."""
         return cls(
             tokenizer,
             prompt_column=prompt_column,
             group_size=rollout.group_size if group_size is None else group_size,
-            max_new_tokens=rollout.max_new_tokens,
-            min_new_tokens=rollout.min_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            min_p=rollout.min_p,
-            repetition_penalty=rollout.repetition_penalty,
+            params=SamplingParams.from_config(rollout, tokenizer),
             batch_size=rollout.generation_batch_size,
             backend=rollout.sampler,
             autocast=autocast,
             max_prompt_length=rollout.max_prompt_length,
+            seed=seed,
+            rank=rank,
         )
 
-    def uses_fast(self, model, prompt_length: int) -> bool:
-        """Whether `model` is decoded by the fast loop (raises if "fast" was asked for and cannot run)."""
-        if self.backend == "hf":
-            return False
-        reason = fast.supported(model, prompt_length + self.params.max_new_tokens)
-        if reason is not None and self.backend == "fast":
-            raise UserError(f"rollout.sampler: fast cannot decode this model: {reason}; use auto or hf")
-        return reason is None
+    def decoder_name(self, model, prompt_length: int) -> str:
+        """The decoder that samples `model` for prompts of `prompt_length` tokens (raises when
+        the one asked for cannot)."""
+        return decoders.choose(self.backend, model, prompt_length + self.params.max_new_tokens)
+
+    def decoder(self, model, prompt_length: int) -> Decoder:
+        name = self.decoder_name(model, prompt_length)
+        if name not in self.decoders:
+            self.decoders[name] = decoders.DECODERS[name](self.params, self.autocast)
+        return self.decoders[name]
 
     def _check_fits(self, model, prompt_length: int) -> None:
         """A one-line UserError when a prompt of `prompt_length` tokens (a batch's longest) and
@@ -212,39 +186,25 @@ class Sampler:
             f"{prompt_length + max_new_tokens} tokens exceed the model's {positions} positions; {remedy}"
         )
 
-    def _fast_loop(self, model):
-        """fast.decode with the model's fused weights, built once for every chunk of this sample."""
-        weights = fast.fuse_weights(model, self.autocast or next(model.parameters()).dtype)
-        return lambda ids, mask, counts, seeds: fast.decode(
-            model, ids, mask, counts, self.params, weights=weights, seeds=seeds
-        )
-
-    def _generate_loop(self, model):
-        """transformers' generate, one row per completion; with seeds, one call per prompt,
-        each under its own seed (generate draws from the global stream)."""
-
-        def generate(ids, mask, counts, seeds=None):
-            if seeds is not None:
-                devices = [ids.device] if ids.device.type == "cuda" else []
-                pieces = []
-                for i, seed in enumerate(seeds):
-                    with torch.random.fork_rng(devices=devices):
-                        torch.manual_seed(seed)
-                        pieces.append(generate(ids[i : i + 1], mask[i : i + 1], counts[i : i + 1]))
-                return _pad_cat(pieces, self.params.pad_token_id)
-            ids, mask = ids.repeat_interleave(counts, 0), mask.repeat_interleave(counts, 0)
-            with torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config)
-            return out[:, ids.shape[1] :]
-
-        return generate
-
     @torch.no_grad()
-    def sample(self, model, rows: list[dict], seeds: list[int] | None = None) -> Rollout:
+    def sample(
+        self,
+        model,
+        rows: list[dict],
+        seeds: list[int] | None = None,
+        *,
+        step: int = 0,
+        version: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
         """G completions of each row's prompt. With `seeds` (one per row), row i's completions
         are drawn from their own generator seeded with seeds[i]: they do not depend on the
         other rows sampled beside them (nor on how many processes share a step), given the
-        same generation_batch_size. Without, all rows draw from the global random stream.
+        same generation_batch_size. Without, every row draws from one stream: `generator`
+        when given, else this sampler's own for `step` (the steps done before this one) when
+        it was built with a seed, else the global stream (see the module doc).
+        `version`: the optimizer steps `model`'s weights have taken (the Rollout's
+        policy_version), so that a decoder does its per-version work once; None: redone.
         Prompts longer than max_prompt_length keep their last tokens (see the module doc)."""
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
@@ -263,22 +223,34 @@ class Sampler:
         unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)
         prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)
         prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
-        generate = self._fast_loop(model) if self.uses_fast(model, prompt_ids.shape[1]) else self._generate_loop(model)
+        decoder = self.decoder(model, prompt_ids.shape[1])
+        decoder.prepare(model, version)
         # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
         prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
-        pieces = []
+        if generator is None and self.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(sampling_seed(self.seed, self.rank, step))
+        pieces, logprob_pieces = [], []
         size = self.batch_size or len(prompt_of_row)
         if seeds is not None:  # whole prompts per call: a prompt's generator draws all its rows
             size = max(size // self.group_size, 1) * self.group_size
         for chunk in prompt_of_row.split(size):
             which, counts = torch.unique_consecutive(chunk, return_counts=True)
-            chunk_seeds = None if seeds is None else [seeds[i] for i in which.tolist()]
-            pieces.append(generate(unique_ids[which], unique_mask[which], counts, chunk_seeds))
+            generators = (
+                [generator]  # one stream for every row (None: the global one)
+                if seeds is None
+                else [torch.Generator(device=device).manual_seed(seeds[i]) for i in which.tolist()]
+            )
+            ids, logprobs = decoder.decode(unique_ids[which], unique_mask[which], counts, generators)
+            pieces.append(ids)
+            logprob_pieces.append(logprobs)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        completion_ids = _pad_cat(pieces, pad)  # (N, T)
+        completion_ids = pad_cat(pieces, pad)  # (N, T)
         mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
         # Tokens after EOS become padding, so they can never be mistaken for content.
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))
+        sampled_logprobs = None
+        if all(logprobs is not None for logprobs in logprob_pieces):
+            sampled_logprobs = torch.where(mask.bool(), pad_cat(logprob_pieces, 0.0), 0.0)  # (N, T), 0 past the end
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
         repeated_rows = [row for row in rows for _ in range(self.group_size)]
         return Rollout(
@@ -290,4 +262,6 @@ class Sampler:
             rows=repeated_rows,
             group_size=self.group_size,
             prompt_truncated=cut.repeat_interleave(self.group_size).to(device),
+            sampled_logprobs=sampled_logprobs,
+            policy_version=0 if version is None else version,
         )

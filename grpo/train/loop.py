@@ -150,7 +150,14 @@ def build_engine(
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
-        sampler=Sampler.from_config(tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype),
+        sampler=Sampler.from_config(
+            tokenizer,
+            c.rollout,
+            prompt_column=c.data.prompt_column,
+            autocast=compute_dtype,
+            seed=c.seed,
+            rank=world.rank,
+        ),
         rewards=rewards,
         score=build_scorer(c),
         reference=reference,

@@ -148,8 +148,8 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
 
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
     with world.gathered(e.policy):
-        batch = sampled = e.sampler.sample(e.policy, rows, seeds)
-    sampled.policy_version = e.version  # the weights that drew it
+        batch = sampled = e.sampler.sample(e.policy, rows, seeds, step=step, version=e.version)
+    sampled.policy_version = e.version  # the weights that drew it, whatever sampler drew it
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 
@@ -225,7 +225,7 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
     critic's values. In micro-batches,
     like the update, so that no pass holds the whole batch's activations. Every log-prob is
     of the distribution sampled from, up to truncation: at the rollout's temperature and
-    repetition penalty (README, "Sampling"). Each micro-batch is cut to its longest
+    repetition penalty (docs/sampling.md). Each micro-batch is cut to its longest
     completion (and ordered by length first, with train.length_grouping); the passes' (N, T)
     results are 0 past every mask."""
     size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty

@@ -79,24 +79,39 @@ def model_of(kind="llama", kv_heads=4, init=0.3, eos_bias=0.0):
     return model
 
 
-def sample_both(model, seed=1, **options):
+def drawn_from(stream, seed, draw):
+    """`draw(generator)` from a stream seeded with `seed`: the global one (generator None),
+    or with stream "generator" a torch.Generator of its own, the global stream left as it
+    was. Returns what it drew and a draw from the stream after."""
+    if stream == "global":
+        torch.manual_seed(seed)
+        return draw(None), torch.rand(3)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(12345)
+    out = draw(generator)
+    after = torch.rand(3)
+    torch.manual_seed(12345)
+    assert torch.equal(after, torch.rand(3))  # the global stream did not move
+    return out, torch.rand(3, generator=generator)
+
+
+def sample_both(model, seed=1, stream="global", **options):
     """Sample ROWS with each backend from the same seed; also one draw from the stream after."""
     out = {}
     for backend in ("hf", "fast"):
         sampler = Sampler(
             TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options
         )
-        assert sampler.uses_fast(model, 5) == (backend == "fast")
-        torch.manual_seed(seed)
-        rollout = sampler.sample(model, ROWS)
-        out[backend] = (rollout, torch.rand(3))
+        assert sampler.decoder_name(model, 5) == backend
+        out[backend] = drawn_from(stream, seed, lambda g: sampler.sample(model, ROWS, generator=g))
     return out
 
 
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
-def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options):
-    out = sample_both(model_of(kind, kv_heads), **options)
+@pytest.mark.parametrize("stream", ["global", "generator"])
+def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options, stream):
+    out = sample_both(model_of(kind, kv_heads), stream=stream, **options)
     (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
     assert torch.equal(ours.input_ids, hf.input_ids)
     assert torch.equal(ours.completion_mask, hf.completion_mask)
@@ -178,7 +193,7 @@ def test_unsupported_models_fall_back_to_generate_or_say_why():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOKENIZER), n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     assert "gpt2" in fast.supported(gpt2, 20)
     auto = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4)
-    assert not auto.uses_fast(gpt2, 5)
+    assert auto.decoder_name(gpt2, 5) == "hf"
     assert auto.sample(gpt2, ROWS[:2]).completion_mask.shape == (4, 4)
     forced = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="fast")
     with pytest.raises(UserError, match="fast cannot decode this model: model type 'gpt2'"):
@@ -305,10 +320,10 @@ def recording_draws(into: list, fill: float, log: bool = False):
     return recording
 
 
-def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **options):
+def sample_compacting(model, backend="fast", compact_at=None, seeds=None, stream="global", **options):
     """Sample ROWS (G = 4, up to 24 new tokens) with fast.COMPACT_AT = `compact_at` (None: every row decoded to the end).
     Returns the rollout, the probabilities of each full-batch draw (N, V) per step (fast only),
-    and a draw from the global stream after."""
+    and a draw from the stream after (the global one, or with stream "generator" the sample's own)."""
     draws = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fast, "COMPACT_AT", compact_at)
@@ -316,9 +331,8 @@ def sample_compacting(model, backend="fast", compact_at=None, seeds=None, **opti
         sampler = Sampler(
             TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options
         )
-        torch.manual_seed(1)
-        rollout = sampler.sample(model, ROWS, seeds)
-    return rollout, draws, torch.rand(3)
+        rollout, after = drawn_from(stream, 1, lambda g: sampler.sample(model, ROWS, seeds, generator=g))
+    return rollout, draws, after
 
 
 def assert_same_samples(got, expected, compare_draws=True):
@@ -335,10 +349,13 @@ def assert_same_samples(got, expected, compare_draws=True):
 
 @pytest.mark.parametrize("kind,kv_heads", list(SPREAD))
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
-def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_heads, options):
+@pytest.mark.parametrize("stream", ["global", "generator"])
+def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_heads, options, stream):
     """Completions ending at very different lengths: the loop that drops finished rows (the
     cache copied at every finish, at the default fraction, never) draws the tokens generate
-    and the loop that decodes every row to the end draw, and consumes the same random numbers."""
+    and the loop that decodes every row to the end draw, and consumes the same random numbers
+    (the global stream's, or a generator's)."""
+    options = {**options, "stream": stream}
     model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
     hf = sample_compacting(model, "hf", **options)
     every_row = sample_compacting(model, compact_at=None, **options)
@@ -355,15 +372,16 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
         )
 
 
-@pytest.mark.parametrize("seeds", [None, [11, 22, 33, 44]])
-def test_the_full_batch_draw_off_the_cpu_draws_the_same_tokens(seeds, monkeypatch):
+@pytest.mark.parametrize("seeds,stream", [(None, "global"), (None, "generator"), ([11, 22, 33, 44], "global")])
+def test_the_full_batch_draw_off_the_cpu_draws_the_same_tokens(seeds, stream, monkeypatch):
     """The path GPUs take (fast.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
     finished rows from their last distribution), run on the CPU: generate's tokens, with rows
     leaving the loop at the default fraction."""
     model = model_of("qwen2", 2, eos_bias=SPREAD["qwen2", 2])
-    hf = sample_compacting(model, "hf", seeds=seeds)
+    hf = sample_compacting(model, "hf", seeds=seeds, stream=stream)
     monkeypatch.setattr(fast, "SKIP_FINISHED_DRAWS", False)
-    assert_same_samples(sample_compacting(model, compact_at=fast.COMPACT_AT, seeds=seeds), hf, compare_draws=False)
+    ours = sample_compacting(model, compact_at=fast.COMPACT_AT, seeds=seeds, stream=stream)
+    assert_same_samples(ours, hf, compare_draws=False)
     lengths = hf[0].completion_mask.sum(1)
     assert lengths.max() >= 3 * lengths.min()  # rows finish at very different steps
 
@@ -436,11 +454,12 @@ def test_the_vectorised_exponential_draws_exponential_s_numbers_and_consumes_as_
         assert torch.equal(g.get_state(), expected_g.get_state())
 
 
-@pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize("seeded", [False, "one", True])
 def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
     """fast._draw given the unfinished rows only: the tokens torch.multinomial draws for them
-    over the whole batch, and the stream (global, or each prompt's generator) left where
-    multinomial leaves it, for every pattern of finished rows, with runs of both kinds."""
+    over the whole batch, and the stream (global, one generator's, or each prompt's
+    generator) left where multinomial leaves it, for every pattern of finished rows, with
+    runs of both kinds."""
     n, vocab = 12, 1000
     counts = [3, 5, 4]
     probs = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 3, -1)
@@ -451,7 +470,12 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
     ]
     for rows in patterns:
         rows = torch.tensor(rows)
-        if seeded:
+        if seeded == "one":
+            g, expected_g = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+            got = fast._draw(probs[rows], rows, [(0, n, g)])
+            expected = torch.multinomial(probs, 1, generator=expected_g).squeeze(1)[rows]
+            assert torch.equal(g.get_state(), expected_g.get_state())
+        elif seeded:
             gens, expected_gens = ([torch.Generator().manual_seed(7 + i) for i in range(3)] for _ in range(2))
             starts = [0, 3, 8, 12]  # counts 3, 5, 4
             got = fast._draw(probs[rows], rows, list(zip(starts, starts[1:], gens)))

@@ -6,6 +6,7 @@ import pytest
 import grpo
 from grpo.config import config_from_dict
 from grpo.rollout import Sampler
+from grpo.rollout.decoders import HFDecoder
 from grpo.tasks.tiny import char_tokenizer
 
 
@@ -13,7 +14,8 @@ def test_the_config_s_sampling_options_reach_both_decoding_loops(make_config):
     rollout = config_from_dict(make_config(rollout={"min_p": 0.05, "repetition_penalty": 1.3})).rollout
     sampler = Sampler.from_config(char_tokenizer("ab"), rollout, prompt_column="prompt")
     assert (sampler.params.min_p, sampler.params.repetition_penalty) == (0.05, 1.3)  # the fast loop
-    assert (sampler.generation_config.min_p, sampler.generation_config.repetition_penalty) == (0.05, 1.3)  # generate
+    generate = HFDecoder(sampler.params).config
+    assert (generate.min_p, generate.repetition_penalty) == (0.05, 1.3)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])

@@ -49,7 +49,7 @@ class ShareOfFixedRollout:
         rows = groups * rollout.group_size
         self.rollout = rollout.select(torch.arange(world.rank * rows, (world.rank + 1) * rows))
 
-    def sample(self, model, rows, seeds=None):
+    def sample(self, model, rows, seeds=None, *, step=0, version=None):
         return self.rollout
 
 

@@ -1,0 +1,226 @@
+"""The decoders a Sampler can run, behind one registry (as `grpo.train.seams.BASELINES` is).
+
+A decoder samples completions of left-padded prompts. `prepare(policy, version)` does the
+work a policy version needs once (the fast loop's fused weights); `decode(prompt_ids,
+prompt_mask, counts, generators)` then draws counts[i] completions of prompt i, in
+consecutive rows, and returns their token ids and, where the decoder has them, the
+log-probs of the tokens it drew under the distribution it drew them from. Every decoder is
+built with the same `SamplingParams` (`grpo.rollout.params`) and must draw the same tokens
+from the same random numbers.
+
+- "fast": `grpo.rollout.fast`, our KV-cache loop for Llama-family models; log-probs too;
+- "hf": transformers' `generate` (any causal LM, e.g. a peft-wrapped policy); no log-probs;
+- "auto" (`AUTO`) is no decoder of its own: the first of DECODERS that can decode the model.
+
+Random numbers: `generators` holds one torch.Generator for all the call's rows, or one per
+prompt (prompt i's rows draw from generators[i], whatever is sampled beside them); a None
+in place of a generator is the global stream.
+
+Nothing here imports torch until a decoder runs: `grpo.config` reads the names
+(rollout.sampler's values) and `lora_refusal` from this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+from grpo.errors import UserError
+from grpo.rollout.params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+
+class Decoder(Protocol):
+    decodes_lora: bool  # whether it decodes a LoRA (peft-wrapped) policy
+
+    @staticmethod
+    def refuses(model, total_length: int) -> str | None:
+        """Why it cannot decode `model` for sequences of `total_length` tokens; None if it can."""
+
+    def prepare(self, policy, version: int | None) -> None:
+        """Decode `policy` from now on, doing its per-version work once for `version` (the
+        optimizer steps its weights have taken); None: the weights may have changed since
+        the last call, so that work is redone."""
+
+    def decode(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        counts: Tensor,
+        generators: Sequence[torch.Generator | None],
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, P) left-padded prompts, (B,) completions per prompt -> (sum(counts), T) token
+        ids, right-padded after EOS, and their (sum(counts), T) float log-probs or None."""
+
+
+def pad_cat(pieces: list[Tensor], pad: float) -> Tensor:
+    """Rows from several decoding calls (those that hit EOS early are shorter), right-padded
+    with `pad` to the longest and stacked."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(p.shape[1] for p in pieces)
+    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+
+
+class FastDecoder:
+    """`grpo.rollout.fast.decode`: each prompt's prefix computed once for its G completions,
+    the tokens `generate` draws, and the log-probs of the tokens drawn."""
+
+    decodes_lora = False
+
+    def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
+        self.params, self.autocast = params, autocast
+        self.policy, self.version, self.weights = None, None, None
+
+    @staticmethod
+    def refuses(model, total_length: int) -> str | None:
+        from grpo.rollout import fast
+
+        return fast.supported(model, total_length)
+
+    def prepare(self, policy, version: int | None) -> None:
+        """The policy's fused weights, in the compute dtype: built once per version, and held
+        until the next (a version's weights must stay as they are, and where they are, while
+        it is sampled: prepare a sharded policy inside the same gathering)."""
+        if version is not None and policy is self.policy and version == self.version:
+            return
+        from grpo.rollout import fast
+
+        self.weights = None  # the previous weights go before the next are built
+        self.weights = fast.fuse_weights(policy, self.autocast or next(policy.parameters()).dtype)
+        self.policy, self.version = policy, version
+
+    def decode(self, prompt_ids, prompt_mask, counts, generators):
+        from grpo.rollout import fast
+
+        return fast.decode(
+            self.policy, prompt_ids, prompt_mask, counts, self.params, weights=self.weights, generators=generators
+        )
+
+
+def generation_config(p: SamplingParams):
+    """The GenerationConfig that makes `generate` sample as `p` says, and as nothing else says."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=True,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,  # explicit: GenerationConfig's own default is 50, not off
+        min_p=float(p.min_p),  # 0, not None: None would be filled from the model's own generation config
+        # Explicit too: generate fills values left unset from the model's own
+        # generation_config.json, and chat models often set a repetition penalty there
+        # (the Qwen2.5-Instruct family does). RL must sample from the distribution it
+        # scores: only the run's own rollout.repetition_penalty, which the loss applies too.
+        repetition_penalty=float(p.repetition_penalty),
+        no_repeat_ngram_size=0,
+        max_new_tokens=p.max_new_tokens,
+        min_new_tokens=p.min_new_tokens,
+        pad_token_id=p.pad_token_id,
+        eos_token_id=list(p.eos_token_ids) or None,
+        bos_token_id=p.bos_token_id,
+    )
+
+
+@contextmanager
+def _global_stream_from(generator: torch.Generator | None, device: torch.device):
+    """`generate` draws from the global stream: within this block that stream starts where
+    `generator` stands, and `generator` is left where the draws left it (the global state
+    is restored after). None: the global stream itself."""
+    if generator is None:
+        yield
+        return
+    import torch
+
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        if cuda:
+            torch.cuda.set_rng_state(generator.get_state(), device)
+        else:
+            torch.set_rng_state(generator.get_state())
+        yield
+        generator.set_state(torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state())
+
+
+class HFDecoder:
+    """transformers' `generate`, one row per completion; with a generator per prompt, one
+    call per prompt. No log-probs."""
+
+    decodes_lora = True
+
+    def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
+        self.params, self.autocast = params, autocast
+        self.config = generation_config(params)
+        self.policy = None
+
+    @staticmethod
+    def refuses(model, total_length: int) -> str | None:
+        return None
+
+    def prepare(self, policy, version: int | None) -> None:
+        self.policy = policy
+
+    def decode(self, prompt_ids, prompt_mask, counts, generators):
+        import torch
+
+        if len(generators) > 1:  # one per prompt
+            pieces = [
+                self.decode(prompt_ids[i : i + 1], prompt_mask[i : i + 1], counts[i : i + 1], [generator])[0]
+                for i, generator in enumerate(generators)
+            ]
+            return pad_cat(pieces, self.params.pad_token_id), None
+        ids, mask = prompt_ids.repeat_interleave(counts, 0), prompt_mask.repeat_interleave(counts, 0)
+        with (
+            _global_stream_from(generators[0], ids.device),
+            torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None),
+        ):
+            out = self.policy.generate(input_ids=ids, attention_mask=mask, generation_config=self.config)
+        return out[:, ids.shape[1] :], None
+
+
+# ---- choosing ---------------------------------------------------------------------------------
+
+# rollout.sampler -> the decoder; in auto's order of preference.
+DECODERS: dict[str, type[Decoder]] = {"fast": FastDecoder, "hf": HFDecoder}
+AUTO = "auto"
+NAMES = (AUTO, *DECODERS)  # rollout.sampler's values
+
+
+def _either(names: Sequence[str]) -> str:
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def check_name(name: str) -> None:
+    if name not in NAMES:
+        raise UserError(f"rollout.sampler: unknown backend {name!r} ({_either(NAMES)})")
+
+
+def choose(name: str, model, total_length: int) -> str:
+    """The decoder that rollout.sampler `name` runs `model` with, for sequences of
+    `total_length` tokens: that one (a one-line error when it cannot), or for auto the first
+    of DECODERS that can."""
+    if name == AUTO:
+        return next(n for n, decoder in DECODERS.items() if decoder.refuses(model, total_length) is None)
+    reason = DECODERS[name].refuses(model, total_length)
+    if reason is not None:
+        raise UserError(
+            f"rollout.sampler: {name} cannot decode this model: {reason}; use {_either([n for n in NAMES if n != name])}"
+        )
+    return name
+
+
+def lora_refusal(name: str) -> str | None:
+    """The one-line error for rollout.sampler `name` with a LoRA-wrapped policy; None when
+    it decodes one (auto falls back to a decoder that does)."""
+    if name not in DECODERS or DECODERS[name].decodes_lora:
+        return None
+    able = [n for n, decoder in DECODERS.items() if decoder.decodes_lora]
+    return (
+        f"rollout.sampler: {name} cannot decode a LoRA-wrapped policy; use {AUTO} (falls back to {able[0]}) or "
+        f"{_either(able)}"
+    )
