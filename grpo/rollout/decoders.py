@@ -46,6 +46,9 @@ class Decoder(Protocol):
         optimizer steps its weights have taken); None: the weights may have changed since
         the last call, so that work is redone."""
 
+    def release(self) -> None:
+        """Drop what `prepare` built (the next `prepare` builds it again)."""
+
     def decode(
         self,
         prompt_ids: Tensor,
@@ -94,6 +97,11 @@ class FastDecoder:
         self.weights = None  # the previous weights go before the next are built
         self.weights = fast.fuse_weights(policy, self.autocast or next(policy.parameters()).dtype)
         self.policy, self.version = policy, version
+
+    def release(self) -> None:
+        """The fused weights are a copy of the layers' weights: released, they do not sit in
+        memory through the update that follows a sample."""
+        self.policy, self.version, self.weights = None, None, None
 
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         from grpo.rollout import fast
@@ -164,6 +172,9 @@ class HFDecoder:
 
     def prepare(self, policy, version: int | None) -> None:
         self.policy = policy
+
+    def release(self) -> None:
+        self.policy = None
 
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         import torch

@@ -111,6 +111,7 @@ class Sampler:
         max_prompt_length: int = 0,
         seed: int | None = None,
         rank: int = 0,
+        hold_prepared: bool = False,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -127,6 +128,11 @@ class Sampler:
         self.params = params if params is not None else SamplingParams.of(tokenizer, **sampling)
         self.seed, self.rank = seed, rank  # the run's seed (None: the global stream) and this process's rank
         self.decoders: dict[str, Decoder] = {}  # built as they are first chosen, kept for their per-version work
+        # Whether a decoder keeps its per-version work (the fast loop's fused copy of the
+        # weights) after `sample` returns, for the next sample of the same version. Off: the
+        # copy is dropped at once, so it never sits in memory through an update; in a
+        # synchronous loop every sample has a new version, so there is nothing to reuse.
+        self.hold_prepared = hold_prepared
 
     @classmethod
     def from_config(
@@ -187,6 +193,30 @@ class Sampler:
         )
 
     @torch.no_grad()
+    def _decode(self, decoder: Decoder, unique_ids, unique_mask, seeds, generator, step: int):
+        """Every row's completion ids (N, T), from decoding calls of `batch_size` rows each (a
+        call holds each of its distinct prompts once), and each call's log-probs (or Nones)."""
+        device = unique_ids.device
+        prompt_of_row = torch.arange(len(unique_ids), device=device).repeat_interleave(self.group_size)  # (N,)
+        if generator is None and self.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(sampling_seed(self.seed, self.rank, step))
+        pieces, logprob_pieces = [], []
+        size = self.batch_size or len(prompt_of_row)
+        if seeds is not None:  # whole prompts per call: a prompt's generator draws all its rows
+            size = max(size // self.group_size, 1) * self.group_size
+        for chunk in prompt_of_row.split(size):
+            which, counts = torch.unique_consecutive(chunk, return_counts=True)
+            generators = (
+                [generator]  # one stream for every row (None: the global one)
+                if seeds is None
+                else [torch.Generator(device=device).manual_seed(seeds[i]) for i in which.tolist()]
+            )
+            ids, logprobs = decoder.decode(unique_ids[which], unique_mask[which], counts, generators)
+            pieces.append(ids)
+            logprob_pieces.append(logprobs)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return pad_cat(pieces, pad), logprob_pieces
+
     def sample(
         self,
         model,
@@ -225,26 +255,12 @@ class Sampler:
         prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
         decoder = self.decoder(model, prompt_ids.shape[1])
         decoder.prepare(model, version)
-        # In chunks of `batch_size` rows; a chunk holds each of its distinct prompts once.
-        prompt_of_row = torch.arange(len(rows), device=device).repeat_interleave(self.group_size)  # (N,)
-        if generator is None and self.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(sampling_seed(self.seed, self.rank, step))
-        pieces, logprob_pieces = [], []
-        size = self.batch_size or len(prompt_of_row)
-        if seeds is not None:  # whole prompts per call: a prompt's generator draws all its rows
-            size = max(size // self.group_size, 1) * self.group_size
-        for chunk in prompt_of_row.split(size):
-            which, counts = torch.unique_consecutive(chunk, return_counts=True)
-            generators = (
-                [generator]  # one stream for every row (None: the global one)
-                if seeds is None
-                else [torch.Generator(device=device).manual_seed(seeds[i]) for i in which.tolist()]
-            )
-            ids, logprobs = decoder.decode(unique_ids[which], unique_mask[which], counts, generators)
-            pieces.append(ids)
-            logprob_pieces.append(logprobs)
+        try:
+            completion_ids, logprob_pieces = self._decode(decoder, unique_ids, unique_mask, seeds, generator, step)
+        finally:
+            if not self.hold_prepared:
+                decoder.release()
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        completion_ids = pad_cat(pieces, pad)  # (N, T)
         mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
         # Tokens after EOS become padding, so they can never be mistaken for content.
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))

@@ -67,7 +67,7 @@ def test_the_fast_loop_fuses_the_weights_once_per_policy_version(monkeypatch):
     calls = []
     real = fast.fuse_weights
     monkeypatch.setattr(fast, "fuse_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
-    model, s = model_of(), sampler(batch_size=6)  # 16 completions in 3 decoding calls
+    model, s = model_of(), sampler(batch_size=6, hold_prepared=True)  # 16 completions in 3 decoding calls
     first = s.sample(model, ROWS, version=3)
     assert len(calls) == 1 and first.policy_version == 3
     s.sample(model, ROWS, version=3)
@@ -79,6 +79,19 @@ def test_the_fast_loop_fuses_the_weights_once_per_policy_version(monkeypatch):
     assert len(calls) == 4  # no version: the weights may have moved
     s.sample(model_of(init=0.2), ROWS, version=4)
     assert len(calls) == 5  # another model
+
+
+def test_by_default_the_fused_weights_do_not_outlive_a_sample(monkeypatch):
+    """The fused copy of the weights is dropped when `sample` returns (it would otherwise sit
+    in memory through the update), and built again, once, by the next sample."""
+    calls = []
+    real = fast.fuse_weights
+    monkeypatch.setattr(fast, "fuse_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model, s = model_of(), sampler(batch_size=6)  # 3 decoding calls a sample
+    s.sample(model, ROWS, version=3)
+    assert len(calls) == 1 and s.decoders["fast"].weights is None and s.decoders["fast"].policy is None
+    s.sample(model, ROWS, version=3)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("penalty", [1.0, 1.5])
