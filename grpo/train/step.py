@@ -62,9 +62,8 @@ class Engine:
     loss: LossConfig
     prompt_column: str
     device: torch.device = torch.device("cpu")  # train.device, resolved: every model and batch lives there
-    compute_dtype: torch.dtype | None = (
-        None  # train.autocast, resolved: the forward passes' dtype (None = the weights')
-    )
+    # train.autocast, resolved: the forward passes' dtype (None = the weights')
+    compute_dtype: torch.dtype | None = None
     world: World = field(default_factory=SingleProcess)  # the processes of a data-parallel run (grpo.infra.distributed)
 
     @property
