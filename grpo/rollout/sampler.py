@@ -214,8 +214,7 @@ class Sampler:
             ids, logprobs = decoder.decode(unique_ids[which], unique_mask[which], counts, generators)
             pieces.append(ids)
             logprob_pieces.append(logprobs)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return pad_cat(pieces, pad), logprob_pieces
+        return pad_cat(pieces, self.params.pad_token_id), logprob_pieces
 
     def sample(
         self,
@@ -260,7 +259,7 @@ class Sampler:
         finally:
             if not self.hold_prepared:
                 decoder.release()
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        pad = self.params.pad_token_id  # the tokenizer's (0 when it has none)
         mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
         # Tokens after EOS become padding, so they can never be mistaken for content.
         completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))

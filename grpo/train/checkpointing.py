@@ -46,7 +46,7 @@ class Checkpointer:
         """What a checkpoint of the steps completed so far needs, should the next step fail
         before it changes any weight: the random and data state, and the optimizer updates
         made (to tell whether it did change them)."""
-        return {"rng": rng_state(), "data": self.stream.state_dict(), "updates": self.e.scheduler.last_epoch}
+        return {"rng": rng_state(), "data": self.stream.state_dict(), "updates": self.e.version}
 
     def save(self, step: int, iteration: int, snapshot: dict | None = None, metrics: dict | None = None) -> None:
         """A checkpoint of `step` completed steps (of `iteration`). `snapshot` stands in for
@@ -128,7 +128,7 @@ class Checkpointer:
         before resuming ("free space" when the disk is full)."""
         if completed == 0:
             return None
-        if snapshot is not None and snapshot["updates"] != self.e.scheduler.last_epoch:
+        if snapshot is not None and snapshot["updates"] != self.e.version:
             return "the failing step had already changed the weights; the newest checkpoint is the one to resume from"
         if self.unsaved == completed:  # the failure was this very checkpoint's write: not again
             return kept(self.output_dir, fix)
