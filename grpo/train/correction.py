@@ -41,13 +41,13 @@ class Mismatch:
             return 1.0, 1.0
         old_logprobs = old_logprobs.detach()
         weights, changed = engine_correction(old_logprobs, sampled_logprobs, mask, self.mode, cap=self.cap)
-        if tally:
+        if tally:  # in float64: k3 = r - 1 - log r cancels, and in float32 it is noise below ~1e-7
             valid = mask.bool()
-            kl = mismatch_kl(old_logprobs, sampled_logprobs, mask)
-            tallied = torch.stack([kl.sum(), valid.sum(), changed.sum()]).double().cpu()
-            self.sums += tallied
+            old64, sampled64 = old_logprobs.double(), sampled_logprobs.double()
+            kl = mismatch_kl(old64, sampled64, mask)
+            self.sums += torch.stack([kl.sum(), valid.sum(), changed.sum()]).double().cpu()
             if bool(valid.any()):
-                ratio = mismatch_log_ratio(old_logprobs, sampled_logprobs, mask)[valid].max().exp()
+                ratio = mismatch_log_ratio(old64, sampled64, mask)[valid].max().exp()
                 self.ratio_max = max(self.ratio_max, float(ratio))
         return weights, (weights if self.mode == "sequence_mask" else 1.0)
 

@@ -241,3 +241,16 @@ def test_the_metrics_are_those_of_the_rows_the_update_trained_on(make_config, sa
     assert metrics["rollout/mismatch_ratio_max"] == pytest.approx(float(r.max()), rel=1e-5)
     assert metrics["rollout/frac_corrected"] == pytest.approx(changed, abs=1e-6)
     assert 0 < changed < 1
+
+
+def test_grpo_learns_with_a_planted_mismatch_corrected(make_config, sampler_temperature):
+    """The sampler at 1.1 x the loss's temperature, the default correction (token_tis: nothing
+    truncates), EOS ending rows: the run still learns the sevens reward, with the mismatch
+    measured at every step."""
+    sampler_temperature(1.1)
+    config = untruncated(make_config)
+    config["train"].update(steps=40, sample_every=10)
+    result = grpo.train(config, progress=False)
+    rewards = [m["reward/mean"] for m in result.metrics]
+    assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.2, [round(r, 3) for r in rewards]
+    assert all(m["rollout/mismatch_kl"] > 0 for m in result.metrics)
