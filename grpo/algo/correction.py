@@ -12,8 +12,10 @@ log r_t = old_logprobs - sampled_logprobs (the log of pi_old / pi_sampler at tok
   policy's KL with the sampler in the policy's place.
 - `token_tis`: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
   secretly brings you off-policy RL training"): the policy-gradient term of token t weighed by
-  w_t = min(r_t, C), detached. Uncapped, E_sampler[r_t g_t] = E_old[g_t] (the on-policy
-  gradient); the cap bounds the variance at the price of a bias where r_t > C.
+  w_t = min(r_t, C), detached. Uncapped, each token's term has the on-policy expectation
+  given its prefix, E_sampler[r_t g_t | o_<t] = E_old[g_t | o_<t]; the prefixes themselves
+  stay the sampler's (the bias that remains, small while the two policies are close); the
+  cap bounds the variance at the price of a bias where r_t > C.
 - `sequence_mask`: rejection at the sequence level (Liu, Li et al. 2025, "When speed kills
   stability"; verl's rollout_rs seq_sum_k1): a sequence whose importance ratio
   R = prod_t r_t = exp(sum_t log r_t) (over its loss-mask tokens) lies outside [1/C, C] leaves

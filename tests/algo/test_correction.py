@@ -54,7 +54,8 @@ def test_bad_arguments():
 # A policy over V tokens, the same categorical at each of T positions (a sequence model with
 # no context). The trainer scores softmax(theta), the sampler draws from softmax(theta / 1.1).
 # The on-policy gradient of E_pi[sum_t f(o_t)] is known exactly; the loss's gradient on the
-# sampler's tokens estimates it.
+# sampler's tokens estimates it. (Without context no prefix is off-policy, so token-level
+# weights correct the whole gradient here.)
 
 V, T = 6, 3
 THETA = torch.tensor([1.5, 0.8, 0.2, -0.3, -1.0, 0.4])
