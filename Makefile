@@ -47,10 +47,10 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -m "not benchmark and not vllm"
-	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark"
+	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark"
+	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
 
 demo: $(STAMP)
 	$(VENV)/bin/grpo demo --output runs/demo --overwrite
