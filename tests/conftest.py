@@ -43,7 +43,7 @@ def _keeps_vllm_tests(config) -> bool | None:
 @functools.cache
 def _vllm_import_error() -> str | None:
     try:
-        importlib.import_module("vllm")
+        importlib.import_module("vllm").LLM  # vllm imports lazily: LLM pulls in what the tests use
     except Exception as err:  # ImportError, or the RuntimeError of a mismatched torchvision
         return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
     return None

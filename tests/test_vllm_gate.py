@@ -39,7 +39,7 @@ def without_vllm(monkeypatch):
 
 
 def with_vllm(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(OK=True))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(OK=True, LLM=object))
 
 
 def test_deselected_vllm_tests_are_not_imported(suite, monkeypatch):

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-import vllm  # the module fails to import where vLLM does not: tests/conftest.py turns that into a failed run
+import vllm
 from packaging.requirements import Requirement
+from vllm import LLM, SamplingParams  # noqa: F401 (vllm imports lazily: these pull in torch's kernels, torchvision's)
 
 pytestmark = pytest.mark.vllm
 
