@@ -77,11 +77,15 @@ def pytest_pycollect_makemodule(module_path, parent):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
-    """A vllm-marked test lives in tests/vllm: `make test` runs only that directory in .venv-vllm,
-    so one elsewhere would be deselected in .venv and never collected in .venv-vllm."""
-    strays = [item.nodeid for item in items if item.get_closest_marker("vllm") and not _in_vllm_tests(item.path)]
-    if strays:
-        raise pytest.UsageError(f"{strays[0]} is marked vllm but does not live in tests/vllm: move it there")
+    """The vllm marker and tests/vllm go together. `make test` runs that directory alone in
+    .venv-vllm, with -m vllm: a vllm test elsewhere would be deselected in .venv and never
+    collected in .venv-vllm, and an unmarked test in it never collected in .venv and deselected in
+    .venv-vllm."""
+    for item in items:
+        marked, inside = item.get_closest_marker("vllm") is not None, _in_vllm_tests(item.path)
+        if marked != inside:
+            where = "is marked vllm but does not live in tests/vllm" if marked else "lives in tests/vllm unmarked"
+            raise pytest.UsageError(f"{item.nodeid} {where}: no `make test` environment would run it")
 
 
 @pytest.fixture(scope="session")

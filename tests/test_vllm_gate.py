@@ -70,9 +70,14 @@ def test_selected_vllm_tests_run_where_vllm_imports(suite, monkeypatch):
     suite.runpytest_inprocess("-m", "vllm and not benchmark", "suite/vllm").assert_outcomes(passed=1)
 
 
-def test_a_vllm_test_outside_tests_vllm_is_refused(suite, monkeypatch):
+def test_a_vllm_test_outside_tests_vllm_and_an_unmarked_one_inside_are_refused(suite, monkeypatch):
     with_vllm(monkeypatch)
     (suite.path / "suite" / "test_stray.py").write_text(ENGINE_TEST)
-    result = suite.runpytest_inprocess("-m", "not vllm", "suite")
+    result = suite.runpytest_inprocess("suite")
     assert result.ret != 0
     assert "test_stray.py::test_engine is marked vllm but does not live in tests/vllm" in result.stderr.str()
+    (suite.path / "suite" / "test_stray.py").unlink()
+    (suite.path / "suite" / "vllm" / "test_unmarked.py").write_text("def test_unmarked():\n    pass\n")
+    result = suite.runpytest_inprocess("-m", "vllm", "suite/vllm")
+    assert result.ret != 0
+    assert "test_unmarked.py::test_unmarked lives in tests/vllm unmarked" in result.stderr.str()
