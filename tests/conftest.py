@@ -1,9 +1,13 @@
+import functools
+import importlib
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from _pytest.mark.expression import Expression
 from hypothesis import HealthCheck, settings
 
 from grpo.rewards.model import RewardModel
@@ -17,6 +21,71 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 torch.set_num_threads(1)  # tiny models: per-op overhead, not arithmetic; and robust when another process holds a core
 
 ALPHABET = "0123456789abc "
+
+# ---- the vllm-marked tests: `make test` runs tests/vllm in .venv-vllm and the rest in .venv ----
+
+VLLM_TESTS = Path(__file__).parent / "vllm"
+
+
+def _in_vllm_tests(path: Path) -> bool:
+    return path == VLLM_TESTS or VLLM_TESTS in path.parents
+
+
+def _keeps_vllm_tests(config) -> bool | None:
+    """What -m says of a test marked vllm (and nothing else): True kept, False deselected, None
+    when there is no -m (every test is kept)."""
+    expression = config.getoption("markexpr")
+    if not expression:
+        return None
+    return Expression.compile(expression).evaluate(lambda name, **kwargs: name == "vllm" and not kwargs)
+
+
+@functools.cache
+def _vllm_import_error() -> str | None:
+    try:
+        importlib.import_module("vllm").LLM  # vllm imports lazily: LLM pulls in what the tests use
+    except Exception as err:  # ImportError, or the RuntimeError of a mismatched torchvision
+        return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    return None
+
+
+def _require_vllm(what: str) -> None:
+    """Stop the run in one line when vLLM does not import: a vllm test that cannot run fails the
+    run, it is never skipped (a skipped test would pass CI without testing the engine)."""
+    error = _vllm_import_error()
+    if error:
+        raise pytest.UsageError(
+            f"{what} needs vLLM, which does not import here ({error}). Run tests/vllm in .venv-vllm "
+            "(`make test-vllm`; a PyPI torchvision, torchaudio or torchcodec next to the CPU torch breaks the import: "
+            "pip uninstall -y torchvision torchaudio torchcodec), or deselect it: -m 'not vllm'"
+        )
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Where -m deselects the vllm tests, tests/vllm is not even imported: its modules may import
+    vllm at the top, which .venv does not have."""
+    if _in_vllm_tests(collection_path) and _keeps_vllm_tests(config) is False:
+        return True
+    return None
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    """A module of tests/vllm named on the command line (no directory walk to stop at)."""
+    if _in_vllm_tests(module_path) and _keeps_vllm_tests(parent.config) is not False:
+        _require_vllm(str(module_path.relative_to(VLLM_TESTS.parent.parent)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """The vllm marker and tests/vllm go together. `make test` runs that directory alone in
+    .venv-vllm, with -m vllm: a vllm test elsewhere would be deselected in .venv and never
+    collected in .venv-vllm, and an unmarked test in it never collected in .venv and deselected in
+    .venv-vllm."""
+    for item in items:
+        marked, inside = item.get_closest_marker("vllm") is not None, _in_vllm_tests(item.path)
+        if marked != inside:
+            where = "is marked vllm but does not live in tests/vllm" if marked else "lives in tests/vllm unmarked"
+            raise pytest.UsageError(f"{item.nodeid} {where}: no `make test` environment would run it")
 
 
 @pytest.fixture(scope="session")
