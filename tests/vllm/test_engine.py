@@ -4,6 +4,7 @@ works: a tied head with Qwen2's biases, and an untied Llama), at temperature and
 penalty; its check catches a stale sync; one engine serves every sampler of a model."""
 
 import copy
+import random
 
 import pytest
 import torch
@@ -35,7 +36,9 @@ OPTIONS = EngineOptions(max_model_len=192, max_num_seqs=16, seed=0)
 def policy(request):
     """The module's model, with its engine built once (the shared one) and reused by every test."""
     model = build(request.param, TOKENIZER)
+    before = (torch.get_rng_state(), random.getstate())
     shared_engine(model, OPTIONS)
+    model.streams_kept = torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate()
     yield model
     vllm_decoder.close_shared_engine()
 
@@ -150,6 +153,10 @@ def test_a_seeded_sampler_draws_the_same_tokens_again(policy):
     other = sampler().sample(policy, ROWS, step=4)
     assert torch.equal(first.completion_ids, again.completion_ids)
     assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def test_building_the_engine_leaves_the_global_random_streams_as_they_were(policy):
+    assert policy.streams_kept  # vLLM seeds them; the trainer's draws must not depend on when it was built
 
 
 def test_one_engine_serves_every_sampler_of_the_model(policy):

@@ -44,8 +44,8 @@ def test_ppo_with_vllm_learns_the_sevens_reward(make_config, qwen2):
 
 def test_a_resumed_run_continues_as_the_straight_run(make_config, qwen2, tmp_path):
     """Checkpoint at step 3, stop at 4, resume to 6: the same metrics as 6 steps straight.
-    The resumed run's engine is the process's one, given the checkpoint's weights at its first
-    sync; its seeds come from the sampler's own stream for each step (rollout.seed_per_prompt
+    The resumed run builds its own engine (as a new process would), given the checkpoint's
+    weights at its first sync; its seeds come from the sampler's own stream for each step (rollout.seed_per_prompt
     off), so the same tokens are drawn."""
     straight = vllm_config(make_config, qwen2, steps=6, checkpoint_every=3)
     straight["output_dir"] = str(tmp_path / "straight")
@@ -53,6 +53,7 @@ def test_a_resumed_run_continues_as_the_straight_run(make_config, qwen2, tmp_pat
     stopped = vllm_config(make_config, qwen2, steps=6, checkpoint_every=3)
     stopped["output_dir"] = str(tmp_path / "resumed")
     grpo.train(stopped, overrides=["train.steps=4"], progress=False)
+    vllm_decoder.close_shared_engine()  # the resumed run builds its own, as a new process would
     resumed = grpo.train(stopped, resume=True, progress=False).metrics
     keys = ("reward/mean", "kl", "loss", "tokens/completion", "completion_length/mean")
     assert [m["step"] for m in resumed] == list(range(1, 7))
