@@ -244,8 +244,8 @@ class LocalEngine:
                 self.llm = vllm.LLM(**options)
             except Exception as err:  # vLLM's own refusals (an architecture it lacks, ...) come as many kinds
                 raise UserError(
-                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (a KV cache too small for "
-                    "max_model_len: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb / "
+                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (if its KV cache cannot hold "
+                    "max_model_len tokens: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb or "
                     "gpu_memory_utilization)"
                 ) from err
         self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
