@@ -133,7 +133,9 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
     (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is tied to the
     embedding (the spike: without it vLLM's tied head stays stale), and a LoRA policy's
     adapted layers merged (W + scale * B @ A, computed, the model left as it is) under the
-    base model's names. Read lazily: the engine copies each into its own storage."""
+    base model's names. Read lazily: the engine copies each into its own storage. Inside
+    `world.gathered(policy)` (where the Sampler prepares) they are views of the gathered
+    weights, freed when the gathering ends: consume them there."""
     model = base_model(policy)
     lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
         name: module
