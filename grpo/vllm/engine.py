@@ -251,7 +251,7 @@ class LocalEngine:
                     "gpu_memory_utilization)"
                 ) from err
         self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
-        self.syncs, self.sync_seconds, self.check_seconds = 0, 0.0, 0.0  # for the report
+        self.syncs, self.sync_seconds, self.check_seconds = 0, 0.0, 0.0  # what the syncs have cost so far
 
     # ---- generating ---------------------------------------------------------------------------
 
