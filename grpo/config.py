@@ -318,6 +318,14 @@ class LossConfig:
         False,
         "Leave out of the update the groups whose rewards are all equal (their advantages are all 0; DAPO's dynamic sampling without the refill).",
     )
+    engine_correction: Literal["none", "token_tis", "sequence_mask"] | None = opt(
+        None,
+        "How the loss corrects for the sampler drawing from another distribution than the trainer's old policy (an engine's kernels or bf16; docs/sampling.md), where the rollout carries the sampler's log-probs (an engine's, or the fast loop's): token_tis (truncated importance sampling, Yao et al. 2025: each token's policy-gradient term, not the KL term, weighed by min(pi_old / pi_sampler, engine_correction_cap), detached), sequence_mask (a sequence whose ratio prod_t pi_old / pi_sampler lies outside [1/cap, cap] leaves the loss) or none. Default: token_tis where the sampler draws from the distribution the loss scores, none where it truncates (top_k, top_p, min_p or min_new_tokens: its log-probs are then of the truncated distribution, and the ratio would carry the kept probability mass, not a mismatch). The metrics rollout/mismatch_kl, rollout/mismatch_ratio_max and rollout/frac_corrected are logged either way.",
+    )
+    engine_correction_cap: float = opt(
+        2.0,
+        "C (> 1) of loss.engine_correction: token_tis caps each token's weight at C; sequence_mask keeps the sequences whose ratio is within [1/C, C].",
+    )
     gamma: float = opt(1.0, "PPO: discount in GAE.")
     lam: float = opt(0.95, "PPO: GAE lambda.")
     whiten_advantages: bool = opt(True, "PPO: whiten the GAE advantages over the batch.")
@@ -528,6 +536,20 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "reward_funcs": ("rewards", "a list of {function: ..., weight: ...}"),
     "reward_weights": ("rewards", "each entry's weight"),
     "dataset_name": ("data.path", "a file, a saved datasets directory or a datasets name"),
+    "vllm_importance_sampling_correction": (
+        "loss.engine_correction",
+        "false is none; true is the mode vllm_importance_sampling_mode names",
+    ),
+    "vllm_importance_sampling_mode": (
+        "loss.engine_correction",
+        "token_truncate is token_tis; sequence_mask is ours, except that TRL also weighs a kept sequence by its ratio; token_mask and sequence_truncate have no counterpart",
+    ),
+    "vllm_importance_sampling_clip_max": ("loss.engine_correction_cap", "C, the cap on the ratio"),
+    "vllm_importance_sampling_clip_min": (
+        "loss.engine_correction_cap",
+        "token_tis has no lower bound; sequence_mask's is 1 / loss.engine_correction_cap",
+    ),
+    "vllm_importance_sampling_cap": ("loss.engine_correction_cap", "C, the cap on the ratio (TRL's older name)"),
     "use_vllm": ("rollout.sampler", "rollout.sampler: vllm samples with a vLLM engine"),
     "vllm_mode": ("rollout.vllm.server", "'' for colocate (the default), HOST:PORT of a `grpo vllm-serve` for server"),
     "vllm_gpu_memory_utilization": ("rollout.vllm.gpu_memory_utilization", "the colocated engine's share of the GPU"),
@@ -625,6 +647,7 @@ def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
         _set_dotted(tree, *parse_override(text))
     config = _build(Config, tree)
     _resolve_presets(config)
+    _resolve_engine_correction(config)
     validate(config)
     return config
 
@@ -647,6 +670,21 @@ def _resolve_presets(config: Config) -> None:
     for key, value in PRESETS[config.algorithm].items():
         if getattr(config.loss, key) is None:
             setattr(config.loss, key, value)
+
+
+def truncates(rollout: RolloutConfig) -> bool:
+    """Whether the sampler draws from a truncation of the distribution the loss scores (top_k,
+    top_p, min_p, or min_new_tokens holding EOS back; docs/sampling.md)."""
+    return rollout.top_k > 0 or rollout.top_p < 1 or rollout.min_p > 0 or rollout.min_new_tokens > 0
+
+
+def _resolve_engine_correction(config: Config) -> None:
+    """loss.engine_correction left unset: token_tis, unless the sampler truncates. A truncated
+    distribution's log-probs exceed the loss's by the log of the mass kept at every token, so
+    the ratio pi_old / pi_sampler is that mass (< 1) wherever the engine agrees: the weights
+    would scale the gradient down by it, and a sequence's product would leave the bounds."""
+    if config.loss.engine_correction is None:
+        config.loss.engine_correction = "none" if truncates(config.rollout) else "token_tis"
 
 
 def _require(ok: bool, message: str) -> None:
@@ -760,6 +798,7 @@ def validate(c: Config) -> None:
     _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")
     _require(lo.dual_clip is None or lo.dual_clip > 1, f"loss.dual_clip: must be > 1, got {lo.dual_clip}")
     _require(lo.eps >= 0, "loss.eps: must be >= 0")
+    _require(lo.engine_correction_cap > 1, f"loss.engine_correction_cap: must be > 1, got {lo.engine_correction_cap}")
     _require(0 <= lo.gamma <= 1, f"loss.gamma: must be in [0, 1], got {lo.gamma}")
     _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
     _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")

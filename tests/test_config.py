@@ -728,6 +728,8 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         ("vllm_gpu_memory_utilization=0.5", "it is 'rollout.vllm.gpu_memory_utilization' here"),
         ("vllm_enable_sleep_mode=true", "it is 'rollout.vllm.sleep' here"),
         ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
+        ("loss.vllm_importance_sampling_mode=token_truncate", "it is 'loss.engine_correction' here"),
+        ("vllm_importance_sampling_clip_max=3", "it is 'loss.engine_correction_cap' here"),
     ],
 )
 def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):
@@ -750,3 +752,27 @@ def test_the_docs_table_of_trl_names_is_the_config_s():
             node = config_from_dict(minimal())
             for part in ours.split("."):
                 node = getattr(node, part)
+
+
+@pytest.mark.parametrize(
+    "rollout,resolved",
+    [
+        ({}, "token_tis"),  # the sampler draws from the distribution the loss scores
+        ({"top_p": 0.9}, "none"),  # truncations: the ratio would carry the mass kept
+        ({"top_k": 20}, "none"),
+        ({"min_p": 0.1}, "none"),
+        ({"min_new_tokens": 2}, "none"),
+        ({"temperature": 0.7, "repetition_penalty": 1.2}, "token_tis"),  # scored exactly
+    ],
+)
+def test_the_engine_correction_defaults_to_token_tis_unless_the_sampling_truncates(rollout, resolved):
+    assert config_from_dict(minimal(rollout=rollout)).loss.engine_correction == resolved
+    given = config_from_dict(minimal(rollout=rollout, loss={"engine_correction": "sequence_mask"}))
+    assert given.loss.engine_correction == "sequence_mask"  # set explicitly, it stays
+    assert config_from_dict(minimal(rollout=rollout)).loss.engine_correction_cap == 2.0
+
+
+def test_a_bad_engine_correction_is_one_line():
+    assert "loss.engine_correction_cap: must be > 1, got 1.0" in user_error(minimal(loss={"engine_correction_cap": 1}))
+    message = user_error(minimal(loss={"engine_correction": "token_truncate"}))
+    assert "loss.engine_correction: expected one of 'none' | 'token_tis' | 'sequence_mask'" in message

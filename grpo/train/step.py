@@ -37,6 +37,8 @@ from grpo.train.models import (
     policy_logprobs,
     trainable_parameters,
 )
+from grpo.train.correction import METRICS as MISMATCH_METRICS
+from grpo.train.correction import Mismatch
 from grpo.train.scoring import Scorer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
 
@@ -199,7 +201,8 @@ def learn(e: Engine, collected: Collected) -> dict:
     batch, scored = collected.batch, collected.scored
     trained_rows = int(e.world.sum(torch.tensor(len(batch))))  # over all processes
 
-    stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm"))  # nothing to train on
+    # Nothing to train on: no statistic of the update.
+    stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm", *MISMATCH_METRICS))
     if trained_rows:
         live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
         if not len(batch):
@@ -300,13 +303,16 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     """mu epochs of clipped-ratio updates; returns the step's loss, KL, entropy, clipping, grad
     norm (and the critic's own metrics). A loss is divided by the whole batch's counts (over
     all processes), so the processes' gradients sum to the whole batch's gradient. Every
-    loss, count and statistic of the policy is over the loss mask's tokens (its actions)."""
+    loss, count and statistic of the policy is over the loss mask's tokens (its actions).
+    Where the rollout carries the sampler's log-probs, loss.engine_correction weighs each
+    token's policy-gradient term against the old policy (grpo.train.correction)."""
     n, world = len(batch), e.world
     mask = batch.loss_mask
     lo, tr = e.loss, e.train
     clip = dict(clip_low=lo.clip_low, clip_high=lo.clip_high, level=lo.ratio_level)
     sums = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "value_loss", "first_pass_tokens"), 0.0)
     grad_norm, updates = 0.0, 0
+    mismatch = Mismatch(lo.engine_correction, lo.engine_correction_cap)
     plan = _micro_batch_plan(world, n, tr.minibatches, tr.micro_batch_size)
     for epoch in range(tr.epochs):
         order = torch.randperm(n) if tr.minibatches > 1 else torch.arange(n)
@@ -338,10 +344,12 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 old = part.fit(passes.old_logprobs[micro]) if passes.old_logprobs is not None else logprobs.detach()
                 ref = part.fit(passes.ref_logprobs[micro]) if passes.ref_logprobs is not None else None
                 advantages = part.fit(targets.advantages[micro])  # (n,) or (n, T')
-                per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip)  # (n, T')
-                per_token = per_token + e.kl.loss_term(
-                    logprobs, ref, m
-                )  # GRPO: + beta * KL; PPO: 0 (it is in the reward)
+                # The engine's mismatch: weights of the policy-gradient term and of the whole loss.
+                pg_weight, kept = mismatch.weigh(old, part.sampled_logprobs, m, tally=epoch == 0)  # (n, T') or 1.0
+                per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip) * pg_weight
+                per_token = (
+                    per_token + e.kl.loss_term(logprobs, ref, m)  # GRPO: + beta * KL; PPO: 0 (it is in the reward)
+                ) * kept
                 value_loss = e.critic.loss(part, micro, passes, targets, totals["num_tokens"])  # 0 without a critic
                 loss = aggregate(per_token, m, lo.aggregation, **totals) + value_loss
                 loss.backward()
@@ -369,6 +377,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
         "entropy": sums["entropy"] / tokens,
         "clip_fraction": sums["clip_fraction"] / (trained_rows * tr.epochs),
         "grad_norm": grad_norm / updates,
+        **mismatch.metrics(world),
         **e.critic.metrics(sums["value_loss"] / updates, passes, mask, world),
     }
 

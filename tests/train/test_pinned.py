@@ -1,7 +1,11 @@
 """A pinned 3-step trajectory of the tiny model: any unintended change of a number fails here.
 
 Each run trains the tiny model of conftest.py for 3 steps and compares the per-step loss,
-KL, grad norm (and PPO's value loss) with the values recorded below, to 1e-6. A change
+KL, grad norm (and PPO's value loss) with the values recorded below, to 1e-4 relative (1e-6
+absolute). Hosts round differently (AVX2, AVX-512 and AMX kernels): grpo-epochs' lr 1e-2 and
+two epochs carry that to a 1.3e-5 relative difference in its third step's grad norm between an
+Intel AMX host, where the pins were recorded, and an AMD AVX-512 one; a real change moves
+these numbers by far more. A change
 that is meant to move these numbers updates the pins in the same commit and says why in
 its message; the assertion prints the new values to paste in.
 """
@@ -182,6 +186,6 @@ def test_the_pinned_trajectory_has_not_moved(name, make_config):
     for step, (g, p) in enumerate(zip(got, pinned), 1):
         assert set(g) == set(p), (name, step, g)
         for key in p:
-            assert g[key] == pytest.approx(p[key], rel=1e-6, abs=1e-6), (
+            assert g[key] == pytest.approx(p[key], rel=1e-4, abs=1e-6), (
                 f"{name} step {step} {key}: {g[key]!r} != pinned {p[key]!r}; the run gave\n{got!r}"
             )

@@ -35,6 +35,11 @@ def test_grpo_with_vllm_learns_the_sevens_reward_on_one_engine(make_config, qwen
     assert vllm_decoder.BUILT["engines"] - built <= 1  # one engine for 30 steps (none if this module's is reused)
     engine = vllm_decoder._SHARED["engine"]
     assert engine.holds[1] == 29  # synced after every update: the last sample's policy had taken 29 steps
+    # The mismatch metrics see the engine's log-probs. Its kernels agree with the trainer's (fp32,
+    # tests/vllm/test_engine.py); what is left is min_new_tokens (8 here) holding EOS back: the
+    # engine gives each token's log-prob without EOS's share, so the trainer's is never above it.
+    for m in result.metrics:
+        assert 0 < m["rollout/mismatch_kl"] < 1e-3 and m["rollout/mismatch_ratio_max"] <= 1 + 1e-4, m
 
 
 def test_ppo_with_vllm_learns_the_sevens_reward(make_config, qwen2):
