@@ -148,7 +148,6 @@ class VllmDecoder:
         if version is None or engine.asleep or held is None or held[0]() is not policy or held[1] != version:
             engine.sync(policy, check=self.options.check_sync, tolerance=self.tolerance())
             engine.holds = (weakref.ref(policy), version)
-        self.policy = policy
 
     def release(self) -> None:
         """Keep the engine (one per run); with sleep mode (CUDA), free its memory for the update."""
