@@ -22,6 +22,16 @@ def missing() -> str | None:
 
     if importlib.util.find_spec("vllm") is None:
         return f"rollout.sampler: vllm needs vLLM, which is not installed: {INSTALL}"
+    # `import vllm` is lazy and succeeds where the engine cannot load: PyPI's torchvision,
+    # torchaudio or torchcodec beside a CPU torch break `from vllm import LLM` (docs/vllm.md).
+    try:
+        from vllm import LLM  # noqa: F401
+    except Exception as error:  # noqa: BLE001 - any import failure is the one line below
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (
+            f"rollout.sampler: vllm: vLLM is installed but does not load ({first}); on a CPU, "
+            "pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md)"
+        )
     return None
 
 

@@ -31,6 +31,30 @@ def test_without_vllm_the_run_stops_in_one_line_before_any_model_is_loaded(make_
     )
 
 
+def test_a_vllm_that_does_not_load_is_one_line_naming_the_uninstall(make_config, monkeypatch):
+    """PyPI's torchvision beside a CPU torch: `import vllm` works (it is lazy), `from vllm
+    import LLM` does not; the run stops before any model is loaded, naming the fix."""
+    import sys
+    import types
+    from importlib.machinery import ModuleSpec
+
+    broken = types.ModuleType("vllm")
+    broken.__spec__ = ModuleSpec("vllm", None)
+
+    def __getattr__(name):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    broken.__getattr__ = __getattr__
+    monkeypatch.setitem(sys.modules, "vllm", broken)
+    monkeypatch.setattr(grpo.train.loop, "load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(UserError) as err:
+        grpo.train(make_config(rollout={"sampler": "vllm"}), progress=False)
+    assert str(err.value) == (
+        "rollout.sampler: vllm: vLLM is installed but does not load (operator torchvision::nms does not exist); "
+        "on a CPU, pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md)"
+    )
+
+
 def test_auto_never_chooses_vllm_and_the_config_takes_its_section(make_config):
     from grpo.rollout import decoders
 
