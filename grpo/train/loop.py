@@ -60,6 +60,7 @@ from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
 from grpo.train.step import Engine, train_step
 from grpo.vllm import missing
+from grpo.vllm.decoder import close_shared_engine
 
 
 @dataclass
@@ -284,6 +285,10 @@ def train(
     try:
         return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite)
     finally:
+        # Under torchrun, vLLM's engine is shut down while the process group is still there
+        # (at exit, after world.close(), its shutdown would fail on the destroyed group).
+        if world.world_size > 1:
+            close_shared_engine()
         world.close()
 
 

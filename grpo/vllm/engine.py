@@ -327,8 +327,10 @@ class LocalEngine:
 
     def close(self) -> None:
         """Shut the engine down and free what it holds (the next engine in this process can
-        then set up vLLM's state again)."""
-        self.llm.llm_engine.engine_core.shutdown()
+        then set up vLLM's state again). Under torchrun the process group stays: it is the
+        trainer's (`_keeping_default_group`)."""
+        with _keeping_default_group() if self.external else contextlib.nullcontext():
+            self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         if not self.external:  # torchrun's process group is the trainer's: left alone
             from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
@@ -351,6 +353,27 @@ class LocalEngine:
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
             self.asleep = False
+
+
+@contextlib.contextmanager
+def _keeping_default_group():
+    """vLLM's engine shutdown ends with `torch.distributed.destroy_process_group()` on the
+    default group (vllm/distributed/parallel_state.py: `cleanup_dist_env_and_memory` ->
+    `destroy_distributed_environment`), which under torchrun is the trainer's: a shutdown
+    inside this block destroys only vLLM's own groups, the process group stays."""
+    from vllm.distributed import parallel_state
+
+    def vllm_groups_only():
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()  # vLLM's copy of the world (its own torch groups)
+        parallel_state._WORLD = parallel_state._NODE_COUNT = None
+
+    original = parallel_state.destroy_distributed_environment
+    parallel_state.destroy_distributed_environment = vllm_groups_only
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = original
 
 
 def _first(err: BaseException) -> str:
