@@ -1,0 +1,55 @@
+"""Server mode's trainer side needs no vLLM (this venv has none): a server that is not there
+is one line before the first step, as is a bad address, a transport not built yet, and a
+server given without the vllm sampler. The server itself is tested in tests/vllm/test_server.py."""
+
+import socket
+
+import pytest
+
+import grpo
+from grpo.errors import UserError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_config(make_config, address, **vllm):
+    config = make_config(train={"steps": 2})
+    config["rollout"].update(sampler="vllm", vllm={"server": address, **vllm})
+    return config
+
+
+def test_no_server_is_one_line_before_the_first_step_and_the_trainer_needs_no_vllm(make_config, tmp_path):
+    """The tiny model's head_dim (16) is one vLLM's CPU attention refuses: the trainer does not
+    ask, the server would have."""
+    port = free_port()
+    with pytest.raises(UserError) as err:
+        grpo.train(server_config(make_config, f"127.0.0.1:{port}"), progress=False)
+    assert str(err.value) == (
+        f"no vLLM server answers at 127.0.0.1:{port} (start one with: grpo vllm-serve --model DIR --port {port})"
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("address", "vllm", "sampler", "message"),
+    [
+        (
+            "localhost",
+            {},
+            "vllm",
+            r"^rollout.vllm.server: expected HOST:PORT \(e.g. 127.0.0.1:8000\), got 'localhost'$",
+        ),
+        ("h:99999", {}, "vllm", "^rollout.vllm.server: expected HOST:PORT"),
+        ("h:8000", {"transport": "nccl"}, "vllm", "^rollout.vllm.transport: nccl is not available in this version"),
+        ("h:8000", {}, "auto", "^rollout.vllm.server: the server samples with rollout.sampler: vllm; set it$"),
+    ],
+)
+def test_a_server_config_that_cannot_work_is_one_line(make_config, address, vllm, sampler, message):
+    config = server_config(make_config, address, **vllm)
+    config["rollout"]["sampler"] = sampler
+    with pytest.raises(UserError, match=message):
+        grpo.train(config, progress=False)
