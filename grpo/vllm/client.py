@@ -277,7 +277,19 @@ _REMOTE: dict = {}  # address -> this process's RemoteEngine for it
 def remote_engine(policy, options) -> RemoteEngine:
     """This process's client of the server at options.server, admitted for `policy` (one
     line before the first step when it is not up or does not fit): one per address, so that
-    every Sampler of the run shares what it holds."""
+    every Sampler of the run shares what it holds. One trainer process per server: under
+    torchrun each process would push its own weights over the others'."""
+    import torch
+
+    if (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    ):
+        raise UserError(
+            "rollout.vllm.server: one trainer process per server in this version; under torchrun, use the engine in "
+            "each training process (rollout.vllm.server: '')"
+        )
     engine = _REMOTE.get(options.server)
     if engine is None:
         engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport)
