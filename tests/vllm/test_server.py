@@ -117,9 +117,9 @@ def sampler(server, **kw) -> Sampler:
     return Sampler(TOKENIZER, backend="vllm", decoder_options={"vllm": {"options": engine}}, **kw)
 
 
-def assert_scored_as_the_trainer(policy, rollout, temperature=1.0):
+def assert_scored_as_the_trainer(policy, rollout, temperature=1.0, penalty=1.0):
     with torch.no_grad():
-        scored = policy_logprobs(policy, rollout, temperature)  # (N, T)
+        scored = policy_logprobs(policy, rollout, temperature, penalty)  # (N, T)
     valid = rollout.completion_mask.bool()
     assert valid.sum() > 20
     torch.testing.assert_close(rollout.sampled_logprobs[valid], scored[valid], atol=1e-4, rtol=0)
@@ -133,22 +133,29 @@ def test_the_server_holds_the_directory_s_model_and_weights(server, policy):
     assert engine.check(policy, 1e-3) < 1e-4  # the directory's weights, tied head included, before any push
 
 
-def test_pushed_weights_give_the_trainer_s_log_probs_after_two_updates(server, policy):
-    s = sampler(server, temperature=0.7)
+def test_pushed_weights_give_the_trainer_s_log_probs_after_two_updates(server, policy, monkeypatch):
+    folders, make = [], client.weights_folder
+
+    def recorded():
+        folders.append(make())
+        return folders[-1]
+
+    monkeypatch.setattr(client, "weights_folder", recorded)
+    s = sampler(server, temperature=0.7, repetition_penalty=1.3)  # every option reaches the server
     before = s.sample(policy, ROWS, version=0)
-    assert_scored_as_the_trainer(policy, before, 0.7)
+    assert_scored_as_the_trainer(policy, before, 0.7, 1.3)
     engine = s.decoders["vllm"].engine
     assert engine.holds[1] == 0
     pushes = engine.syncs
     update(policy)
     after = s.sample(policy, ROWS, version=2)
     assert engine.holds[1] == 2 and engine.syncs == pushes + 1
-    assert_scored_as_the_trainer(policy, after, 0.7)
+    assert_scored_as_the_trainer(policy, after, 0.7, 1.3)
     with torch.no_grad():  # the weights moved: the old samples score otherwise now
-        rescored = policy_logprobs(policy, before, 0.7)
+        rescored = policy_logprobs(policy, before, 0.7, 1.3)
     valid = before.completion_mask.bool()
     assert (rescored[valid] - before.sampled_logprobs[valid]).abs().max() > 0.05
-    assert not [p for p in Path("/dev/shm").glob("grpo-weights-*")]  # each push's file deleted
+    assert len(folders) >= 2 and not [f for f in folders if os.path.exists(f)]  # each push's file deleted
 
 
 def test_seeded_requests_draw_the_same_tokens_and_n_per_prompt(server, policy):
