@@ -133,7 +133,9 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
     (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is tied to the
     embedding (the spike: without it vLLM's tied head stays stale), and a LoRA policy's
     adapted layers merged (W + scale * B @ A, computed, the model left as it is) under the
-    base model's names. Read lazily: the engine copies each into its own storage."""
+    base model's names. Read lazily: the engine copies each into its own storage. Inside
+    `world.gathered(policy)` (where the Sampler prepares) they are views of the gathered
+    weights, freed when the gathering ends: consume them there."""
     model = base_model(policy)
     lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
         name: module
@@ -244,8 +246,8 @@ class LocalEngine:
                 self.llm = vllm.LLM(**options)
             except Exception as err:  # vLLM's own refusals (an architecture it lacks, ...) come as many kinds
                 raise UserError(
-                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (a KV cache too small for "
-                    "max_model_len: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb / "
+                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (if its KV cache cannot hold "
+                    "max_model_len tokens: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb or "
                     "gpu_memory_utilization)"
                 ) from err
         self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
