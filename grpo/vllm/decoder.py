@@ -1,5 +1,7 @@
 """`rollout.sampler: vllm`: the Decoder (grpo.rollout.decoders) that samples with a vLLM engine
-in the training process (`grpo.vllm.engine.LocalEngine`).
+in the training process (`grpo.vllm.engine.LocalEngine`), or with a `grpo vllm-serve` server's
+(`rollout.vllm.server`: `grpo.vllm.client.RemoteEngine`, the same methods over HTTP; one
+client per server and process, `remote_engine`). Everything below holds for both.
 
 One engine per process, built at the first `start` or `prepare` and kept for the run: a
 Sampler built later (iterative RL's, evaluation's) gets the same one when it asks for the
@@ -106,8 +108,8 @@ def close_shared_engine() -> None:
 
 
 class VllmDecoder:
-    """Samples with this process's vLLM engine (module doc). Never chosen by rollout.sampler:
-    auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
+    """Samples with this process's vLLM engine, or a server's (module doc). Never chosen by
+    rollout.sampler: auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
 
     decodes_lora = True  # the merged weights (`grpo.vllm.engine.policy_weights`)
     in_auto = False
