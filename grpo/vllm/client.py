@@ -167,6 +167,11 @@ class RemoteEngine:
             raise UserError(f"the vLLM server at {self.address} refused {during}: {said}") from err
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             reason = getattr(err, "reason", None) or err
+            if isinstance(reason, TimeoutError):  # up, perhaps, but slower than the run allows
+                raise ServerGone(
+                    f"the vLLM server at {self.address} gave no answer within {timeout:g} s during {during}; "
+                    "raise rollout.vllm.timeout, or check the server"
+                ) from err
             raise ServerGone(
                 f"the vLLM server at {self.address} stopped answering during {during} ({reason}); "
                 f"start it again: {self._restart()}"

