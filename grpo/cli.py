@@ -32,6 +32,7 @@ from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_floa
 from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
 from grpo.train.sft import FineTuneConfig, SFTConfig
+from grpo.vllm.server import ServeConfig
 
 
 # ---- flags made from config fields -------------------------------------------------------
@@ -261,6 +262,31 @@ answers that maj@n votes with, unless --answer or --answer-pattern says how; whe
 samples have no answer, a warning line says so (and compare.md repeats it).
 """
 
+VLLM_SERVE_HELP = """\
+Serve a vLLM engine for training runs elsewhere (server mode): generation on its own
+process, GPUs or machine, the trainer's weights pushed to it after every update.
+
+Start it with the run's model, then point the run at it:
+  grpo vllm-serve --model DIR --port 8000
+  grpo train CONFIG --set rollout.sampler=vllm --set rollout.vllm.server=127.0.0.1:8000
+
+The engine is built once from DIR (its weights loaded and checked by log-probs); it then
+answers a JSON API over HTTP: GET /health (the model's architecture and fingerprint, dtype,
+longest sequence, grpo and vLLM versions), POST /generate (prompts as token ids, the run's
+sampling options, per-prompt n and seed -> completion ids and sampled-token log-probs), POST
+/weights (load pushed weights in place) and POST /prompt_logprobs (the trainer's check that
+the pushed weights are its own). Before its first step a run refuses, in one line, a server
+that does not answer or holds another model; a server that dies mid-run stops the run in one
+line with its last step saved (continue with --resume once it is up again).
+
+Weights travel as one safetensors file the trainer writes (in /dev/shm where it exists) and
+the server reads: trainer and server on one machine (rollout.vllm.transport: file). NCCL
+between GPUs (vLLM's weight transfer engine) is not available in this version. One trainer
+per server; the API has no authentication: listen on 127.0.0.1 (the default) or a trusted
+network. The engine options a colocated run sets under rollout.vllm are this command's flags.
+Stop it with Ctrl-C.
+"""
+
 
 # ---- the commands ------------------------------------------------------------------------
 
@@ -400,6 +426,30 @@ def _eval(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         log_every=args.log_every,
     )
+
+
+def _vllm_serve(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from grpo.vllm import missing
+    from grpo.vllm.server import serve
+
+    if missing() is not None:
+        raise UserError(missing().replace("rollout.sampler: vllm", "grpo vllm-serve"))
+    hf_logging.disable_progress_bar()
+
+    def ready(address: str, info: dict) -> None:
+        print(
+            f"grpo vllm-serve: {info['model']} ({info['dtype']}, fingerprint {info['fingerprint']}) "
+            f"answers at http://{address}",
+            flush=True,
+        )
+
+    try:
+        serve(_config_from(ServeConfig, args), device=args.device, ready=ready)
+    except KeyboardInterrupt:
+        print("grpo vllm-serve: stopped", file=sys.stderr)
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -668,6 +718,24 @@ def _add_compare(commands) -> None:
     compare.set_defaults(handler=_compare)
 
 
+def _add_vllm_serve(commands) -> None:
+    parser = _command(
+        commands, "vllm-serve", "serve a vLLM engine for training runs elsewhere (rollout.vllm.server)", VLLM_SERVE_HELP
+    )
+    flag = functools.partial(_field_flag, parser, ServeConfig)
+    flag("model", metavar="DIR")
+    flag("host")
+    flag("port", type=int)
+    flag("dtype")
+    flag("max_model_len", type=positive_int, metavar="N")
+    flag("max_num_seqs", type=positive_int, metavar="N")
+    flag("gpu_memory_utilization", type=positive_float, metavar="F")
+    flag("kv_cache_gb", type=positive_int, metavar="GB")
+    flag("seed")
+    _device(parser)
+    parser.set_defaults(handler=_vllm_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo",
@@ -677,7 +745,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"grpo {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (_add_train, _add_rm, _add_eval, _add_sft, _add_demo, _add_compare):  # the order --help lists them in
+    for add in (
+        _add_train,
+        _add_rm,
+        _add_eval,
+        _add_sft,
+        _add_demo,
+        _add_compare,
+        _add_vllm_serve,
+    ):  # the order --help lists them in
         add(commands)
     return parser
 

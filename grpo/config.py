@@ -30,7 +30,7 @@ import yaml
 from grpo.errors import UserError
 from grpo.rollout.decoders import NAMES as DECODERS
 from grpo.rollout.decoders import lora_refusal
-from grpo.vllm import unsupported
+from grpo.vllm import split_address, unsupported
 
 __all__ = [
     "Config",
@@ -121,7 +121,15 @@ class RewardConfig:
 class VllmConfig:
     server: str = opt(
         "",
-        "'' (default): the engine runs in the training process (colocated, TRL's default), on the policy's device, one per process under torchrun. HOST:PORT: a `grpo vllm-serve` server instead.",
+        "'' (default): the engine runs in the training process (colocated, TRL's default), on the policy's device, one per process under torchrun. HOST:PORT: a `grpo vllm-serve --model DIR` server instead, holding the same model (checked before the first step); the weights are pushed to it after every update (see transport), and the other engine options here are then the server's flags. The trainer does not need vLLM installed then.",
+    )
+    transport: Literal["file", "nccl"] = opt(
+        "file",
+        "Server mode: how the weights reach the server. file: one safetensors file in /dev/shm (or the temporary folder), read by the server and deleted; trainer and server on one machine. nccl (GPU to GPU, vLLM's weight transfer engine) is not available in this version.",
+    )
+    timeout: float = opt(
+        600.0,
+        "Server mode: the seconds one generate request or weight push may take before the run fails (the health check before the first step waits 10).",
     )
     gpu_memory_utilization: float = opt(
         0.3,
@@ -757,10 +765,14 @@ def validate(c: Config) -> None:
     if ro.sampler == "vllm":
         refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
         _require(refused is None, refused)
+    if v.server:
+        split_address(v.server)  # HOST:PORT, or one line
+        _require(ro.sampler == "vllm", "rollout.vllm.server: the server samples with rollout.sampler: vllm; set it")
         _require(
-            not v.server,
-            "rollout.vllm.server: server mode is not built yet; leave it '' for the engine in the training process",
+            v.transport == "file",
+            f"rollout.vllm.transport: {v.transport} is not available in this version; use file (trainer and server on one machine)",
         )
+    _require(v.timeout > 0, f"rollout.vllm.timeout: must be > 0, got {v.timeout}")
     _require(
         ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
     )

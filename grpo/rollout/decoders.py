@@ -42,8 +42,9 @@ class Decoder(Protocol):
     in_auto: bool  # whether rollout.sampler: auto may choose it
 
     @staticmethod
-    def refuses(model, total_length: int) -> str | None:
-        """Why it cannot decode `model` for sequences of `total_length` tokens; None if it can."""
+    def refuses(model, total_length: int, **options) -> str | None:
+        """Why it cannot decode `model` for sequences of `total_length` tokens; None if it can.
+        `options`: what the Sampler builds it with besides the params (a server's address)."""
 
     def prepare(self, policy, version: int | None) -> None:
         """Decode `policy` from now on, doing its per-version work once for `version` (the
@@ -86,7 +87,7 @@ class FastDecoder:
         self.policy, self.version, self.weights = None, None, None
 
     @staticmethod
-    def refuses(model, total_length: int) -> str | None:
+    def refuses(model, total_length: int, **options) -> str | None:
         from grpo.rollout import fast
 
         return fast.supported(model, total_length)
@@ -173,7 +174,7 @@ class HFDecoder:
         self.policy = None
 
     @staticmethod
-    def refuses(model, total_length: int) -> str | None:
+    def refuses(model, total_length: int, **options) -> str | None:
         return None
 
     def prepare(self, policy, version: int | None) -> None:
@@ -217,13 +218,16 @@ def check_name(name: str) -> None:
         raise UserError(f"rollout.sampler: unknown backend {name!r} ({_either(NAMES)})")
 
 
-def choose(name: str, model, total_length: int) -> str:
+def choose(name: str, model, total_length: int, options: dict[str, dict] | None = None) -> str:
     """The decoder that rollout.sampler `name` runs `model` with, for sequences of
     `total_length` tokens: that one (a one-line error when it cannot), or for auto the first
-    of DECODERS that can."""
+    of DECODERS that can. `options`: decoder name -> what it is built with (the Sampler's)."""
+    options = options or {}
     if name == AUTO:
-        return next(n for n, d in DECODERS.items() if d.in_auto and d.refuses(model, total_length) is None)
-    reason = DECODERS[name].refuses(model, total_length)
+        return next(
+            n for n, d in DECODERS.items() if d.in_auto and d.refuses(model, total_length, **options.get(n, {})) is None
+        )
+    reason = DECODERS[name].refuses(model, total_length, **options.get(name, {}))
     if reason is not None:
         raise UserError(
             f"rollout.sampler: {name} cannot decode this model: {reason}; use {_either([n for n in NAMES if n != name])}"

@@ -174,7 +174,7 @@ class Sampler:
     def decoder_name(self, model, prompt_length: int) -> str:
         """The decoder that samples `model` for prompts of `prompt_length` tokens (raises when
         the one asked for cannot)."""
-        return decoders.choose(self.backend, model, prompt_length + self.params.max_new_tokens)
+        return decoders.choose(self.backend, model, prompt_length + self.params.max_new_tokens, self.decoder_options)
 
     def decoder(self, model, prompt_length: int) -> Decoder:
         name = self.decoder_name(model, prompt_length)

@@ -5,7 +5,10 @@
   pieces a server client reuses: `sampling_params` (our options -> vLLM's), `completions`
   (vLLM's outputs -> token ids and log-probs), `policy_weights` (the policy's tensors under
   Hugging Face names: tied head added, LoRA merged, FSDP2 shards made whole).
-- `grpo.vllm.decoder`: `VllmDecoder`, the Decoder (`grpo.rollout.decoders`) that runs it.
+- `grpo.vllm.decoder`: `VllmDecoder`, the Decoder (`grpo.rollout.decoders`) that runs it, or
+  a server's engine (server mode, `rollout.vllm.server`).
+- `grpo.vllm.server`: `grpo vllm-serve`, one engine in its own process behind a JSON API;
+  `grpo.vllm.client`: the trainer's side, `RemoteEngine` (LocalEngine's methods over HTTP).
 
 Nothing here imports torch or vLLM until an engine is built: the decoder registry, which
 `grpo.config` reads, names this package.
@@ -45,3 +48,13 @@ def unsupported(p) -> str | None:
             "rollout.top_p and rollout.min_p together as the other decoders do; set one of them"
         )
     return None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """rollout.vllm.server's 'HOST:PORT' -> (host, port); a one-line UserError for anything else."""
+    from grpo.errors import UserError
+
+    host, _, port = address.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"rollout.vllm.server: expected HOST:PORT (e.g. 127.0.0.1:8000), got {address!r}")
+    return host.strip("[]"), int(port)

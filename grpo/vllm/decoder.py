@@ -1,5 +1,7 @@
 """`rollout.sampler: vllm`: the Decoder (grpo.rollout.decoders) that samples with a vLLM engine
-in the training process (`grpo.vllm.engine.LocalEngine`).
+in the training process (`grpo.vllm.engine.LocalEngine`), or with a `grpo vllm-serve` server's
+(`rollout.vllm.server`: `grpo.vllm.client.RemoteEngine`, the same methods over HTTP; one
+client per server and process, `remote_engine`). Everything below holds for both.
 
 One engine per process, built at the first `start` or `prepare` and kept for the run: a
 Sampler built later (iterative RL's, evaluation's) gets the same one when it asks for the
@@ -42,6 +44,9 @@ class EngineOptions:
     check_sync: bool = True
     check_tolerance: float | None = None  # None: 1e-3 in float32, 5e-2 in 16 bits
     seed: int = 0
+    server: str = ""  # HOST:PORT of a `grpo vllm-serve` (grpo.vllm.client); '': the engine in this process
+    transport: str = "file"
+    timeout: float = 600.0
 
     @classmethod
     def of(cls, section, *, max_model_len: int | None, seed: int) -> EngineOptions:
@@ -103,8 +108,8 @@ def close_shared_engine() -> None:
 
 
 class VllmDecoder:
-    """Samples with this process's vLLM engine (module doc). Never chosen by rollout.sampler:
-    auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
+    """Samples with this process's vLLM engine, or a server's (module doc). Never chosen by
+    rollout.sampler: auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
 
     decodes_lora = True  # the merged weights (`grpo.vllm.engine.policy_weights`)
     in_auto = False
@@ -121,15 +126,25 @@ class VllmDecoder:
         self.engine = None
 
     @staticmethod
-    def refuses(model, total_length: int) -> str | None:
+    def refuses(model, total_length: int, options: EngineOptions | None = None) -> str | None:
+        """Why this process cannot run an engine for `model` (nothing to say with a server:
+        it built its own; the client admits it at `start`)."""
         from grpo.vllm.engine import refusal
 
+        if options is not None and options.server:
+            return None
         return refusal(model, next(model.parameters()).device)
 
     def start(self, policy):
-        """Build the engine now (before the first step: what vLLM refuses is known there)."""
+        """Build the engine now, or reach the server and admit it (before the first step:
+        what vLLM refuses, or a server that is not up or holds another model, is known there)."""
         if self.engine is None:
-            self.engine = shared_engine(policy, self.options, self.autocast)
+            if self.options.server:
+                from grpo.vllm.client import remote_engine
+
+                self.engine = remote_engine(policy, self.options)
+            else:
+                self.engine = shared_engine(policy, self.options, self.autocast)
         return self.engine
 
     def tolerance(self) -> float:
@@ -170,14 +185,10 @@ class VllmDecoder:
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         import torch
 
-        from grpo.vllm.engine import sampling_params
-
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # no left padding
         counts = counts.tolist()
-        params = [
-            sampling_params(self.params, n=n, seed=seed) for n, seed in zip(counts, self.seeds(counts, generators))
-        ]
-        rows = [row for per_prompt in self.engine.generate(prompts, params) for row in per_prompt]
+        drawn = self.engine.sample(prompts, self.params, counts, self.seeds(counts, generators))
+        rows = [row for per_prompt in drawn for row in per_prompt]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), width), self.params.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros(len(rows), width)

@@ -262,6 +262,12 @@ class LocalEngine:
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [completions(o) for o in outputs]
 
+    def sample(self, prompts: list[list[int]], params: SamplingParams, counts: list[int], seeds: list[int]):
+        """counts[i] completions of prompt i (token ids), drawn as our `params` say with
+        seeds[i]: `generate` with `sampling_params` per prompt. The decoder calls this, as a
+        server's engine does for a remote trainer (grpo.vllm.server)."""
+        return self.generate(prompts, [sampling_params(params, n=n, seed=seed) for n, seed in zip(counts, seeds)])
+
     def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """The engine's log-prob of each token of `ids` after the first, given those before
         (its raw distribution: temperature 1, no penalty)."""

@@ -72,7 +72,7 @@ def test_auto_never_chooses_vllm_and_the_config_takes_its_section(make_config):
         ("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization: must be in (0, 1]"),
         ("rollout.vllm.check_tolerance=0", "rollout.vllm.check_tolerance: must be > 0 or null"),
         ("rollout.vllm.kv_cache_gb=0", "rollout.vllm.kv_cache_gb: must be >= 1"),
-        ("rollout.vllm.server=localhost:8000", "rollout.vllm.server: server mode is not built yet"),
+        ("rollout.vllm.server=localhost", "rollout.vllm.server: expected HOST:PORT"),
         ("rollout.vllm.gpu_memory=0.5", "unknown config key 'rollout.vllm.gpu_memory' (did you mean"),
     ],
 )

