@@ -30,6 +30,7 @@ import yaml
 from grpo.errors import UserError
 from grpo.rollout.decoders import NAMES as DECODERS
 from grpo.rollout.decoders import lora_refusal
+from grpo.vllm import unsupported
 
 __all__ = [
     "Config",
@@ -117,6 +118,37 @@ class RewardConfig:
 
 
 @dataclass
+class VllmConfig:
+    server: str = opt(
+        "",
+        "'' (default): the engine runs in the training process (colocated, TRL's default), on the policy's device, one per process under torchrun. HOST:PORT: a `grpo vllm-serve` server instead.",
+    )
+    gpu_memory_utilization: float = opt(
+        0.3,
+        "CUDA: the share of the GPU's memory the colocated engine takes (weights, activations, KV cache); the rest is the trainer's. TRL's colocated default.",
+    )
+    sleep: bool = opt(
+        False,
+        "CUDA: sleep mode; the engine frees its KV cache and weights while the update runs (the first cure for a colocated out-of-memory), at the cost of waking it for each step. Nothing on a CPU.",
+    )
+    kv_cache_gb: int = opt(
+        1, "CPU: the engine's KV cache, in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE; an environment value set wins)."
+    )
+    max_num_seqs: int = opt(256, "Sequences the engine decodes at once (vLLM's max_num_seqs).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt(
+        "auto", "The engine's dtype; auto: train.autocast's where set, else the policy's."
+    )
+    check_sync: bool = opt(
+        True,
+        "After each weight sync, check that the engine holds the policy's weights: its log-probs of one fixed 32-token sequence against the trainer's (one short prompt pass each); a run whose engine went stale fails with a clear error instead of training on another model's samples.",
+    )
+    check_tolerance: float | None = opt(
+        None,
+        "The check's limit on the mean |log-prob difference| per token; null: 1e-3 for a float32 engine, 5e-2 for 16 bits (a stale engine is off by far more).",
+    )
+
+
+@dataclass
 class RolloutConfig:
     group_size: int = opt(
         8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1."
@@ -154,8 +186,9 @@ class RolloutConfig:
     )
     sampler: Literal[DECODERS] = opt(
         "auto",
-        "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), or 'auto' (fast where the model is supported).",
+        "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), 'vllm' (a vLLM engine, options under rollout.vllm; needs vLLM installed, docs/vllm.md; its own random draws, not fast's or hf's), or 'auto' (fast where the model is supported, else hf; never vllm).",
     )
+    vllm: VllmConfig = opt(VllmConfig(), "The vLLM engine, with sampler: vllm.")
 
 
 @dataclass
@@ -495,7 +528,12 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "reward_funcs": ("rewards", "a list of {function: ..., weight: ...}"),
     "reward_weights": ("rewards", "each entry's weight"),
     "dataset_name": ("data.path", "a file, a saved datasets directory or a datasets name"),
-    "use_vllm": (None, "there is no vLLM engine; rollout.sampler chooses our decoding loop or generate"),
+    "use_vllm": ("rollout.sampler", "rollout.sampler: vllm samples with a vLLM engine"),
+    "vllm_mode": ("rollout.vllm.server", "'' for colocate (the default), HOST:PORT of a `grpo vllm-serve` for server"),
+    "vllm_gpu_memory_utilization": ("rollout.vllm.gpu_memory_utilization", "the colocated engine's share of the GPU"),
+    "vllm_enable_sleep_mode": ("rollout.vllm.sleep", "the engine frees its memory during the update"),
+    "vllm_server_host": ("rollout.vllm.server", "HOST:PORT in one key"),
+    "vllm_server_port": ("rollout.vllm.server", "HOST:PORT in one key"),
 }
 
 
@@ -666,6 +704,24 @@ def validate(c: Config) -> None:
     _require(
         ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}"
     )
+    v = ro.vllm
+    _require(
+        0 < v.gpu_memory_utilization <= 1,
+        f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}",
+    )
+    _require(v.kv_cache_gb >= 1, f"rollout.vllm.kv_cache_gb: must be >= 1, got {v.kv_cache_gb}")
+    _require(v.max_num_seqs >= 1, f"rollout.vllm.max_num_seqs: must be >= 1, got {v.max_num_seqs}")
+    _require(
+        v.check_tolerance is None or v.check_tolerance > 0,
+        f"rollout.vllm.check_tolerance: must be > 0 or null, got {v.check_tolerance}",
+    )
+    if ro.sampler == "vllm":
+        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
+        _require(refused is None, refused)
+        _require(
+            not v.server,
+            "rollout.vllm.server: server mode is not built yet; leave it '' for the engine in the training process",
+        )
     _require(
         ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
     )

@@ -724,7 +724,9 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         ),
         ("learning_rate=1e-6", "it is 'train.lr' here"),
         ("train.loss_type=dapo", "it is 'loss.aggregation' here"),
-        ("use_vllm=true", "there is no vLLM engine"),
+        ("use_vllm=true", "it is 'rollout.sampler' here (rollout.sampler: vllm"),
+        ("vllm_gpu_memory_utilization=0.5", "it is 'rollout.vllm.gpu_memory_utilization' here"),
+        ("vllm_enable_sleep_mode=true", "it is 'rollout.vllm.sleep' here"),
         ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
     ],
 )

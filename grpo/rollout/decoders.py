@@ -10,7 +10,9 @@ from the same random numbers.
 
 - "fast": `grpo.rollout.fast`, our KV-cache loop for Llama-family models; log-probs too;
 - "hf": transformers' `generate` (any causal LM, e.g. a peft-wrapped policy); no log-probs;
-- "auto" (`AUTO`) is no decoder of its own: the first of DECODERS that can decode the model.
+- "vllm": `grpo.vllm.decoder`, a vLLM engine in the training process; log-probs too;
+- "auto" (`AUTO`) is no decoder of its own: the first of DECODERS that can decode the model,
+  among those that auto may choose (`in_auto`; not vllm, which must be asked for).
 
 Random numbers: `generators` holds one torch.Generator for all the call's rows, or one per
 prompt (prompt i's rows draw from generators[i], whatever is sampled beside them); a None
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from grpo.errors import UserError
 from grpo.rollout.params import SamplingParams
+from grpo.vllm.decoder import VllmDecoder
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 
 class Decoder(Protocol):
     decodes_lora: bool  # whether it decodes a LoRA (peft-wrapped) policy
+    in_auto: bool  # whether rollout.sampler: auto may choose it
 
     @staticmethod
     def refuses(model, total_length: int) -> str | None:
@@ -75,6 +79,7 @@ class FastDecoder:
     the tokens `generate` draws, and the log-probs of the tokens drawn."""
 
     decodes_lora = False
+    in_auto = True
 
     def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
         self.params, self.autocast = params, autocast
@@ -160,6 +165,7 @@ class HFDecoder:
     call per prompt. No log-probs."""
 
     decodes_lora = True
+    in_auto = True
 
     def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
         self.params, self.autocast = params, autocast
@@ -196,8 +202,8 @@ class HFDecoder:
 
 # ---- choosing ---------------------------------------------------------------------------------
 
-# rollout.sampler -> the decoder; in auto's order of preference.
-DECODERS: dict[str, type[Decoder]] = {"fast": FastDecoder, "hf": HFDecoder}
+# rollout.sampler -> the decoder; in auto's order of preference (among those `in_auto`).
+DECODERS: dict[str, type[Decoder]] = {"fast": FastDecoder, "hf": HFDecoder, "vllm": VllmDecoder}
 AUTO = "auto"
 NAMES = (AUTO, *DECODERS)  # rollout.sampler's values
 
@@ -216,7 +222,7 @@ def choose(name: str, model, total_length: int) -> str:
     `total_length` tokens: that one (a one-line error when it cannot), or for auto the first
     of DECODERS that can."""
     if name == AUTO:
-        return next(n for n, decoder in DECODERS.items() if decoder.refuses(model, total_length) is None)
+        return next(n for n, d in DECODERS.items() if d.in_auto and d.refuses(model, total_length) is None)
     reason = DECODERS[name].refuses(model, total_length)
     if reason is not None:
         raise UserError(
@@ -231,7 +237,8 @@ def lora_refusal(name: str) -> str | None:
     if name not in DECODERS or DECODERS[name].decodes_lora:
         return None
     able = [n for n, decoder in DECODERS.items() if decoder.decodes_lora]
+    fallback = next(n for n in able if DECODERS[n].in_auto)
     return (
-        f"rollout.sampler: {name} cannot decode a LoRA-wrapped policy; use {AUTO} (falls back to {able[0]}) or "
+        f"rollout.sampler: {name} cannot decode a LoRA-wrapped policy; use {AUTO} (falls back to {fallback}) or "
         f"{_either(able)}"
     )

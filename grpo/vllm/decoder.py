@@ -1,0 +1,188 @@
+"""`rollout.sampler: vllm`: the Decoder (grpo.rollout.decoders) that samples with a vLLM engine
+in the training process (`grpo.vllm.engine.LocalEngine`).
+
+One engine per process, built at the first `start` or `prepare` and kept for the run: a
+Sampler built later (iterative RL's, evaluation's) gets the same one when it asks for the
+same model and options (`shared_engine`). `prepare(policy, version)` syncs the policy's
+weights into it when the version differs from the one it holds (None: always), and checks
+them; `release` does not destroy it (on CUDA with sleep mode it frees the engine's memory
+for the update).
+
+Prompts reach vLLM as the token ids our Sampler rendered, left padding removed; a prompt's
+G completions are one request with `n = G`. Random numbers: each prompt's request gets an
+int seed drawn from the generator the Sampler passes for it (one for the call, or one per
+prompt), so a seeded run draws the same tokens again; vLLM's own sampler draws them, so they
+are not the tokens `fast` or `hf` draw from the same seed.
+
+Nothing at import time needs torch or vLLM (the registry imports this module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import weakref
+from dataclasses import dataclass
+
+from grpo.rollout.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the engine is built with, besides the policy (the rollout.vllm section's fields,
+    and what the Sampler derives): see `grpo.config.VllmConfig` for each."""
+
+    max_model_len: int | None = None  # None: the model's positions
+    max_num_seqs: int = 256
+    dtype: str = "auto"  # auto: the Sampler's compute dtype, else the policy's
+    gpu_memory_utilization: float = 0.3
+    sleep: bool = False
+    kv_cache_gb: int = 1
+    check_sync: bool = True
+    check_tolerance: float | None = None  # None: 1e-3 in float32, 5e-2 in 16 bits
+    seed: int = 0
+
+    @classmethod
+    def of(cls, section, *, max_model_len: int | None, seed: int) -> EngineOptions:
+        """From rollout.vllm (`section`, a `grpo.config.VllmConfig`): its fields of the same names."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"max_model_len", "seed"}
+        return cls(max_model_len=max_model_len, seed=seed, **{name: getattr(section, name) for name in names})
+
+
+_SHARED: dict = {}  # "key" -> what the engine was built for, "engine" -> it
+BUILT = {"engines": 0}  # engines built in this process (tests: one per run)
+
+
+def _dtype(options: EngineOptions, autocast, policy):
+    import torch
+
+    if options.dtype != "auto":
+        return getattr(torch, options.dtype)
+    return autocast or next(policy.parameters()).dtype
+
+
+def shared_engine(policy, options: EngineOptions, autocast=None):
+    """This process's engine for `policy`'s architecture and `options`: the one already built
+    when it was built for the same, else a new one (the old one shut down first: one engine
+    per process at a time)."""
+    from grpo.vllm.engine import LocalEngine, base_model
+
+    device = next(policy.parameters()).device
+    dtype = _dtype(options, autocast, policy)
+    key = (json.dumps(base_model(policy).config.to_dict(), sort_keys=True, default=str), str(device), str(dtype))
+    key += (options.max_model_len, options.max_num_seqs, options.gpu_memory_utilization, options.sleep)
+    key += (options.kv_cache_gb, options.seed)
+    if _SHARED.get("key") == key:
+        return _SHARED["engine"]
+    close_shared_engine()
+    engine = LocalEngine(
+        policy,
+        device=device,
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        dtype=dtype,
+        seed=options.seed,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        sleep=options.sleep,
+        kv_cache_gb=options.kv_cache_gb,
+    )
+    _SHARED.update(key=key, engine=engine)
+    BUILT["engines"] += 1
+    return engine
+
+
+def close_shared_engine() -> None:
+    """Shut this process's engine down (its memory freed); the next `shared_engine` builds one."""
+    engine = _SHARED.pop("engine", None)
+    _SHARED.pop("key", None)
+    if engine is not None:
+        engine.close()
+        del engine
+        gc.collect()
+
+
+class VllmDecoder:
+    """Samples with this process's vLLM engine (module doc). Never chosen by rollout.sampler:
+    auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
+
+    decodes_lora = True  # the merged weights (`grpo.vllm.engine.policy_weights`)
+    in_auto = False
+
+    def __init__(self, params: SamplingParams, autocast=None, options: EngineOptions | None = None):
+        from grpo.vllm.engine import unsupported
+        from grpo.errors import UserError
+
+        reason = unsupported(params)
+        if reason is not None:
+            raise UserError(reason)
+        self.params, self.autocast = params, autocast
+        self.options = options or EngineOptions()
+        self.engine = None
+
+    @staticmethod
+    def refuses(model, total_length: int) -> str | None:
+        from grpo.vllm.engine import refusal
+
+        return refusal(model, next(model.parameters()).device)
+
+    def start(self, policy):
+        """Build the engine now (before the first step: what vLLM refuses is known there)."""
+        if self.engine is None:
+            self.engine = shared_engine(policy, self.options, self.autocast)
+        return self.engine
+
+    def tolerance(self) -> float:
+        import torch
+
+        if self.options.check_tolerance is not None:
+            return self.options.check_tolerance
+        return 1e-3 if self.engine.dtype == torch.float32 else 5e-2
+
+    def prepare(self, policy, version: int | None) -> None:
+        """The policy's weights into the engine, unless it holds this version of this policy
+        already (None: always), then checked (rollout.vllm.check_sync). Called inside
+        `world.gathered(policy)` under FSDP2, so the weights read are whole."""
+        engine = self.start(policy)
+        held = engine.holds
+        if version is None or engine.asleep or held is None or held[0]() is not policy or held[1] != version:
+            engine.sync(policy, check=self.options.check_sync, tolerance=self.tolerance())
+            engine.holds = (weakref.ref(policy), version)
+        self.policy = policy
+
+    def release(self) -> None:
+        """Keep the engine (one per run); with sleep mode (CUDA), free its memory for the update."""
+        if self.engine is not None:
+            self.engine.sleep()
+
+    def seeds(self, counts, generators) -> list[int]:
+        """One int seed per prompt: from its own generator, or drawn in order from the call's
+        one (None: the global stream)."""
+        import torch
+
+        def draw(generator, n):
+            device = generator.device if generator is not None else "cpu"
+            return torch.randint(2**31 - 1, (n,), generator=generator, device=device).tolist()
+
+        if len(generators) == 1:
+            return draw(generators[0], len(counts))
+        return [draw(g, 1)[0] for g in generators]
+
+    def decode(self, prompt_ids, prompt_mask, counts, generators):
+        import torch
+
+        from grpo.vllm.engine import sampling_params
+
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # no left padding
+        counts = counts.tolist()
+        params = [
+            sampling_params(self.params, n=n, seed=seed) for n, seed in zip(counts, self.seeds(counts, generators))
+        ]
+        rows = [row for per_prompt in self.engine.generate(prompts, params) for row in per_prompt]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), self.params.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros(len(rows), width)
+        for i, (row_ids, row_logprobs) in enumerate(rows):
+            ids[i, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+            logprobs[i, : len(row_ids)] = torch.tensor(row_logprobs)
+        return ids.to(prompt_ids.device), logprobs.to(prompt_ids.device)

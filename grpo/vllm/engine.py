@@ -1,0 +1,352 @@
+"""One vLLM engine in the training process, fed the policy's weights (issue 23).
+
+`LocalEngine` holds one vLLM `LLM`, built once per run from the policy's config alone (vLLM's
+"dummy" load: random weights, no files but config.json), so that the first sync is the one
+that loads the real weights and the check after it proves them. The engine runs in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), on the policy's device.
+
+Weight sync (docs/dev/vllm-cpu-spike.md proved it by log-probs): vLLM's own in-place reload,
+`worker.reload_weights(weights_iterator=...)`, which re-runs each layer's loaders and
+`process_weights_after_loading` (on a CPU that repacks the oneDNN kernels). It goes stale in
+one case: a tied head, whose packed copy of the embedding is only rebuilt when the head is
+sent too. `policy_weights` adds `lm_head.weight` for tied models, and `load_weights` repacks
+the head once more. The prefix cache holds keys and values of the old weights: reset.
+
+What a sync can still get wrong, the check catches (`check_sync`): the log-probs of one fixed
+sequence, engine against trainer; a clear error over the tolerance.
+
+Log-probs: vLLM's `processed_logprobs`, those of the distribution it drew each token from
+(after the repetition penalty, the EOS held back by min_tokens, temperature, min-p, top-k and
+top-p, renormalised), as our own `fast` decoder returns them. Without a truncation (top_k,
+top_p, min_p, min_new_tokens off) that is exactly the distribution the loss scores.
+
+Server mode builds on the pieces that do not hold an engine: `sampling_params`, `completions`
+and `policy_weights`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from grpo.errors import UserError
+from grpo.rollout.params import SamplingParams
+from grpo.vllm import INSTALL, missing, unsupported
+
+# vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+LOGPROBS_MODE = "processed_logprobs"  # of the distribution sampled from (module doc)
+
+
+def base_model(policy):
+    """The transformers model under a peft wrapper (the policy itself when there is none)."""
+    get = getattr(policy, "get_base_model", None)
+    return get() if callable(get) else policy
+
+
+def head_dim(config) -> int:
+    text = getattr(config, "get_text_config", None)
+    config = text() if text is not None else config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def refusal(policy, device: torch.device) -> str | None:
+    """Why vLLM cannot run `policy` on `device` (one line); None if it can, as far as can be
+    known before building an engine: vLLM installed, a head size the CPU attention takes."""
+    if missing() is not None:
+        return f"vLLM is not installed ({INSTALL})"
+    config = base_model(policy).config
+    if device.type == "cpu" and head_dim(config) not in CPU_HEAD_SIZES:
+        sizes = ", ".join(map(str, CPU_HEAD_SIZES))
+        return f"vLLM's CPU attention takes head_dim {sizes}; this model's is {head_dim(config)}"
+    return None
+
+
+def environment(kv_cache_gb: int) -> None:
+    """What vLLM reads from the environment, set before it is imported: the engine in this
+    process (the weights are handed over in memory), the CPU KV cache's size, and no OpenMP
+    thread binding (the trainer shares the cores). A value the user set wins, except the
+    first: an engine in another process could not take the weights this way."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gb)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def sampling_params(
+    p: SamplingParams, *, n: int, seed: int | None, logprobs: bool = True, max_tokens: int | None = None
+):
+    """vLLM's SamplingParams for `n` completions of one prompt, each option of `p` under
+    vLLM's name. EOS is given as stop token ids (vLLM runs without a tokenizer); vLLM seeds
+    child i of a seeded request with seed + i (v1/engine/parallel_sampling.py)."""
+    import vllm
+
+    reason = unsupported(p)
+    if reason is not None:
+        raise UserError(reason)
+    return vllm.SamplingParams(
+        n=n,
+        seed=seed,
+        temperature=p.temperature,
+        top_k=p.top_k,  # 0 = off for both
+        top_p=p.top_p,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        min_tokens=p.min_new_tokens,
+        max_tokens=p.max_new_tokens if max_tokens is None else max_tokens,
+        stop_token_ids=list(p.eos_token_ids),
+        ignore_eos=False,
+        logprobs=0 if logprobs else None,  # the drawn token's only
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def completions(output) -> list[tuple[list[int], list[float] | None]]:
+    """One vLLM RequestOutput -> its completions in order: (token ids, the log-prob of each
+    drawn token, or None when none were asked for). An EOS that stopped one is its last token."""
+    rows = []
+    for c in sorted(output.outputs, key=lambda c: c.index):
+        ids = list(c.token_ids)
+        logprobs = None if c.logprobs is None else [step[token].logprob for step, token in zip(c.logprobs, ids)]
+        rows.append((ids, logprobs))
+    return rows
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: an FSDP2 shard (DTensor) gathered whole, autograd detached."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if callable(full) else t).detach()
+
+
+def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights as vLLM's loaders want them: Hugging Face names, whole tensors
+    (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is tied to the
+    embedding (the spike: without it vLLM's tied head stays stale), and a LoRA policy's
+    adapted layers merged (W + scale * B @ A, computed, the model left as it is) under the
+    base model's names. Read lazily: the engine copies each into its own storage."""
+    model = base_model(policy)
+    lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
+    }
+    names = set()
+    for name, param in model.named_parameters():
+        if ".lora_" in name or "lora_" in name.rsplit(".", 1)[-1]:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        tensor = _full(param)
+        if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora:
+            layer = lora[owner.removesuffix(".base_layer")]
+            if leaf == "weight" and not getattr(layer, "merged", False):
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A:
+                        tensor = tensor + _full(layer.get_delta_weight(adapter)).to(tensor.dtype)
+            name = f"{owner.removesuffix('.base_layer')}.{leaf}"
+        names.add(name)
+        yield name, tensor
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
+        yield "lm_head.weight", _full(model.get_input_embeddings().weight)
+
+
+@contextlib.contextmanager
+def _kept_random_state():
+    """vLLM seeds Python's, NumPy's and torch's global streams when it builds an engine: the
+    trainer's streams are put back as they were (a resumed run builds its engine later)."""
+    import numpy as np
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+        yield
+    random.setstate(py)
+    np.random.set_state(npy)
+
+
+def fixed_sequence(vocab: int, length: int) -> list[int]:
+    """The check's sequence: `length` token ids drawn from a fixed seed (no model favours it)."""
+    g = torch.Generator().manual_seed(1234)
+    return torch.randint(vocab, (length,), generator=g).tolist()
+
+
+class StaleWeights(RuntimeError):
+    """The engine's log-probs of the check's sequence differ from the trainer's: its weights
+    are not the policy's."""
+
+
+class LocalEngine:
+    """One vLLM `LLM` in this process, on `device`, built from `policy`'s config (module doc).
+
+    `max_model_len`: the longest prompt + completion; `max_num_seqs`: sequences decoded at
+    once; `dtype`: the engine's (None: the policy's); `gpu_memory_utilization` and `sleep`
+    (CUDA only): the share of the GPU it takes, and whether `sleep` frees its KV cache and
+    weights while the update runs; `kv_cache_gb`: its KV cache on a CPU."""
+
+    def __init__(
+        self,
+        policy,
+        *,
+        device: torch.device,
+        max_model_len: int | None,
+        max_num_seqs: int = 256,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.3,
+        sleep: bool = False,
+        kv_cache_gb: int = 1,
+    ):
+        reason = refusal(policy, device)
+        if reason is not None:
+            raise UserError(f"rollout.sampler: vllm cannot run this model: {reason}")
+        environment(kv_cache_gb)
+        import vllm
+
+        model = base_model(policy)
+        self.device = device
+        self.dtype = dtype or next(model.parameters()).dtype
+        self.vocab = model.get_input_embeddings().weight.shape[0]
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.sleep_mode = sleep and device.type == "cuda"
+        self.asleep = self.kv_cache_asleep = False  # weights (they must be synced again) and KV cache freed
+        self._dir = tempfile.TemporaryDirectory(prefix="grpo-vllm-")  # config.json only: vLLM's dummy load
+        model.config.to_json_file(str(Path(self._dir.name) / "config.json"))
+        options = dict(
+            model=self._dir.name,
+            load_format="dummy",  # random weights; the first sync loads the policy's
+            skip_tokenizer_init=True,  # prompts go in as token ids, completions come out as ids
+            generation_config="vllm",  # the model's generation_config.json sets no sampling default
+            dtype=self.dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            logprobs_mode=LOGPROBS_MODE,
+            enforce_eager=device.type == "cpu",
+        )
+        if device.type == "cuda":
+            options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_mode)
+        # Under torchrun, an engine per process on the process group torchrun set up (as TRL's
+        # colocated mode does), not a distributed environment of vLLM's own.
+        self.external = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.external:
+            options.update(distributed_executor_backend="external_launcher")
+        on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with _kept_random_state(), on_device:
+            try:
+                self.llm = vllm.LLM(**options)
+            except Exception as err:  # vLLM's own refusals (an architecture it lacks, ...) come as many kinds
+                raise UserError(f"rollout.sampler: vllm could not build its engine: {_first(err)}") from err
+        self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
+        self.syncs, self.sync_seconds, self.check_seconds = 0, 0.0, 0.0  # for the report
+
+    # ---- generating ---------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: list) -> list[list[tuple[list[int], list[float] | None]]]:
+        """Prompts as token ids, each with its vLLM SamplingParams (`sampling_params`) ->
+        each prompt's completions (`completions`), in order."""
+        inputs = [{"prompt_token_ids": list(ids)} for ids in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        return [completions(o) for o in outputs]
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """The engine's log-prob of each token of `ids` after the first, given those before
+        (its raw distribution: temperature 1, no penalty)."""
+        import vllm
+
+        params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        (out,) = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        return [step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]
+
+    # ---- weights ------------------------------------------------------------------------------
+
+    def _worker(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker  # in-process only (environment)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Put `weights` (Hugging Face names -> tensors; `policy_weights`) into the engine, in
+        place, and drop what the old weights computed (the prefix cache)."""
+        self.wake()
+        worker = self._worker()
+        worker.reload_weights(weights_iterator=((n, t.to(self.dtype)) for n, t in weights))
+        vllm_model = worker.model_runner.model
+        head = getattr(vllm_model, "lm_head", None)
+        embed = getattr(getattr(vllm_model, "model", None), "embed_tokens", None)
+        if (
+            self.tied
+            and head is not None
+            and hasattr(head, "cpu_linear")
+            and getattr(head, "weight", None) is getattr(embed, "weight", 0)
+        ):  # the CPU's packed copy of a tied head: rebuilt from the new embedding
+            head.quant_method.process_weights_after_loading(head)
+        self.llm.reset_prefix_cache()
+        if self.kv_cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_cache_asleep = False
+
+    def check(self, policy, tolerance: float, length: int = 32) -> float:
+        """The mean |log-prob difference| over one fixed sequence, engine against `policy`
+        (run in the trainer, in float32); raises StaleWeights over `tolerance`."""
+        ids = fixed_sequence(self.vocab, length)
+        engine = torch.tensor(self.prompt_logprobs(ids))
+        device = next(policy.parameters()).device
+        with torch.no_grad():
+            logits = policy(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()
+        trainer = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:], device=device)[:, None]).squeeze(1).cpu()
+        gap = float((engine - trainer).abs().mean())
+        if not gap <= tolerance:
+            raise StaleWeights(
+                f"the vLLM engine's weights are not the policy's: its log-probs of a fixed sequence differ from "
+                f"the trainer's by {gap:.3g} per token on average (rollout.vllm.check_tolerance: {tolerance:g})"
+            )
+        return gap
+
+    def sync(self, policy, *, check: bool, tolerance: float) -> None:
+        """The policy's weights into the engine (`policy_weights`), then the check."""
+        start = time.perf_counter()
+        self.load_weights(policy_weights(policy))
+        middle = time.perf_counter()
+        if check:
+            self.check(policy, tolerance)
+        self.syncs += 1
+        self.sync_seconds += middle - start
+        self.check_seconds += time.perf_counter() - middle
+
+    def close(self) -> None:
+        """Shut the engine down and free what it holds (the next engine in this process can
+        then set up vLLM's state again)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        if not self.external:  # torchrun's process group is the trainer's: left alone
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        self._dir.cleanup()
+
+    # ---- sleeping (CUDA) ----------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Free the engine's KV cache and weights while the update runs (level 2: the next
+        sync loads every weight anyway). A no-op without sleep mode (and on a CPU)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = self.kv_cache_asleep = True
+
+    def wake(self) -> None:
+        """Before a sync: room for the weights again (the KV cache comes back after them)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep = False
+
+
+def _first(err: BaseException) -> str:
+    from grpo.infra.imports import describe
+
+    return describe(err)
