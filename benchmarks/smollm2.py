@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import sys
 import time
@@ -70,7 +71,8 @@ SYSTEM_PROMPT = "Solve the problem. Put only the final number inside \\boxed{}."
 def write_chat_prompts(path: Path, count: int, *, seed: int = 0) -> Path:
     """`count` chat prompts (a system message stating the answer format and a two-number
     addition or subtraction question) with their `answer` column, one JSON object a line: the
-    real model's workload for the `exact_answer` rule reward, through its chat template."""
+    real model's workload for a rule reward (`contains_answer`, or `exact_answer`), through its
+    chat template."""
     import random
 
     rng = random.Random(seed)
@@ -83,6 +85,18 @@ def write_chat_prompts(path: Path, count: int, *, seed: int = 0) -> Path:
             ]
             f.write(json.dumps({"prompt": messages, "answer": str(a + b if op == "+" else a - b)}) + "\n")
     return path
+
+
+_NUMBER = re.compile(r"(?<![\d.])-?\d+(?![\d.]\d)")
+
+
+def contains_answer(prompts, completions, answer=None, **columns) -> list[float]:
+    """1.0 when the `answer` column's number is among the numbers a completion writes, else 0.0:
+    a lenient rule reward, so that a 135M model's rambling answers still spread a group's
+    rewards (exact_answer's boxed answers are rare from it before training)."""
+    from grpo.rewards.rules import text_of
+
+    return [float(str(gold) in _NUMBER.findall(text_of(c))) for c, gold in zip(completions, answer, strict=True)]
 
 
 def gguf_file() -> Path:

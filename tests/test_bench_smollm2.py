@@ -175,3 +175,16 @@ def test_missing_packages_are_one_line(monkeypatch):
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
     with pytest.raises(UserError, match="needs gguf, not installed"):
         smollm2.require_readers()
+
+
+def test_contains_answer():
+    completions = [
+        "59 + 63 = 122.",
+        "it is 1220",
+        "so -32",
+        "so 32",
+        [{"role": "assistant", "content": "=122"}],
+        "1.22",
+    ]
+    golds = ["122", "122", "-32", "-32", "122", "122"]
+    assert smollm2.contains_answer(None, completions, answer=golds) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]

