@@ -53,3 +53,8 @@ def test_reward_and_vocabulary():
     chars = gpu_check.vocabulary(gpu_check.SHAPES["qwen0.5b"]["vocab_size"])
     assert len(set(chars)) == len(chars) == 151936 - 4
     assert chars.startswith(gpu_check.ALPHABET)
+
+
+def test_vllm_runs_last():
+    """Its engine stays for the process (GPU memory too): the other samplers run before it."""
+    assert gpu_check.parse_args(["--samplers", "vllm,hf,fast"]).samplers == ["hf", "fast", "vllm"]

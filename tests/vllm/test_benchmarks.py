@@ -1,5 +1,5 @@
 """The benchmarks' vllm paths on the CPU, at tiny sizes: benchmarks/bench_vllm.py (generation
-with fixed lengths, and a GRPO step, vllm beside fast) and benchmarks/gpu_check.py (the check a
+with fixed lengths, and a GRPO step, with vllm; tests/test_bench_vllm.py runs fast and hf) and benchmarks/gpu_check.py (the check a
 GPU machine runs, here on the CPU path with vllm)."""
 
 import json
@@ -15,13 +15,13 @@ TOKENS = 8
 
 
 def test_bench_vllm_generation_and_step(tmp_path):
-    argv = ["--shape", "tiny", "--samplers", "vllm,fast", "--parts", "generate,step", "--lengths", "fixed"]
+    argv = ["--shape", "tiny", "--samplers", "vllm", "--parts", "generate,step", "--lengths", "fixed"]  # fast: tests/
     argv += ["--max-new-tokens", str(TOKENS), "--repeats", "1", "--steps", "2"]
     assert bench_vllm.main([*argv, "--cache-dir", str(tmp_path / "cache"), "--results", str(tmp_path)]) == 0
 
     (path,) = tmp_path.glob("vllm-*.json")
     results = json.loads(path.read_text())
-    assert list(results["generate"]) == list(results["step"]) == ["fast", "vllm"]
+    assert list(results["generate"]) == list(results["step"]) == ["vllm"]
     vllm = results["generate"]["vllm"]["modes"]["fixed"]
     assert all(c["tokens"] == 4 * 8 * TOKENS for c in vllm["calls"])  # min_tokens: every completion full length
     assert vllm["start_s"] > 0 and vllm["tokens_per_s"] > 0
