@@ -534,6 +534,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "vllm_enable_sleep_mode": ("rollout.vllm.sleep", "the engine frees its memory during the update"),
     "vllm_server_host": ("rollout.vllm.server", "HOST:PORT in one key"),
     "vllm_server_port": ("rollout.vllm.server", "HOST:PORT in one key"),
+    "vllm_tensor_parallel_size": (None, "no tensor parallelism: the colocated engine runs whole, one per process"),
 }
 
 

@@ -72,7 +72,7 @@ def shared_engine(policy, options: EngineOptions, autocast=None):
     dtype = _dtype(options, autocast, policy)
     key = (json.dumps(base_model(policy).config.to_dict(), sort_keys=True, default=str), str(device), str(dtype))
     key += (options.max_model_len, options.max_num_seqs, options.gpu_memory_utilization, options.sleep)
-    key += (options.kv_cache_gb, options.seed)
+    key += (options.kv_cache_gb,)  # not the seed: every request brings its own (a Sampler without one reuses it)
     if _SHARED.get("key") == key:
         return _SHARED["engine"]
     close_shared_engine()

@@ -72,11 +72,12 @@ def refusal(policy, device: torch.device) -> str | None:
 def environment(kv_cache_gb: int) -> None:
     """What vLLM reads from the environment, set before it is imported: the engine in this
     process (the weights are handed over in memory), the CPU KV cache's size, and no OpenMP
-    thread binding (the trainer shares the cores). A value the user set wins, except the
-    first: an engine in another process could not take the weights this way."""
+    thread binding (the trainer shares the cores), its errors only. A value the user set
+    wins, except the first: an engine in another process could not take the weights this way."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gb)))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # not its benign warnings; a stale weight is the check's
 
 
 def sampling_params(
@@ -132,7 +133,9 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
     (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is tied to the
     embedding (the spike: without it vLLM's tied head stays stale), and a LoRA policy's
     adapted layers merged (W + scale * B @ A, computed, the model left as it is) under the
-    base model's names. Read lazily: the engine copies each into its own storage."""
+    base model's names. Read lazily: the engine copies each into its own storage. Inside
+    `world.gathered(policy)` (where the Sampler prepares) they are views of the gathered
+    weights, freed when the gathering ends: consume them there."""
     model = base_model(policy)
     lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
         name: module
@@ -161,7 +164,7 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
 @contextlib.contextmanager
 def _kept_random_state():
     """vLLM seeds Python's, NumPy's and torch's global streams when it builds an engine: the
-    trainer's streams are put back as they were (a resumed run builds its engine later)."""
+    trainer's are put back as they were, so that building one changes no draw of the run's."""
     import numpy as np
 
     py, npy = random.getstate(), np.random.get_state()
@@ -242,7 +245,11 @@ class LocalEngine:
             try:
                 self.llm = vllm.LLM(**options)
             except Exception as err:  # vLLM's own refusals (an architecture it lacks, ...) come as many kinds
-                raise UserError(f"rollout.sampler: vllm could not build its engine: {_first(err)}") from err
+                raise UserError(
+                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (if its KV cache cannot hold "
+                    "max_model_len tokens: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb or "
+                    "gpu_memory_utilization)"
+                ) from err
         self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
         self.syncs, self.sync_seconds, self.check_seconds = 0, 0.0, 0.0  # for the report
 

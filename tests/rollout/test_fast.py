@@ -199,7 +199,7 @@ def test_unsupported_models_fall_back_to_generate_or_say_why():
     with pytest.raises(UserError, match="fast cannot decode this model: model type 'gpt2'"):
         forced.sample(gpt2, ROWS[:2])
     with pytest.raises(UserError, match="unknown backend"):
-        Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="vllm")
+        Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, backend="sglang")
 
 
 def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):

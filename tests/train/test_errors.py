@@ -43,7 +43,7 @@ CASES = [
         "raised ZeroDivisionError: the reward divided by zero on row 0",
     ),
     ("model", "/no/such/model", "model: no such directory '/no/such/model'"),
-    ("rollout.sampler", "vllm", "rollout.sampler: expected one of"),
+    ("rollout.sampler", "sglang", "rollout.sampler: expected one of"),
     ("train.autocast", "float16", "train.autocast: expected one of"),
 ]
 

@@ -3,14 +3,18 @@ trainer's (fp32, to ~1e-4) before any update and after optimizer updates (the we
 works: a tied head with Qwen2's biases, and an untied Llama), at temperature and repetition
 penalty; its check catches a stale sync; one engine serves every sampler of a model."""
 
+import copy
+import random
+
 import pytest
 import torch
 
+from grpo.errors import UserError
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import policy_logprobs
+from grpo.train.models import apply_lora, policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
-from grpo.vllm.decoder import EngineOptions, shared_engine
+from grpo.vllm.decoder import EngineOptions, VllmDecoder, shared_engine
 from grpo.vllm.engine import StaleWeights, policy_weights
 from tests.vllm.models import ALPHABET, build
 
@@ -32,7 +36,9 @@ OPTIONS = EngineOptions(max_model_len=192, max_num_seqs=16, seed=0)
 def policy(request):
     """The module's model, with its engine built once (the shared one) and reused by every test."""
     model = build(request.param, TOKENIZER)
+    before = (torch.get_rng_state(), random.getstate())
     shared_engine(model, OPTIONS)
+    model.streams_kept = torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate()
     yield model
     vllm_decoder.close_shared_engine()
 
@@ -149,8 +155,35 @@ def test_a_seeded_sampler_draws_the_same_tokens_again(policy):
     assert not torch.equal(first.completion_ids, other.completion_ids)
 
 
+def test_building_the_engine_leaves_the_global_random_streams_as_they_were(policy):
+    assert policy.streams_kept  # vLLM seeds them; the trainer's draws must not depend on when it was built
+
+
 def test_one_engine_serves_every_sampler_of_the_model(policy):
     built = vllm_decoder.BUILT["engines"]
     for step in range(2):
         sampler().sample(policy, ROWS, step=step)
     assert vllm_decoder.BUILT["engines"] == built
+
+
+def test_a_lora_policy_is_decoded_with_its_merged_weights(policy):
+    """A peft-wrapped policy reaches the engine as W + scale * B @ A under the base model's
+    names (the model itself left as it is), tied head included."""
+    lora = apply_lora(copy.deepcopy(policy), r=4, alpha=8, target_modules="all-linear")
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:  # peft starts B at 0: a delta of 0 would prove nothing
+                p.normal_(std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    names = [name for name, _ in policy_weights(lora)]
+    assert names == [name for name, _ in policy_weights(policy)]
+    rollout = assert_trainer_scores_the_samples(lora, 0.7, 1.3)
+    assert not any("lora_B" in n and bool((p == 0).all()) for n, p in lora.named_parameters())
+    with torch.no_grad():
+        base = policy_logprobs(policy, rollout, 0.7, 1.3)
+    valid = rollout.completion_mask.bool()
+    assert (base[valid] - rollout.sampled_logprobs[valid]).abs().max() > 0.05  # the adapter counted
+
+
+def test_options_vllm_cannot_sample_as_the_others_do_are_one_line():
+    with pytest.raises(UserError, match=r"^rollout.sampler: vllm applies min_p before top_p .*; set one of them$"):
+        VllmDecoder(sampler(top_p=0.9, min_p=0.1).params)
