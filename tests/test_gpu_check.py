@@ -39,7 +39,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
         assert r["steps_timed"] == 1  # step 1 is warm-up
         assert r["tokens_per_step"] == PROMPTS * GROUP * TOKENS  # EOS suppressed: every completion is full length
         assert [s["step"] for s in r["per_step"]] == [1, 2]
-    assert results["settings"]["device"] == "cpu"
+    assert results["settings"]["device"] == "cpu" and results["failed"] == []
 
     printed = capsys.readouterr().out
     table = printed[printed.index("sampler  s/step") :]
@@ -53,3 +53,8 @@ def test_reward_and_vocabulary():
     chars = gpu_check.vocabulary(gpu_check.SHAPES["qwen0.5b"]["vocab_size"])
     assert len(set(chars)) == len(chars) == 151936 - 4
     assert chars.startswith(gpu_check.ALPHABET)
+
+
+def test_vllm_runs_last():
+    """Its engine stays for the process (GPU memory too): the other samplers run before it."""
+    assert gpu_check.parse_args(["--samplers", "vllm,hf,fast"]).samplers == ["hf", "fast", "vllm"]
