@@ -201,7 +201,7 @@ def run_step(w: dict, sampler: str, args, root: Path) -> dict:
     timed = steps[1:]
 
     def median(key):
-        values = [m[key] for m in timed if key in m]
+        values = [m[key] for m in timed if m.get(key) is not None]  # None: not measured (hf has no mismatch)
         return statistics.median(values) if values else None
 
     summary = {
