@@ -309,8 +309,9 @@ def _train(
             out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
         )
         functions = resolve_functions(c)
-        if c.rollout.sampler == "vllm" and not c.rollout.vllm.server and missing() is not None:  # a server needs none
-            raise UserError(missing())
+        absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
+        if absent is not None:
+            raise UserError(absent)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
         rows = load_rows(

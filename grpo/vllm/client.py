@@ -199,11 +199,11 @@ class RemoteEngine:
     def admit(self, policy, options) -> None:
         """Refuse, in one line, a server whose model, dtype, length or files do not fit this
         run (`options`: the decoder's EngineOptions)."""
-        theirs, ours = self.info["identity"], identity(base_model(policy).config)
-        if differences(theirs, ours):
+        differ = differences(self.info["identity"], identity(base_model(policy).config))
+        if differ:
             raise UserError(
                 f"the vLLM server at {self.address} holds another model ({self.info['model']}: "
-                f"{differences(theirs, ours)}); start it with --model set to this run's model"
+                f"{differ}); start it with --model set to this run's model"
             )
         if options.dtype not in ("auto", self.info["dtype"]):
             raise UserError(

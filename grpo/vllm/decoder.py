@@ -185,14 +185,12 @@ class VllmDecoder:
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         import torch
 
+        from grpo.rollout.decoders import pad_cat
+
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # no left padding
         counts = counts.tolist()
         drawn = self.engine.sample(prompts, self.params, counts, self.seeds(counts, generators))
         rows = [row for per_prompt in drawn for row in per_prompt]
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.full((len(rows), width), self.params.pad_token_id, dtype=torch.long)
-        logprobs = torch.zeros(len(rows), width)
-        for i, (row_ids, row_logprobs) in enumerate(rows):
-            ids[i, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-            logprobs[i, : len(row_ids)] = torch.tensor(row_logprobs)
+        ids = pad_cat([torch.tensor([row_ids], dtype=torch.long) for row_ids, _ in rows], self.params.pad_token_id)
+        logprobs = pad_cat([torch.tensor([row_logprobs], dtype=torch.float32) for _, row_logprobs in rows], 0.0)
         return ids.to(prompt_ids.device), logprobs.to(prompt_ids.device)

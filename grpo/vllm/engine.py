@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import UserError
+from grpo.infra.imports import describe
 from grpo.rollout.params import SamplingParams
 from grpo.vllm import INSTALL, missing, unsupported
 
@@ -246,7 +247,7 @@ class LocalEngine:
                 self.llm = vllm.LLM(**options)
             except Exception as err:  # vLLM's own refusals (an architecture it lacks, ...) come as many kinds
                 raise UserError(
-                    f"rollout.sampler: vllm could not build its engine: {_first(err)} (if its KV cache cannot hold "
+                    f"rollout.sampler: vllm could not build its engine: {describe(err)} (if its KV cache cannot hold "
                     "max_model_len tokens: set rollout.max_prompt_length, or raise rollout.vllm.kv_cache_gb or "
                     "gpu_memory_utilization)"
                 ) from err
@@ -380,9 +381,3 @@ def _keeping_default_group():
         yield
     finally:
         parallel_state.destroy_distributed_environment = original
-
-
-def _first(err: BaseException) -> str:
-    from grpo.infra.imports import describe
-
-    return describe(err)
