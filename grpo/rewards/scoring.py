@@ -34,6 +34,14 @@ is not re-run.
 
 None is "not scored", never 0: a row's total is the weighted sum over the functions that
 scored it, and NaN when none did (the advantage code leaves NaN rows out of the baseline).
+
+Process supervision (`score_steps`, DeepSeekMath §4.1.3) calls the same functions but reads
+steps: per completion a list of (end, reward), end the character offset one past the step.
+A step verifier that knows how many steps a completion should have returns instead
+`{"steps": [...], "expected": K, "missing": 0.0}`, and every step the completion left out is
+scored `missing` just past its text, where it stopped. Without it, a completion that stops
+early would be free of its later steps' rewards, and a policy learns to stop early (see
+`score_steps`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import math
 import numbers
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -59,6 +67,11 @@ __all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "sc
 _PREVIEW_CHARS = 40  # of a completion, in an error message
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # a score beyond it would be inf in the (N,) tensors
 _OPTIONS = ("timeout", "on_timeout", "isolate")  # load_rewards' per-reward options
+# A step verifier's per-completion mapping (`score_steps`): required keys first.
+_EXPECTED_KEYS = ("steps", "expected", "missing")
+# Most steps a completion may be expected to have: beyond any reasoning chain, it stops a
+# mistaken count from filling memory with left-out steps.
+_MAX_EXPECTED = 100_000
 # Names `score` passes itself: a data column of one of these names could not reach the function.
 RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
 
@@ -362,8 +375,10 @@ def score(
 
 def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:
     """Check a function's return for process supervision: per completion a number (one step
-    ending at the last character), None, or a list of (end, reward) with 0 < end <= len; an
-    empty completion (an EOS at once) has its steps at 0 (or 1), its only token."""
+    ending at the last character), None, a list of (end, reward) with 0 < end <= len (an
+    empty completion, an EOS at once, has its steps at 0 or 1, its only token), or a mapping
+    {"steps": such a list, "expected": K, "missing": reward}, whose K - len(steps) left-out
+    steps are added at len + 1 with the reward `missing` (0.0 by default)."""
     if isinstance(values, (np.ndarray, Tensor)):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -375,8 +390,10 @@ def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple
         if value is None or isinstance(value, numbers.Real):
             out.append(None if value is None else [(len(completions[i]), float(as_scores(name, [value], 1)[0]))])
             continue
+        value, expected, missing = _expected(name, value, i) if isinstance(value, Mapping) else (value, 0, 0.0)
+        given = value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else [value]
         steps = []
-        for item in value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else [value]:
+        for item in given:
             ok = isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], numbers.Integral)
             empty = len(completions[i]) == 0
             if not ok or not (0 < item[0] <= len(completions[i]) or empty and item[0] in (0, 1)):
@@ -387,8 +404,40 @@ def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple
             reward = float(as_scores(name, [item[1]], 1)[0])
             if not math.isnan(reward):
                 steps.append((int(item[0]), reward))
+        # A left-out step counts as one with the reward `missing`, past the text (on the token
+        # that stopped): stopping early must not escape the later steps' rewards.
+        steps += [(len(completions[i]) + 1, missing)] * (expected - len(given))
         out.append(steps or None)
     return out
+
+
+def _expected(name: str, entry: Mapping, row: int) -> tuple[Any, int, float]:
+    """A completion's {"steps", "expected", "missing"} entry, checked: (its steps, how many
+    were expected, the reward of each left-out one)."""
+    unknown = [key for key in entry if key not in _EXPECTED_KEYS]
+    absent = [key for key in _EXPECTED_KEYS[:2] if key not in entry]
+    if unknown or absent:
+        what = f"unknown key {one_line(repr(unknown[0]))}" if unknown else f"no {absent[0]!r}"
+        raise UserError(
+            f"reward {name!r} returned a mapping with {what} for row {row}; "
+            "expected {'steps': [(end, reward), ...], 'expected': int, 'missing': number (optional)}"
+        )
+    expected, missing = entry["expected"], entry.get("missing", 0.0)
+    if isinstance(expected, bool) or not isinstance(expected, numbers.Integral) or not 0 <= expected <= _MAX_EXPECTED:
+        raise UserError(
+            f"reward {name!r} returned expected={one_line(repr(expected))} for row {row}; "
+            f"expected a whole number of steps in 0..{_MAX_EXPECTED}"
+        )
+    try:  # as a reward value is checked; None (NaN here) is no reward for a step left out
+        number = float(as_scores(name, [missing], 1)[0])
+    except UserError:
+        number = math.nan
+    if math.isnan(number):
+        raise UserError(
+            f"reward {name!r} returned missing={one_line(repr(missing))} for row {row}; "
+            "expected a finite number (the reward of a left-out step)"
+        )
+    return entry["steps"], int(expected), number
 
 
 def score_steps(
@@ -404,7 +453,23 @@ def score_steps(
 
     A function may return per completion a list of (end, reward) steps (end = character
     offset one past the step), a single number (one step at the end of the completion: an
-    outcome reward beside the process ones) or None (no steps).
+    outcome reward beside the process ones), None (no steps), or a mapping that also says
+    how many steps it expected:
+
+        {"steps": [(end, reward), ...], "expected": K, "missing": 0.0}
+
+    Each of the K - len(steps) steps the completion left out (none when it gave K or more)
+    is added as (len(completion) + 1, missing): a step with the reward `missing` (optional,
+    0.0 by default: give the verifier's reward of a wrong step) that ends one past the text,
+    which `ProcessBaseline` puts on the completion's last token, its EOS, the token that
+    chose to stop. It is weighted like the function's other steps and counts in its mean. A
+    step given with the reward None is unscored, not left out.
+
+    Why: `process_advantages` gives a token the normalised rewards of the steps ending at or
+    after it. A completion that stops early would otherwise escape its later steps' rewards,
+    negative after the group's normalisation whenever they are below its mean, and a policy
+    trained so learns to stop after its first step. Scored as wrong steps on the EOS, the
+    left-out steps make stopping earn, at every token, what going on wrongly would.
     """
     _check_batch(prompts, completions, columns)
     given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)

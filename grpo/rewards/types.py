@@ -77,7 +77,8 @@ class RewardScores:
 class StepScores:
     """Step rewards of one batch of N completions (process supervision, DeepSeekMath §4.1.3)."""
 
-    steps: list[list[tuple[int, float]]]  # (N,) lists of (end, weighted reward), sorted by end
+    # (N,) lists of (end, weighted reward), sorted by end; end len(completion) + 1: a step left out
+    steps: list[list[tuple[int, float]]]
     per_function: dict[str, Tensor]  # name -> (N,) mean unweighted step reward, NaN if unscored
 
     @property

@@ -163,7 +163,10 @@ class GroupBaseline:
 class ProcessBaseline:
     """GRPO with process supervision (DeepSeekMath §4.1.3): step rewards normalised over the
     group; token t's advantage sums the normalised rewards of the steps ending at or after t.
-    Steps arrive at character offsets; the tokenizer maps them to tokens."""
+    Steps arrive at character offsets; the tokenizer maps them to tokens. An offset past the
+    text (a step the verifier expected but the completion left out: `score_steps`) is the
+    completion's last token, its EOS when it has one: the decision to stop pays for what it
+    left out, as going on to a wrong step would."""
 
     def __init__(self, group_size: int, eps: float, tokenizer):
         self.group_size, self.eps, self.tokenizer = group_size, eps, tokenizer
@@ -184,6 +187,8 @@ class ProcessBaseline:
                 continue
             ids = batch.completion_ids[i, : lengths[i]].tolist()
             token_ends = char_to_token_ends(self.tokenizer, ids, [end for end, _ in row])
+            text_end = len(batch.completions[i])
+            token_ends = [lengths[i] - 1 if end > text_end else t for (end, _), t in zip(row, token_ends)]
             rewards[i, : len(row)] = torch.tensor([r for _, r in row])
             ends[i, : len(row)] = torch.tensor(token_ends)
         device = batch.completion_mask.device

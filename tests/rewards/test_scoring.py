@@ -19,6 +19,7 @@ from grpo.rewards import (
     r1_format,
     resolve_reward,
     score,
+    score_steps,
 )
 
 USER_MODULE = """
@@ -351,3 +352,75 @@ def test_misaligned_batches_are_a_bug_not_a_user_error():
         score([], ["Q", "Q"], ["a", "b", "c"], {})
     with pytest.raises(ValueError, match="column 'answer' has 2 values for 3 completions"):
         score([], ["Q"] * 3, ["a", "b", "c"], {"answer": ["1", "2"]})
+
+
+# ---- score_steps: the forms a step verifier returns -------------------------------------
+
+
+def _steps(returned, completions, weight=1.0):
+    """score_steps of one function that returns `returned`, named 't:fn'."""
+    fn = _reward(lambda p, c, **_: returned, weight=weight)
+    return score_steps([fn], ["Q"] * len(completions), completions, {})
+
+
+def test_the_plain_forms_are_unchanged():
+    completions = ["abcd", "xy", "z", "", "uvw"]
+    returned = [[(2, 1.0), (4, 0.0)], 0.5, None, [(0, 1.0)], [(1, None), (3, 1.0)]]
+    scored = _steps(returned, completions, weight=2.0)
+    assert scored.steps == [[(2, 2.0), (4, 0.0)], [(2, 1.0)], [], [(0, 2.0)], [(3, 2.0)]]
+    mean = scored.per_function["t:fn"]  # unweighted, NaN where no steps
+    assert mean[[0, 1, 3, 4]].tolist() == [0.5, 0.5, 1.0, 1.0] and math.isnan(mean[2])
+
+
+def test_left_out_steps_are_added_past_the_text_weighted_like_the_others():
+    completions = ["ab;cd", "ab;cd;ef", "abc"]
+    returned = [
+        {"steps": [(2, 1.0), (5, 1.0)], "expected": 5},  # 3 left out, each 0.0 by default
+        {"steps": [(2, 1.0), (5, 1.0)], "expected": 3, "missing": -1},  # 1 left out
+        {"steps": [], "expected": 2, "missing": 0.25},  # all left out
+    ]
+    scored = _steps(returned, completions, weight=2.0)
+    assert scored.steps == [
+        [(2, 2.0), (5, 2.0), (6, 0.0), (6, 0.0), (6, 0.0)],  # at len + 1: on the EOS, after the last step
+        [(2, 2.0), (5, 2.0), (9, -2.0)],
+        [(4, 0.5), (4, 0.5)],
+    ]
+    torch.testing.assert_close(scored.per_function["t:fn"], torch.tensor([0.4, 1 / 3, 0.25]))  # unweighted
+    assert _steps([{"steps": [], "expected": 1}], [""]).steps == [[(1, 0.0)]]  # an empty completion's only token
+
+
+def test_no_padding_when_as_many_or_more_steps_are_given():
+    completions = ["ab;cd", "ab;cd", "ab"]
+    returned = [
+        {"steps": [(2, 1.0), (5, 0.0)], "expected": 1},
+        {"steps": [(2, 1.0), (5, None)], "expected": 2},  # an unscored step is not left out
+        {"steps": [], "expected": 0},
+    ]
+    assert _steps(returned, completions).steps == [[(2, 1.0), (5, 0.0)], [(2, 1.0)], []]
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        (
+            {"steps": [], "expected": -1},
+            "returned expected=-1 for row 1; expected a whole number of steps in 0..100000",
+        ),
+        ({"steps": [], "expected": 10**400}, "returned expected=1000000000"),
+        ({"steps": [], "expected": 2.0}, "returned expected=2.0 for row 1; expected a whole number"),
+        ({"steps": [], "expected": True}, "returned expected=True for row 1; expected a whole number"),
+        ({"steps": [], "expected": "3"}, "returned expected='3' for row 1; expected a whole number"),
+        ({"steps": [], "expected": 1, "missing": math.nan}, "returned missing=nan for row 1; expected a finite"),
+        ({"steps": [], "expected": 1, "missing": math.inf}, "returned missing=inf for row 1; expected a finite"),
+        ({"steps": [], "expected": 1, "missing": None}, "returned missing=None for row 1; expected a finite"),
+        ({"steps": [], "expected": 1, "missing": "0"}, "returned missing='0' for row 1; expected a finite"),
+        ({"steps": [], "expected": 1, "missing": 1e39}, "returned missing=1e+39 for row 1; expected a finite"),
+        ({"steps": [], "expected": 1, "Missing": 0.0}, "returned a mapping with unknown key 'Missing' for row 1"),
+        ({"steps": []}, "returned a mapping with no 'expected' for row 1"),
+        ({"expected": 1}, "returned a mapping with no 'steps' for row 1"),
+        ({"steps": [(9, 1.0)], "expected": 1}, "returned step (9, 1.0) for row 1; expected (end, reward)"),
+    ],
+)
+def test_a_bad_mapping_is_named_with_its_row(entry, expected):
+    message = _raises_one_line(_steps, [None, entry], ["ab", "ab"])
+    assert message.startswith(f"reward 't:fn' {expected}")
