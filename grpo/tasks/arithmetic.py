@@ -44,11 +44,18 @@ Rewards (TRL signature; 1.0 right, 0.0 wrong):
   when it equals the solution's item i. So a step is right when it is arithmetically right
   *and* it is the column expected there (right digits, right carry in), and the answer
   entry earns 1.0 only when the answer is right *and* comes after exactly one step per
-  column (a skipped or extra step costs the answer's reward too). The answer entry is
-  always there, at `len(completion)`, and earns 0.0 when the answer is missing or
-  malformed: a truncated run of correct steps must not score like a finished solution. A
-  completion with no steps gets `[(len(completion), 0.0)]`, and an unparsable prompt gives
-  0.0 everywhere.
+  column (a skipped or extra step costs the answer's reward too). A completion with a '>'
+  has an answer entry, at `len(completion)`, which earns 0.0 when the answer is malformed.
+  Items left out are wrong: the solution of a K-column problem has K + 1 items (K steps,
+  then the answer; after more than K steps, the answer is still expected), and step_reward
+  says how many it expected (`{"steps": [...], "expected": K + 1}`, the form
+  `grpo.rewards.score_steps` reads), which scores each item a completion leaves out 0.0,
+  just past its text: on its EOS, the token that chose to stop. So stopping early, or
+  before the answer, scores like going on wrongly, and a truncated run of correct steps
+  does not score like a finished solution. Without that rule the group's normalisation
+  turned the later items' zeros into negative rewards that only the completions which went
+  on paid, and a policy trained on these rewards learned to stop after the first column.
+  An unparsable prompt gives 0.0 for every item.
 
 The task itself is `task` below, a `grpo.tasks.Task` registered as the spec
 "grpo.tasks.arithmetic:task" (the built-in name "arithmetic" stands for it), exactly as a
@@ -225,23 +232,26 @@ def format_reward(prompts: list[str], completions: list[str], **columns: Any) ->
     return [float(_SHAPE.fullmatch(text_of(completion)) is not None) for completion in completions]
 
 
-def _step_rewards(prompt: str, completion: str) -> list[tuple[int, float]]:
-    steps = steps_of(completion)
-    if not steps:
-        return [(len(completion), 0.0)]
+def _step_rewards(prompt: str, completion: str) -> dict[str, Any]:
     parsed = parse_prompt(prompt)
     # The solution's items: one step per column, then the answer (empty: nothing is right).
-    expected = [] if parsed is None else [*_column_steps(*parsed), str(parsed[0] + parsed[1])]
-    items = [*steps, (len(completion), extract_answer(completion))]
-    return [(end, float(i < len(expected) and text == expected[i])) for i, (end, text) in enumerate(items)]
+    solution = [] if parsed is None else [*_column_steps(*parsed), str(parsed[0] + parsed[1])]
+    steps = steps_of(completion)
+    answer = [] if _split(completion)[1] is None else [(len(completion), extract_answer(completion))]
+    items = [(end, float(i < len(solution) and text == solution[i])) for i, (end, text) in enumerate([*steps, *answer])]
+    # Expected: the solution's steps (or the completion's, when it wrote more), then an answer.
+    return {"steps": items, "expected": max(len(solution) - 1, len(steps)) + 1}
 
 
-def step_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[list[tuple[int, float]]]:
-    """Process supervision: per completion, (end, reward) for each step and then the answer.
+def step_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[dict[str, Any]]:
+    """Process supervision: per completion, (end, reward) for each step and then the answer
+    when it has one, and how many items were expected, in the form `grpo.rewards.score_steps`
+    reads: `{"steps": [(end, reward), ...], "expected": K + 1}` for a K-column problem (more
+    when the completion wrote more than K steps), each item left out scored 0.0 there.
 
     Item i (step i, or the answer after the last step) earns 1.0 when it equals item i of
-    the prompt's worked solution, else 0.0; the answer's end is `len(completion)`. A
-    completion with no steps gets `[(len(completion), 0.0)]`. See the module docstring.
+    the prompt's worked solution, else 0.0; the answer's end is `len(completion)`. See the
+    module docstring.
     """
     return [
         _step_rewards(text_of(prompt), text_of(completion))

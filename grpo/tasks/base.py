@@ -9,8 +9,11 @@ A task is whatever `grpo eval`, `grpo compare` and the demo need to measure a mo
 - `rows` (optional): `rows(n, *, seed) -> list[dict]`, n generated data rows with a
   "prompt" key and whatever columns the verifier reads, the same for the same seed; a
   task without it only verifies rows of the user's own data;
-- `step_verifier` (optional): a process reward function (per completion a list of
-  (end, reward) steps; see `grpo.rewards.scoring.score_steps`).
+- `step_verifier` (optional): a process reward function: per completion a list of
+  (end, reward) steps, or `{"steps": that list, "expected": K, "missing": 0.0}` to say how
+  many steps it expected, so that each step the completion leaves out is scored `missing`
+  (a wrong step) where it stopped; without that, stopping early escapes the later steps'
+  rewards and a policy learns to stop (see `grpo.rewards.scoring.score_steps`).
 
 A task is named by a spec, 'pkg.module:name', where the module attribute is a `Task` or a
 function of no arguments that returns one. Built-in tasks are registered exactly like a

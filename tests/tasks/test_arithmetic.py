@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grpo.errors import UserError
+from grpo.rewards import WeightedReward, score_steps
 from grpo.tasks.arithmetic import (
     ALPHABET,
     Problem,
@@ -31,11 +32,13 @@ def operands(draw):
 
 
 def _rewards(prompt, completion, answer):
-    """(correctness, format, step rewards) of one completion."""
+    """(correctness, format, step rewards) of one completion; the step rewards as training
+    scores them (`score_steps`): its items, then each item it left out, at len + 1."""
+    steps = score_steps([WeightedReward("arithmetic_steps", step_reward, 1.0)], [prompt], [completion], {})
     return (
         correctness_reward([prompt], [completion], answer=[answer])[0],
         format_reward([prompt], [completion])[0],
-        step_reward([prompt], [completion])[0],
+        steps.steps[0],
     )
 
 
@@ -209,7 +212,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 1.0), (12, 0.0)],
+            [(8, 1.0), (12, 0.0), (13, 0.0)],  # the tens step left out: 0.0 past the end
             id="missing-last-step",
         ),
         pytest.param(  # the ones step skipped: the tens step sits where the ones step goes
@@ -218,7 +221,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 0.0), (12, 0.0)],
+            [(8, 0.0), (12, 0.0), (13, 0.0)],
             id="missing-first-step",
         ),
         pytest.param(  # an extra step: it and the answer after it are out of place
@@ -248,13 +251,13 @@ PROMPT, ANSWER = "47+85=", "132"
             [(8, 1.0), (17, 1.0), (25, 0.0)],
             id="second-answer",
         ),
-        pytest.param(  # truncated mid-step: no answer, and the answer entry says so
+        pytest.param(  # truncated mid-step: the answer left out scores 0.0 past the end
             "7+5+0=12;4+8",
             [(8, "7+5+0=12"), (12, "4+8")],
             None,
             0.0,
             0.0,
-            [(8, 1.0), (12, 0.0), (12, 0.0)],
+            [(8, 1.0), (12, 0.0), (13, 0.0)],
             id="truncated",
         ),
         pytest.param(  # all the steps right but stopped before the answer: not a full score
@@ -263,25 +266,25 @@ PROMPT, ANSWER = "47+85=", "132"
             None,
             0.0,
             0.0,
-            [(8, 1.0), (17, 1.0), (17, 0.0)],
+            [(8, 1.0), (17, 1.0), (18, 0.0)],
             id="no-answer",
         ),
-        pytest.param(
+        pytest.param(  # everything left out: on its only token, the EOS
             "",
             [],
             None,
             0.0,
             0.0,
-            [(0, 0.0)],
+            [(1, 0.0), (1, 0.0), (1, 0.0)],
             id="empty",
         ),
-        pytest.param(  # an answer with no steps
+        pytest.param(  # an answer with no steps: out of place, and two items left out
             ">132",
             [],
             "132",
             1.0,
             0.0,
-            [(4, 0.0)],
+            [(4, 0.0), (5, 0.0), (5, 0.0)],
             id="answer-only",
         ),
         pytest.param(  # empty pieces are not steps
@@ -349,7 +352,19 @@ def test_correctness_reward_references():
 
 
 def test_step_reward_needs_a_parsable_prompt():
-    assert step_reward(["what is 47+85?"], ["7+5+0=12;4+8+1=13>132"]) == [[(8, 0.0), (17, 0.0), (21, 0.0)]]
+    assert step_reward(["what is 47+85?"] * 2, ["7+5+0=12;4+8+1=13>132", "7+5+0=12"]) == [
+        {"steps": [(8, 0.0), (17, 0.0), (21, 0.0)], "expected": 3},
+        {"steps": [(8, 0.0)], "expected": 2},  # the answer is still expected
+    ]
+
+
+def test_step_reward_says_how_many_items_it_expected():
+    completions = ["7+5+0=12", "7+5+0=12;4+8+1=13;0+0+1=01", "7+5+0=12;4+8+1=13;0+0+1=01>132"]
+    assert step_reward([PROMPT] * 3, completions) == [
+        {"steps": [(8, 1.0)], "expected": 3},  # 2 columns, then the answer
+        {"steps": [(8, 1.0), (17, 1.0), (26, 0.0)], "expected": 4},  # after an extra step, an answer
+        {"steps": [(8, 1.0), (17, 1.0), (26, 0.0), (30, 0.0)], "expected": 4},
+    ]
 
 
 def test_step_reward_batch_and_other_widths():
@@ -357,8 +372,8 @@ def test_step_reward_batch_and_other_widths():
     completions = ["5+3+0=08;0+2+0=02;0+1+0=01>128", problem_for(999, 1).solution]
     assert problem_for(999, 1).solution == "9+1+0=10;9+0+1=10;9+0+1=10>1000"
     assert step_reward(prompts, completions) == [
-        [(8, 1.0), (17, 1.0), (26, 1.0), (30, 1.0)],
-        [(8, 1.0), (17, 1.0), (26, 1.0), (31, 1.0)],
+        {"steps": [(8, 1.0), (17, 1.0), (26, 1.0), (30, 1.0)], "expected": 4},
+        {"steps": [(8, 1.0), (17, 1.0), (26, 1.0), (31, 1.0)], "expected": 4},
     ]
     assert format_reward(prompts, completions) == [1.0, 1.0]
 
@@ -382,9 +397,13 @@ def test_any_string_gives_a_well_defined_result(completion, prompt):
     correctness, shape, rewards = _rewards(prompt, completion, ANSWER)
     assert correctness in (0.0, 1.0) and shape in (0.0, 1.0)
     assert correctness_reward([prompt], [completion])[0] in (0.0, 1.0, None)
-    assert rewards[-1][0] == len(completion)  # the answer entry (or the lone zero) ends it
-    assert len(rewards) == max(len(steps) + 1, 1)
-    assert [end for end, _ in rewards[:-1]] == ends
+    parsed = parse_prompt(prompt)
+    columns = 0 if parsed is None else len(steps_of(problem_for(*parsed).solution))
+    given = len(steps) + (">" in completion)  # its steps, then its answer entry when it has a '>'
+    assert [end for end, _ in rewards[: len(steps)]] == ends
+    assert [end for end, _ in rewards[len(steps) : given]] == [len(completion)] * (given - len(steps))
+    assert len(rewards) == max(columns, len(steps)) + 1  # every item expected: given, or left out
+    assert [end for end, _ in rewards[given:]] == [len(completion) + 1] * (len(rewards) - given)
     assert all(reward in (0.0, 1.0) for _, reward in rewards)
     if shape == 1.0:
         assert steps and answer is not None and all(len(text) == 8 for _, text in steps)
