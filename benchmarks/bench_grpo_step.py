@@ -125,6 +125,8 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:  # run as a script: `benchmarks._realistic` is imported by name
     sys.path.insert(0, str(ROOT))
 
+from grpo.infra.host import cpu_model  # noqa: E402  (re-exported: bench_vllm reads it from here)
+
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz +-=*"  # 41 characters + 4 special tokens
 PROMPT_LENGTH = 12
 NUM_PROMPTS = 256
@@ -878,23 +880,6 @@ def mem_available_gb() -> float | None:
         return int(fields["MemAvailable"].split()[0]) / 1e6
     except (OSError, KeyError, ValueError):
         return None
-
-
-def cpu_model() -> dict:
-    """The CPU's name and the vector extensions that decide matmul speed (bf16 above all: AVX2
-    alone has no bf16 arithmetic, AVX512-BF16 and AMX do), from /proc/cpuinfo; {} elsewhere.
-    Runs on different hosts are only comparable when these agree."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n")[0]  # the first processor's block
-        fields = {
-            key.strip(): value for key, value in (line.split(":", 1) for line in first.splitlines() if ":" in line)
-        }
-    except OSError:
-        return {}
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return {"cpu_model": fields.get("model name", "").strip(), "cpu_flags": [f for f in wanted if f in flags]}
 
 
 def run_sweep(

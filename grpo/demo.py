@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from grpo.config import opt
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
+from grpo.infra.host import describe_host
 from grpo.eval.report import ARM_NAMES
 from grpo.tasks import arithmetic, load_task
 
@@ -76,6 +77,11 @@ class DemoConfig:
     max_new_tokens: int = opt(36, "Longest completion: a 3-digit solution is 32 tokens with its EOS.")
     lr: float = opt(1e-4, "GRPO's learning rate (higher ones wreck the warmed-up model).")
     warmup_steps: int = opt(10, "Learning-rate warm-up of every RL run, in optimizer steps.")
+    schedule: str = opt(
+        "cosine",
+        "Learning-rate schedule of every RL run after its warm-up (constant, linear or cosine): a decay to 0 "
+        "ends each run on a settled policy rather than on one step of a constant-rate walk.",
+    )
     beta: float = opt(0.04, "KL coefficient of every RL run.")
     # PPO's own settings, tuned on problems outside the evaluation set: the policy's and the
     # critic's learning rates, GAE's lambda and the epochs over each batch. The critic starts
@@ -152,6 +158,7 @@ def _train_config(
             "steps": c.steps,
             "lr": c.ppo_lr if ppo else c.lr,
             "warmup_steps": c.warmup_steps,
+            "schedule": c.schedule,
             "minibatches": c.minibatches,
             "micro_batch_size": c.micro_batch_size,
             "sample_every": 50,
@@ -396,6 +403,7 @@ def demo(
     say(f"[{stages}/{stages}] Writing the report")
     summary = {
         "config": asdict(c),
+        "host": describe_host(),  # hosts differ in speed and in float results: say which this was
         "sft": base_info,
         "time_s": None,
         "neural_rm_skipped": skipped_rm,

@@ -263,3 +263,24 @@ def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
     assert "grpo-process" not in saved and "planted" in saved["failed"]["grpo-process"]
     assert {"grpo", "ppo", "ppo_equal_tokens"} <= saved.keys()
     assert "Not shown: the run `grpo-process` failed" in (tmp_path / "demo" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "low, high, words",
+    [
+        (0.62, 0.66, "The mean maj@16 gain (+14.0 points) is 3.5 times the spread of the seeds (4.0 points"),
+        (0.52, 0.70, "The mean maj@16 gain (+14.0 points) is not larger than the spread of the seeds (18.0 points"),
+    ],
+)
+def test_report_weighs_the_maj_gain_against_the_seeds_spread(tmp_path, low, high, words):
+    s = summary()
+    s["grpo"]["maj@k_range"]["16"] = [low, high]  # mean 64.0% against the base's 50.0%
+    write_report(tmp_path / "report.md", s)
+    assert words in (tmp_path / "report.md").read_text()
+
+
+def test_report_names_the_host_it_ran_on(tmp_path):
+    s = summary()
+    s["host"] = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2"], "cpus": 2, "torch": "2.13.0+cpu"}
+    write_report(tmp_path / "report.md", s)
+    assert "minutes on this machine, AMD EPYC (avx2), 2 CPUs)" in (tmp_path / "report.md").read_text()

@@ -59,6 +59,35 @@ def _versus(a: dict, b: dict, metric: str, k: int) -> str:
     return f"{_pct(ma)} against {_pct(mb)} ({_delta(ma, mb)}): {word} it ({where})"
 
 
+def _host(host: dict | None) -> str:
+    """', an AMD EPYC (avx2, avx512f), 2 CPUs': the machine, whose kind moves times and float results."""
+    if not host:
+        return ""
+    flags = ", ".join(host.get("cpu_flags", [])) or "no AVX2"
+    return f", {host.get('cpu_model') or 'a CPU'} ({flags}), {host.get('cpus')} CPUs"
+
+
+def _gain_against_spread(entry: dict, base: dict, metric: str, k: int) -> str:
+    """The mean gain over the base on metric@k against the spread of the seeds (highest minus
+    lowest): a gain that the choice of seed alone could move is not called a finding."""
+    gain = _k(entry, metric, k) - _k(base, metric, k)
+    span = entry.get(f"{metric}_range", {}).get(str(k))
+    name = metric.replace("k", str(k))
+    if not span or len(entry.get("per_seed", [])) < 2:
+        return f"One seed: the spread over seeds of the {name} gain is not measured here."
+    spread = span[1] - span[0]
+    if gain > 0 and gain > spread:
+        times = f"{gain / spread:.1f} times" if spread > 0 else "far above"
+        return (
+            f"The mean {name} gain ({_delta(gain, 0)}) is {times} the spread of the seeds "
+            f"({100 * spread:.1f} points from the lowest to the highest): larger than what the choice of seed moves."
+        )
+    return (
+        f"The mean {name} gain ({_delta(gain, 0)}) is not larger than the spread of the seeds "
+        f"({100 * spread:.1f} points from the lowest to the highest): within what the choice of seed moves."
+    )
+
+
 def _curve_tables(add, rows: list[tuple[str, dict]], ks: list[int]) -> None:
     for metric in ("pass@k", "maj@k"):
         add("| | " + " | ".join(metric.replace("k", str(k)) for k in ks) + " |")
@@ -82,7 +111,7 @@ def write_report(path: Path, s: dict) -> None:
     add("# GRPO on a laptop: Maj@K vs Pass@K, and GRPO vs PPO on two budgets\n")
     add(
         "This report is written by `grpo demo` (`make demo`) from the numbers it measured in "
-        f"this run ({s['time_s'] / 60:.1f} minutes on this machine). Nothing here was downloaded: "
+        f"this run ({s['time_s'] / 60:.1f} minutes on this machine{_host(s.get('host'))}). Nothing here was downloaded: "
         f"the model was built from a config and trained here. Every RL arm ran {seeds} time(s), "
         f"seeds {c['seed']} to {c['seed'] + seeds - 1}: a number is the mean over seeds, [low–high] the lowest "
         "and highest seed, and the shaded bands of the plots 95% intervals over problems.\n"
@@ -203,7 +232,11 @@ def write_report(path: Path, s: dict) -> None:
         + f"GRPO moved pass@1 from {_pct(p1b)} to {_spread(grpo, 'pass@k', 1)} ({_delta(p1g, p1b)}; "
         f"{up1} of {n1} seeds above the base) and maj@{k_mid} from {_pct(mb)} to {_spread(grpo, 'maj@k', k_mid)} "
         f"({_delta(mg, mb)}; {upm} of {nm} seeds above the base). pass@{k_max} {_moved(pkg, pkb)}: {_pct(pkb)} → "
-        f"{_spread(grpo, 'pass@k', k_max)} ({_delta(pkg, pkb)}). " + verdict + "\n"
+        f"{_spread(grpo, 'pass@k', k_max)} ({_delta(pkg, pkb)}). "
+        + _gain_against_spread(grpo, base, "maj@k", k_mid)
+        + " "
+        + verdict
+        + "\n"
     )
     if len(by) > 1 and "by_digits" in grpo:
         add("By operand length (pass@1 / maj@" + str(k_mid) + " / pass@" + str(k_max) + "):\n")
