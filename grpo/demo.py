@@ -61,7 +61,7 @@ class DemoConfig:
     alike: benchmarks/README.md ("grpo demo") records what was tried and what it measured."""
 
     seed: int = opt(0, "The seed of every stage: the base's, and the first RL run's of each arm.")
-    seeds: int = opt(3, "RL runs per arm, with seeds seed, seed + 1 and so on; 1 for a quick look.")
+    seeds: int = opt(5, "RL runs per arm, with seeds seed, seed + 1 and so on; 1 for a quick look.")
     digits: list[int] = opt([2, 3], "Operand lengths, mixed evenly (the base's training and every problem set).")
     sft_steps: int = opt(460, "SFT updates of the base: fewer, a weaker model; more, less left for RL to find.")
     eval_prompts: int = opt(100, "Held-out problems for pass@k and maj@k (split evenly over the digits).")
@@ -69,7 +69,7 @@ class DemoConfig:
     ks: list[int] = opt([1, 2, 4, 8, 16, 32, 64], "The k of pass@k and maj@k.")
     eval_temperature: float = opt(0.7, "The evaluation's sampling temperature (DeepSeekMath Fig. 7 samples at 0.7).")
     train_prompts: int = opt(8000, "The RL prompt pool (drawn with a seed apart from the evaluation set's).")
-    steps: int = opt(200, "RL steps per run.")
+    steps: int = opt(150, "RL steps per run.")
     prompts_per_step: int = opt(32, "Prompts per step of GRPO and of PPO at equal prompts.")
     group_size: int = opt(8, "GRPO's G; PPO samples one completion per prompt.")
     temperature: float = opt(0.7, "The RL runs' sampling temperature: the evaluation's.")
@@ -86,7 +86,7 @@ class DemoConfig:
     # PPO's own settings, tuned on problems outside the evaluation set: the policy's and the
     # critic's learning rates, GAE's lambda and the epochs over each batch. The critic starts
     # from the base (its backbone; the scalar head is new), as is usual.
-    ppo_lr: float = opt(1e-5, "PPO's policy learning rate.")
+    ppo_lr: float = opt(3e-5, "PPO's policy learning rate.")
     ppo_value_lr: float = opt(1e-3, "PPO's critic learning rate.")
     ppo_lam: float = opt(0.95, "PPO's GAE lambda.")
     ppo_epochs: int = opt(1, "PPO's epochs over each step's batch.")
