@@ -242,10 +242,17 @@ summary.json and plots into --output (under 10 minutes on 2 cores).
 
 --neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
 wrong answers, its true accuracy logged beside the score it optimised (reward hacking
-shows). --full adds it and DeepSeekMath's Fig. 5 and Fig. 6 at toy scale: outcome against
-process supervision (the task's per-step verifier as the reward) and one against two
-iterations of iterative RL (the reward model retrained on the policy's samples between
-them), one seed each, as plots and tables in the report.
+shows). --full adds DeepSeekMath's Fig. 5 and Fig. 6 at toy scale, each arm over
+--full-seeds seeds (at most --seeds; the GRPO arm's steps and samples): outcome supervision
+(the GRPO arm's own runs of those seeds, not retrained) against process supervision (the
+task's per-step verifier as the reward), and GRPO on the neural reward model with 1, 2 and
+3 iterations of iterative RL (between iterations the reward model retrains on the policy's
+fresh samples labelled by the task's verifier, with 10% of its history replayed, its own
+first comparisons included; the reference is reset to the policy). The report gives each
+arm's pass@1, maj@16 and pass@64 (means, each seed's, the spread), the reward model's
+score against the true accuracy per step (the hacking curve), and says from the numbers
+whether each finding was reproduced: process at least level with outcome; the second
+iteration above the first in every seed.
 """
 
 COMPARE_HELP = """\
@@ -672,6 +679,7 @@ def _add_demo(commands) -> None:
     flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
     flag("seeds", type=positive_int)
     flag("full")
+    flag("full_seeds", type=positive_int)
     flag("neural_rm")
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")

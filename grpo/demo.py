@@ -13,9 +13,13 @@
 3. A neural reward model instead of the rule: trained on the base model's own correct and
    incorrect samples, it drives a GRPO run whose true accuracy is reported beside the reward
    it optimised, so that reward hacking would show.
-4. With `full`: outcome vs process supervision (DeepSeekMath Fig. 5; the task's per-step
-   verifier as the process reward) and one vs two iterations of iterative RL (Fig. 6; the
-   reward model keeps learning from the policy's samples between iterations).
+4. With `full`, over `full_seeds` seeds: outcome vs process supervision (DeepSeekMath
+   Fig. 5; the task's per-step verifier as the process reward; the outcome arm is the GRPO
+   arm's own runs of those seeds) and GRPO on the neural reward model with 1, 2 and 3
+   iterations of iterative RL (Fig. 6; between iterations the reward model keeps learning
+   from the policy's fresh samples, labelled by the task's verifier, with 10% of its history
+   replayed, its own training comparisons included). The report says from the numbers
+   whether each finding was reproduced (grpo.eval.report.findings).
 
 Every RL arm runs over `seeds` seeds (the base is one model; the seeds vary the RL runs):
 summary.json gives each arm's means over seeds, each seed's numbers under `per_seed`, and
@@ -35,13 +39,13 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from grpo.config import opt
 from grpo.errors import UserError
 from grpo.infra.child import train_in_child
 from grpo.infra.host import describe_host
-from grpo.eval.report import ARM_NAMES
+from grpo.eval.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
 
 if TYPE_CHECKING:
@@ -56,7 +60,8 @@ TASK = "arithmetic"
 @dataclass
 class DemoConfig:
     """The demo's budget. The defaults are sized for the demo's 10 minutes on a 2-core CPU;
-    `full` adds the neural reward model, the supervision and the iterative-RL comparisons.
+    `full` adds the neural reward model, the supervision and the iterative-RL comparisons
+    (their own budget below).
     The RL settings were chosen on problems outside the evaluation set, GRPO's and PPO's
     alike: benchmarks/README.md ("grpo demo") records what was tried and what it measured."""
 
@@ -100,10 +105,28 @@ class DemoConfig:
     )
     rm_prompts: int = opt(200, "Problems the base model answers to make the reward model's comparisons.")
     rm_samples: int = opt(8, "The base's samples per such problem.")
+    rm_epochs: int = opt(2, "The reward model's epochs over its comparisons (at lr 1e-3).")
+    # GRPO on the reward model: its own learning rate and KL coefficient.
+    rm_policy_lr: float = opt(1e-4, "GRPO's learning rate on the neural reward model.")
+    rm_policy_beta: float = opt(0.04, "GRPO's KL coefficient on the neural reward model.")
     full: bool = opt(
         False,
-        "Also outcome vs process supervision and one vs two iterations of iterative RL, one seed each (longer).",
+        "Also outcome vs process supervision and iterative RL on the neural reward model, over `full_seeds` (longer).",
     )
+    # --full's arms. The outcome arm is the GRPO arm's own runs of the same seeds (not
+    # retrained); every arm has the GRPO arm's steps, prompts and samples.
+    full_seeds: int = opt(3, "Seeds of --full's arms: seed, seed + 1, ...; at most `seeds` (the outcome arm's).")
+    rm_iterations: list[int] = opt(
+        [1, 2, 3],
+        "--full's iterative-RL arms: GRPO on the neural reward model with this many iterations each "
+        "(1: the reward model fixed), the same steps split evenly between them.",
+    )
+    # Iterative RL's reward-model update between iterations (reward_model_update.*).
+    rm_update_prompts: int = opt(16, "Problems the policy answers for the reward model's new comparisons, per update.")
+    rm_update_samples: int = opt(4, "The policy's samples per such problem.")
+    rm_update_pairs: int = opt(4, "Most right-over-wrong comparisons from one problem's samples.")
+    rm_update_epochs: int = opt(1, "The reward model's epochs over each update's comparisons (new and replayed).")
+    rm_update_lr: float = opt(1e-4, "The reward model's learning rate in each update.")
 
 
 # `grpo demo --quick`: a tiny budget that runs every stage (about a minute), as a smoke run.
@@ -116,7 +139,8 @@ QUICK = dict(
     steps=4,
     prompts_per_step=4,
     group_size=4,
-    rm_prompts=16,
+    rm_prompts=64,
+    rm_update_prompts=8,
 )
 
 
@@ -127,6 +151,10 @@ def quick(config: DemoConfig) -> DemoConfig:
 
 # The arms over seeds: name -> label (the report's names for them).
 ARMS = ARM_NAMES
+
+
+def _seeds(first: int, count: int) -> list[int]:
+    return [first + i for i in range(count)]
 
 
 def _prompts_per_step(c: DemoConfig, arm: str) -> int:
@@ -232,16 +260,51 @@ def _train_reward_model(c: DemoConfig, out: Path, base: str, verifier: Verifier,
         return f"the base model's samples gave only {len(pairs)} right/wrong pairs to learn from"
     train_pairs, held_out = split_pairs(pairs, 0.2, seed=c.seed)
     rm = RewardModel.from_base(base, seed=c.seed)
-    rm.fit(train_pairs, lr=1e-3, epochs=2, batch_size=16, seed=c.seed, progress=progress)
+    rm.fit(train_pairs, lr=RM_LR, epochs=c.rm_epochs, batch_size=16, seed=c.seed, progress=progress)
     rm.save(out / "reward_model")
+    # Iterative RL replays 10% of the reward model's history at each update: its own
+    # training comparisons are the first of it.
+    (out / RM_PAIRS).write_text("".join(json.dumps(pair) + "\n" for pair in train_pairs))
     return {"pairs": len(train_pairs), **{f"held_out_{k}": v for k, v in rm.evaluate(held_out).items()}}
 
 
-def _rm_rewards(out: Path) -> list[dict]:
-    return [
+# The demo's reward model's learning rate, and where its training comparisons are saved
+# (for iterative RL's replay).
+RM_LR, RM_PAIRS = 1e-3, "data/rm_pairs.jsonl"
+
+
+def _rm_config(c: DemoConfig, output_dir: Path, base: str, data: str, out: Path, seed: int, iterations: int) -> dict:
+    """GRPO on the neural reward model's score alone (the rule watched beside it, weight 0);
+    with several iterations the reward model keeps learning between them (DeepSeekMath
+    §4.1.4): from the policy's fresh samples labelled by the task's verifier, with 10% of its
+    history replayed, its original comparisons included; the reference is reset to the policy."""
+    rewards = [
         {"model": str(out / "reward_model"), "weight": 1.0},
         {"function": "arithmetic_correct", "weight": 0.0},
     ]  # weight 0: watched, not trained on
+    config = _train_config(c, output_dir, base, data, "grpo", rewards, seed)
+    config["train"]["lr"], config["loss"]["beta"] = c.rm_policy_lr, c.rm_policy_beta
+    if iterations > 1:
+        config["train"]["iterations"] = iterations
+        config["reward_model_update"] = {
+            "verifier": "arithmetic_correct",
+            "data": str(out / RM_PAIRS),
+            "replay": 0.1,
+            "prompts": c.rm_update_prompts,
+            "samples_per_prompt": c.rm_update_samples,
+            "max_pairs_per_prompt": c.rm_update_pairs,
+            "epochs": c.rm_update_epochs,
+            "lr": c.rm_update_lr,
+        }
+    return config
+
+
+def _process_config(c: DemoConfig, output_dir: Path, base: str, data: str, seed: int) -> dict:
+    """GRPO with process supervision: the task's per-step verifier as the reward (§4.1.3)."""
+    rewards = [{"function": "arithmetic_steps", "weight": 1.0}, {"function": "arithmetic_correct", "weight": 0.0}]
+    config = _train_config(c, output_dir, base, data, "grpo", rewards, seed)
+    config["loss"]["supervision"] = "process"
+    return config
 
 
 @dataclass
@@ -299,8 +362,16 @@ def demo(
     from grpo.train.sft import SFTConfig, sft
 
     c = config or DemoConfig()
-    if c.seeds < 1:
-        raise UserError(f"demo: seeds must be at least 1, got {c.seeds}")
+    if c.seeds < 1 or c.full_seeds < 1:
+        raise UserError(f"demo: seeds and full_seeds must be at least 1, got {c.seeds} and {c.full_seeds}")
+    if c.full and (
+        not c.rm_iterations
+        or len(set(c.rm_iterations)) < len(c.rm_iterations)
+        or not all(1 <= i <= c.steps for i in c.rm_iterations)
+    ):
+        raise UserError(
+            f"demo: rm_iterations must be distinct counts between 1 and steps ({c.steps}), got {c.rm_iterations}"
+        )
     out = Path(output)
     if out.exists() and any(out.iterdir()):
         earlier_demo = (out / "data").is_dir() and (out / "base").is_dir()
@@ -337,68 +408,58 @@ def demo(
     train_data, rule = str(data / "train.jsonl"), [{"function": "arithmetic_correct", "weight": 1.0}]
     jobs = []
     for arm, label in ARMS.items():
-        for i in range(c.seeds):
-            seed = c.seed + i
+        for seed in _seeds(c.seed, c.seeds):
             config = _train_config(c, out / arm / f"seed-{seed}", base, train_data, arm, rule, seed)
             jobs.append(_Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
     skipped_rm, rm_info = None if c.neural_rm or c.full else "not asked (--neural-rm or --full)", None
-    if skipped_rm is None:  # full needs it: the first of iterative RL's two arms
+    if skipped_rm is None:  # full needs it: iterative RL's arms run on it
         say(f"[3/{stages}] A neural reward model from the base's own samples (for GRPO driven by it alone)")
         rm_info = _train_reward_model(c, out, base, verifier, progress)
         if isinstance(rm_info, str):
             skipped_rm = rm_info
             say(f"      skipped: {rm_info}")
-        else:
-            jobs.append(
-                _Job(
-                    "grpo-rm",
-                    "GRPO on the neural reward model",
-                    _train_config(c, out / "grpo-rm", base, train_data, "grpo", _rm_rewards(out), c.seed),
-                )
-            )
+    # The arms beside the main ones, each over its own seeds: name -> (label, config of a seed's run).
+    extra: dict[str, tuple[str, Callable[[Path, int], dict]]] = {}
     if c.full:
-        process = [{"function": "arithmetic_steps", "weight": 1.0}, {"function": "arithmetic_correct", "weight": 0.0}]
-        config = _train_config(c, out / "grpo-process", base, train_data, "grpo", process, c.seed)
-        config["loss"]["supervision"] = "process"
-        jobs.append(_Job("grpo-process", "GRPO with process supervision", config))
-        if isinstance(rm_info, dict):
-            config = _train_config(c, out / "grpo-rm-iterative", base, train_data, "grpo", _rm_rewards(out), c.seed)
-            config["train"]["iterations"] = 2
-            config["reward_model_update"] = {"verifier": "arithmetic_correct"}
-            jobs.append(_Job("grpo-rm-iterative", "GRPO on the neural reward model, two iterations", config))
-    # Longest first, so that two at a time finish together: PPO with equal tokens (its critic
-    # and its G times the prompts), GRPO, the single runs, PPO with equal prompts.
-    order = ("ppo_equal_tokens/", "grpo/", "grpo-", "ppo/")
+        extra[PROCESS] = (ARM_LABELS[PROCESS], lambda d, seed: _process_config(c, d, base, train_data, seed))
+    iterations = {rm_arm(i): i for i in (c.rm_iterations if c.full else [1])} if isinstance(rm_info, dict) else {}
+    for name, i in iterations.items():
+        extra[name] = (rm_label(i), lambda d, seed, i=i: _rm_config(c, d, base, train_data, out, seed, i))
+    extra_seeds = _seeds(c.seed, min(c.full_seeds, c.seeds) if c.full else 1)
+    for name, (label, make) in extra.items():
+        for seed in extra_seeds:
+            jobs.append(_Job(f"{name}/seed-{seed}", f"{label}, seed {seed}", make(out / name / f"seed-{seed}", seed)))
+    # Longest first, so that runs side by side finish together: PPO with equal tokens (its
+    # critic and its G times the prompts), the reward model's arms (its scoring, and the
+    # updates of iterative RL), GRPO, process supervision, PPO with equal prompts.
+    order = ("ppo_equal_tokens/", "grpo-rm", "grpo/", "grpo-", "ppo/")
     jobs.sort(key=lambda job: next(i for i, prefix in enumerate(order) if job.name.startswith(prefix)))
     at_once = f"{c.parallel} at a time, one thread each" if c.parallel > 1 else "one at a time"
     say(
-        f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}): "
-        + "; ".join(
-            f"{label} {c.seeds} seed(s), {c.steps} steps x {_prompts_per_step(c, arm)} prompts"
-            for arm, label in ARMS.items()
-        )
+        f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}), {c.steps} steps each: "
+        + "; ".join(f"{label} {c.seeds} seed(s) x {_prompts_per_step(c, arm)} prompts" for arm, label in ARMS.items())
+        + "".join(f"; {label} {len(extra_seeds)} seed(s)" for label, _ in extra.values())
     )
     runs, failed = _train_all(jobs, out, c.parallel, say)
-    lost = [name for name in failed if "/" in name]  # an arm's seed: the comparison cannot be made without it
+    lost = [name for name in failed if name.split("/")[0] in ARMS]  # the main comparison cannot be made without it
     if lost:
         raise UserError(
             f"demo: {len(lost)} run(s) failed, first {lost[0]}: {failed[lost[0]]} (the other runs are in {out})"
         )
+    # An extra arm with a failed seed is left out whole (the report says why): its seeds are the others'.
+    extra = {name: entry for name, entry in extra.items() if not any(f.startswith(f"{name}/") for f in failed)}
 
     say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
     evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
-    if "grpo-rm" in runs:
-        runs["grpo-rm"]["reward_model"] = rm_info
-    arms = {
-        arm: [
-            (c.seed + i, runs[f"{arm}/seed-{c.seed + i}"], evaluated[f"{arm}/seed-{c.seed + i}"])
-            for i in range(c.seeds)
-        ]
-        for arm in ARMS
-    }
-    single = {
-        name: (runs[name], evaluated[name]) for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative") if name in runs
-    }
+    for name, run in runs.items():
+        updates = out / name / "reward_model_updates.jsonl"
+        if updates.exists():
+            run["rm_updates"] = [json.loads(line) for line in updates.read_text().splitlines()]
+
+    def over(arm: str, seeds: list[int]) -> dict:
+        return _over_seeds(
+            [(seed, runs[f"{arm}/seed-{seed}"], evaluated[f"{arm}/seed-{seed}"]) for seed in seeds], eval_rows
+        )
 
     say(f"[{stages}/{stages}] Writing the report")
     summary = {
@@ -407,14 +468,20 @@ def demo(
         "sft": base_info,
         "time_s": None,
         "neural_rm_skipped": skipped_rm,
+        "reward_model": rm_info if isinstance(rm_info, dict) else None,
         "failed": failed,
         "base": _public(results["base"], None),
     }
     summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)
-    for arm, done in arms.items():
-        summary[arm] = _over_seeds(done, eval_rows)
-    for name, (run, result) in single.items():
-        summary[name] = {**_public(result, run), "seed": c.seed}
+    for arm in ARMS:
+        summary[arm] = over(arm, _seeds(c.seed, c.seeds))
+    if c.full:  # outcome supervision: the GRPO arm's own runs of the extra arms' seeds
+        summary[OUTCOME] = over("grpo", extra_seeds)
+    for name in extra:
+        summary[name] = over(name, extra_seeds)
+        if name in iterations:
+            summary[name]["iterations"] = iterations[name]
+    summary["findings"] = findings(summary)
     _plots(out, summary, plot_curves, plot_rewards)
     summary["time_s"] = time.perf_counter() - started
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -426,9 +493,9 @@ def demo(
 
 
 def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
-    names = {"base": "base (SFT)", **ARMS, "grpo-rm": "GRPO, neural RM"}
+    names = {"base": "base (SFT)", **ARMS}
     plot_curves(
-        {label: s[key] for key, label in names.items() if key in s and key != "grpo-rm"},
+        {label: s[key] for key, label in names.items()},
         out / "pass_maj_at_k.png",
         title="Held-out addition problems (means over seeds)",
     )
@@ -437,33 +504,28 @@ def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
         out / "rewards.png",
         ylabel="mean reward (fraction correct), mean over seeds",
     )
-    if "grpo-rm" in s:
-        r = s["grpo-rm"]
+    curve = lambda values: list(enumerate(values, start=1))  # noqa: E731
+    rms = rm_arms(s)
+    if rms:  # the hacking curve: the score optimised against the truth, each arm in its colour
         plot_rewards(
-            {
-                "reward model's score": list(enumerate(r["rm_score"], start=1)),
-                "true accuracy": list(enumerate(r["true_accuracy"], start=1)),
-            },
+            {f"true accuracy, {rm_label(i, short=True)}": curve(s[name]["true_accuracy"]) for i, name in rms},
             out / "neural_rm.png",
-            ylabel="per step, during GRPO",
+            ylabel="true accuracy of the samples (solid)",
+            right={f"RM score, {rm_label(i, short=True)}": curve(s[name]["rm_score"]) for i, name in rms},
+            right_label="reward model's score (dashed)",
+            title="GRPO on the neural reward model, means over seeds",
         )
-    if "grpo-process" in s:
+    if PROCESS in s:
         plot_rewards(
-            {
-                "outcome supervision": list(enumerate(s["grpo"]["per_seed"][0]["true_accuracy"], start=1)),
-                "process supervision": list(enumerate(s["grpo-process"]["true_accuracy"], start=1)),
-            },
+            {ARM_LABELS[name]: curve(s[name]["true_accuracy"]) for name in (OUTCOME, PROCESS)},
             out / "supervision.png",
-            ylabel="true accuracy of the samples, per step",
+            ylabel="true accuracy of the samples, mean over seeds",
         )
-    if "grpo-rm-iterative" in s and "grpo-rm" in s:
+    if len(rms) > 1:
         plot_rewards(
-            {
-                "one iteration": list(enumerate(s["grpo-rm"]["true_accuracy"], start=1)),
-                "two iterations": list(enumerate(s["grpo-rm-iterative"]["true_accuracy"], start=1)),
-            },
+            {rm_label(i, short=True): curve(s[name]["true_accuracy"]) for i, name in rms},
             out / "iterative.png",
-            ylabel="true accuracy of the samples, per step",
+            ylabel="true accuracy of the samples, mean over seeds",
         )
 
 
@@ -499,10 +561,12 @@ def _public(result: dict, run: dict | None) -> dict:
         )
         entry["reward"] = [m["reward/mean"] for m in run["metrics"]]
         entry["true_accuracy"] = _true_accuracy(run)
-        if "reward_model" in run:
-            entry["reward_model"] = run["reward_model"]
-            key = next(k for k in run["metrics"][0] if k.startswith("reward/model:"))
-            entry["rm_score"] = [m[key] for m in run["metrics"]]
+        entry["completion_length"] = [m["completion_length/mean"] for m in run["metrics"]]
+        scored = [k for k in run["metrics"][0] if k.startswith("reward/model:")]
+        if scored:  # a reward model's mean score per step (beside the true accuracy: hacking shows)
+            entry["rm_score"] = [m[scored[0]] for m in run["metrics"]]
+        if "rm_updates" in run:  # iterative RL: each update of the reward model
+            entry["rm_updates"] = run["rm_updates"]
     return entry
 
 
@@ -553,8 +617,9 @@ def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
         entry[key] = mean([s[key] for s in per_seed])
     for key in ("models", "parameters", "steps", "prompts"):
         entry[key] = per_seed[0][key]
-    for key in ("reward", "true_accuracy"):
-        entry[key] = [mean(values) for values in zip(*(s[key] for s in per_seed))]
+    for key in ("reward", "true_accuracy", "completion_length", "rm_score"):
+        if key in per_seed[0]:
+            entry[key] = [mean(values) for values in zip(*(s[key] for s in per_seed))]
     entry["by_digits"] = _by_digits(averaged, rows)
     entry["per_seed"] = per_seed
     return entry

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo.demo import DemoConfig, _over_seeds, demo
+from grpo.demo import QUICK, DemoConfig, _over_seeds, demo
 from grpo.errors import UserError
-from grpo.eval.report import write_report
+from grpo.eval.report import fig5_sentence, fig6_sentence, findings, write_report
 from grpo.eval.runner import mean_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64]
@@ -84,6 +84,116 @@ def summary(
     }
 
 
+def with_full(data, process, one, two, *, hacked_again=(False, False), steps=10):
+    """`data` with --full's arms over len(process) seeds: process supervision's (pass@1,
+    maj@16) per seed; the outcome arm is the GRPO arm's own seeds; GRPO on the reward model
+    with 1 and 2 iterations, where the true accuracy of the training samples ended per seed
+    (`one`, `two`). Each run's reward-model score rises; the second iteration of seed i falls
+    in true accuracy while its score rises when hacked_again[i]."""
+    n = len(process)
+    rise = [i / (steps - 1) for i in range(steps)]  # 0 -> 1
+
+    def rm_seed(seed, end, iterations, hacked):
+        entry = run(3, 169088, 400.0, 160000, [end, 0.6, 0.7, 0.8, 0.8, 0.8, 0.85], [end] * 7)
+        entry["seed"] = seed
+        entry["rm_score"] = rise
+        entry["true_accuracy"] = [0.3 + (end - 0.3) * r for r in rise]  # 30% -> end
+        if iterations == 2:  # the first iteration flat; the second rises to `end`, or falls there by 10 points
+            half = steps // 2
+            up = [i / (half - 1) for i in range(half)]  # 0 -> 1
+            second = [end + 0.1 - 0.1 * r for r in up] if hacked else [0.2 + (end - 0.2) * r for r in up]
+            entry["true_accuracy"] = [0.3] * half + second
+            entry["rm_score"] = [0.0] * half + up
+            entry["rm_updates"] = [{"new_pairs": 12, "replayed": 3, "history": 30, "accuracy_on_new": 0.6}]
+        return entry
+
+    def process_seed(seed, p1, maj):
+        entry = run(
+            3, 169088, 400.0, 160000, [p1, 0.62, 0.73, 0.80, 0.83, 0.85, 0.86], [p1, p1, 0.58, 0.62, maj, 0.65, 0.66]
+        )
+        return {**entry, "seed": seed}
+
+    data["config"]["rm_iterations"] = [1, 2]
+    data["reward_model"] = {"pairs": 100, "held_out_accuracy": 0.65}
+    data["grpo-outcome"] = arm(data["grpo"]["per_seed"][:n])
+    data["grpo-process"] = arm([process_seed(i, p1, maj) for i, (p1, maj) in enumerate(process)])
+    data["grpo-rm"] = arm([rm_seed(i, end, 1, False) for i, end in enumerate(one)])
+    data["grpo-rm-iter2"] = arm([rm_seed(i, end, 2, hacked_again[i]) for i, end in enumerate(two)])
+    for key in ("grpo-rm", "grpo-rm-iter2"):  # the means' curves
+        seeds = data[key]["per_seed"]
+        for curve in ("true_accuracy", "rm_score"):
+            data[key][curve] = [sum(v) / len(v) for v in zip(*(s[curve] for s in seeds))]
+    return data
+
+
+def test_findings_say_reproduced_or_not_from_the_numbers(tmp_path):
+    # GRPO (outcome): pass@1 48/50/52%, maj@16 64% in every seed.
+    above = findings(with_full(summary(), [(0.60, 0.70), (0.62, 0.71)], one=[0.1, 0.1], two=[0.2, 0.3]))
+    assert above["fig5"]["reproduced"] and above["fig5"]["pass@1"]["verdict"] == "above"
+    assert above["fig5"]["maj@16"]["verdict"] == "above"
+    assert above["fig6"] == {**above["fig6"], "seeds": 2, "above": 2, "reproduced": True}
+    assert fig5_sentence(above["fig5"]) == (
+        "**Reproduced** (DeepSeekMath Fig. 5: process supervision at least level with outcome supervision): over 2 "
+        "seeds, process supervision is above it on pass@1 (61.0% against 49.0%, +12.0 points; the seeds' ranges "
+        "apart) and above it on maj@16 (70.5% against 64.0%, +6.5 points; the seeds' ranges apart)."
+    )
+    assert fig6_sentence(above["fig6"]).startswith(
+        "**Reproduced** (DeepSeekMath Fig. 6: a second iteration above the first): the true accuracy of the training "
+        "samples ended higher with two iterations than with one iteration in 2 of 2 seeds (seed 0: 20.0% against "
+        "10.0%; seed 1: 30.0% against 10.0%); pass@1 on the held-out problems was higher in 2 of 2."
+    )
+    # Both seeds began at 30% (the runs' shared first tenth) and ended at 20% and 30%.
+    assert fig6_sentence(above["fig6"]).endswith(
+        "In 1 of 2 seeds the run with two iterations still ended below where training began (seed 0: 30.0% → "
+        "20.0%): the reward model was hacked less, not overcome."
+    )
+
+    # Level: the ranges overlap (pass@1 47-49% against 48-50%); one metric below: not reproduced.
+    level = findings(with_full(summary(), [(0.47, 0.64), (0.49, 0.66)], one=[0.1, 0.1], two=[0.2, 0.3]))
+    assert level["fig5"]["pass@1"]["verdict"] == "level" and level["fig5"]["reproduced"]
+    assert "is level with it on pass@1 (48.0% against 49.0%, −1.0 points; the seeds' ranges overlap)" in fig5_sentence(
+        level["fig5"]
+    )
+    below = findings(with_full(summary(), [(0.30, 0.66), (0.31, 0.66)], one=[0.1, 0.1], two=[0.2, 0.3]))
+    assert below["fig5"]["pass@1"]["verdict"] == "below" and not below["fig5"]["reproduced"]
+    assert fig5_sentence(below["fig5"]).startswith("**Not reproduced**")
+    assert "below it on pass@1 (30.5% against 49.0%" in fig5_sentence(below["fig5"])
+
+    # The second iteration below the first in seed 1, hacked again after the update there.
+    missed = findings(
+        with_full(summary(), [(0.6, 0.7), (0.6, 0.7)], one=[0.1, 0.2], two=[0.2, 0.1], hacked_again=(False, True))
+    )
+    assert missed["fig6"]["above"] == 1 and not missed["fig6"]["reproduced"]
+    text = fig6_sentence(missed["fig6"])
+    assert text.startswith("**Not reproduced**") and "in 1 of 2 seeds" in text
+    assert (
+        "Why not: seed 1: in the second iteration the reward model's score moved +1.00 while the true accuracy "
+        "moved −10.0 points (hacked again after the update); its update learned from 12 new comparisons and 3 "
+        "replayed, and ranked 60.0% of the new ones right after it." in text
+    )
+    assert "seed 0:" not in text.split("Why not:")[1].split(". ")[0]  # seed 0 reproduced it: no reason owed
+    # The hacking of each reward-model arm is counted per seed (the score rose, the truth fell).
+    assert [any(i["hacked"] for i in r["iterations"]) for r in missed["hacking"]["grpo-rm"]] == [True, True]
+    assert [r["iterations"][-1]["hacked"] for r in missed["hacking"]["grpo-rm-iter2"]] == [False, True]
+
+    data = with_full(
+        summary(), [(0.30, 0.66), (0.31, 0.66)], one=[0.1, 0.2], two=[0.2, 0.1], hacked_again=(False, True)
+    )
+    write_report(tmp_path / "report.md", data)
+    report = (tmp_path / "report.md").read_text()
+    assert "- Fig. 5, process supervision at least level with outcome supervision: not reproduced (Result 4)." in report
+    assert (
+        "- Fig. 6, a second iteration of iterative RL above the first: not reproduced (1 of 2 seeds; Result 5)."
+        in report
+    )
+    assert (
+        "- Reward hacking, GRPO, neural RM, 1 iteration: the score rose while the true accuracy fell in 2 of 2 seeds"
+        in report
+    )
+    assert fig5_sentence(findings(data)["fig5"]) in report and fig6_sentence(findings(data)["fig6"]) in report
+    assert "| GRPO, neural RM, 2 iterations | 15.0% [10.0–20.0%] |" in report
+
+
 def test_report_states_what_moved_by_how_much_and_over_how_many_seeds(tmp_path):
     write_report(tmp_path / "report.md", summary())
     text = (tmp_path / "report.md").read_text()
@@ -153,7 +263,10 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
             "steps": 2,
             "prompts": 8,
             "time_per_step_s": 0.5,
-            "metrics": [{"reward/mean": a, "reward/arithmetic_correct": a} for a in accuracy],
+            "metrics": [
+                {"reward/mean": a, "reward/arithmetic_correct": a, "completion_length/mean": 10 * memory * a}
+                for a in accuracy
+            ],
         }
 
     entry = _over_seeds(
@@ -161,6 +274,8 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
     )
     assert entry["pass@k"]["1"] == pytest.approx(0.4) and entry["pass@k_range"]["1"] == pytest.approx([0.3, 0.5])
     assert entry["peak_memory_mb"] == 150.0 and entry["true_accuracy"] == pytest.approx([0.2, 0.4])
+    assert entry["completion_length"] == pytest.approx([(100 + 600) / 2, (300 + 1000) / 2])
+    assert "rm_score" not in entry  # no reward model scored these runs
     assert [s["seed"] for s in entry["per_seed"]] == [0, 1]
     assert entry["per_seed"][0]["by_digits"] == {
         "2": {"pass@k": {"1": 0.6, "2": 0.6}, "maj@k": {"1": 0.6, "2": 0.6}},
@@ -177,7 +292,7 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
     config = DemoConfig(
         seeds=2,
         full=True,
-        sft_steps=300,
+        sft_steps=DemoConfig.sft_steps,  # QUICK's weaker base gives the reward model too few right answers
         eval_prompts=8,
         n=8,
         ks=[1, 2, 4, 8],
@@ -185,8 +300,10 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
         steps=4,
         prompts_per_step=2,
         group_size=4,
-        rm_prompts=16,
+        rm_prompts=QUICK["rm_prompts"],
         rm_samples=8,
+        rm_iterations=[1, 2],
+        rm_update_prompts=4,
     )
     out = tmp_path / "demo"
     result = demo(out, config, progress=False)
@@ -215,13 +332,33 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
     grpo_config = yaml.safe_load((out / "grpo" / "seed-1.yaml").read_text())
     assert grpo_config["train"]["minibatches"] == c.minibatches and grpo_config["train"]["lr"] == c.lr
     assert set(saved["base"]["by_digits"]) == {"2", "3"}
-    for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative"):
-        assert name in saved or saved["neural_rm_skipped"] is not None and name != "grpo-process", name
-    assert "supervision: process" in (out / "grpo-process.yaml").read_text()
+    # --full's arms, over the same 2 seeds as the main arms, shaped as theirs; outcome
+    # supervision is the GRPO arm's own runs of those seeds, not retrained.
+    assert saved["neural_rm_skipped"] is None and saved["reward_model"]["pairs"] >= 10
+    for name in ("grpo-outcome", "grpo-process", "grpo-rm", "grpo-rm-iter2"):
+        per_seed = saved[name]["per_seed"]
+        assert [s["seed"] for s in per_seed] == [0, 1], name
+        assert saved[name]["pass@k"]["1"] == pytest.approx(sum(s["pass@k"]["1"] for s in per_seed) / 2)
+        assert len(saved[name]["true_accuracy"]) == config.steps
+    assert saved["grpo-outcome"]["per_seed"] == saved["grpo"]["per_seed"]
+    assert not (out / "grpo-outcome").exists()
+    for name in ("grpo-rm", "grpo-rm-iter2"):  # the hacking curve: the score beside the truth
+        assert len(saved[name]["rm_score"]) == config.steps and saved[name]["iterations"] == int(name[-1:] == "2") + 1
+    assert "supervision: process" in (out / "grpo-process" / "seed-1.yaml").read_text()
+    # Iterative RL replays the reward model's own training comparisons from its first update on.
+    iterative = yaml.safe_load((out / "grpo-rm-iter2" / "seed-1.yaml").read_text())
+    assert iterative["train"]["iterations"] == 2
+    history = iterative["reward_model_update"]["data"]
+    assert history == str(out / "data" / "rm_pairs.jsonl")
+    assert len((out / "data" / "rm_pairs.jsonl").read_text().splitlines()) == saved["reward_model"]["pairs"]
+    for seed in saved["grpo-rm-iter2"]["per_seed"]:
+        (update,) = seed["rm_updates"]
+        assert update["history"] == saved["reward_model"]["pairs"] and update["replayed"] > 0
+    assert set(saved["findings"]) == {"fig5", "fig6", "hacking"}
     report = (out / "report.md").read_text()
     assert "Result 2: GRPO against PPO, at equal prompts and at equal generated tokens" in report
-    assert "Result 4: outcome against process supervision" in report
-    for png in ("pass_maj_at_k.png", "rewards.png", "supervision.png"):
+    assert "Result 4: outcome against process supervision" in report and "Result 5: iterative RL" in report
+    for png in ("pass_maj_at_k.png", "rewards.png", "supervision.png", "neural_rm.png", "iterative.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     with pytest.raises(UserError, match="pass --overwrite"):
@@ -257,12 +394,15 @@ def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
         prompts_per_step=2,
         group_size=2,
         rm_prompts=8,
+        rm_iterations=[1, 2],
     )
     demo(tmp_path / "demo", config, progress=False)
     saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    assert "grpo-process" not in saved and "planted" in saved["failed"]["grpo-process"]
-    assert {"grpo", "ppo", "ppo_equal_tokens"} <= saved.keys()
-    assert "Not shown: the run `grpo-process` failed" in (tmp_path / "demo" / "report.md").read_text()
+    assert "grpo-process" not in saved and "planted" in saved["failed"]["grpo-process/seed-0"]
+    assert {"grpo", "ppo", "ppo_equal_tokens", "grpo-outcome"} <= saved.keys()
+    assert "fig5" not in saved["findings"]
+    report = (tmp_path / "demo" / "report.md").read_text()
+    assert "Not shown: `grpo-process`, whose run `grpo-process/seed-0` failed" in report
 
 
 @pytest.mark.parametrize(

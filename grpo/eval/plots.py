@@ -98,11 +98,19 @@ def plot_curves(results: dict[str, dict], path, *, title: str | None = None) -> 
 
 
 def plot_rewards(
-    series: dict[str, list[tuple[int, float]]], path, *, ylabel: str = "mean reward", title: str | None = None
+    series: dict[str, list[tuple[int, float]]],
+    path,
+    *,
+    ylabel: str = "mean reward",
+    title: str | None = None,
+    right: dict[str, list[tuple[int, float]]] | None = None,
+    right_label: str = "",
 ) -> Path:
     """One PNG: a value (the mean reward by default) against the training step, one line per run.
 
     `series` maps a run's label to its (step, value) points, e.g. read from metrics.jsonl.
+    `right`: more series in their own units, dashed, on a second y axis (`right_label`); the
+    i-th takes the i-th series' colour (a reward model's score beside the true accuracy).
     Returns the path.
     """
     if not series:
@@ -112,21 +120,27 @@ def plot_rewards(
     with matplotlib.rc_context(_FONT):
         figure = _figure(7, 4.4)
         ax = figure.subplots()
-        for i, (label, points) in enumerate(series.items()):
-            points = sorted(points)
-            ax.plot(
-                [s for s, _ in points],
-                [v for _, v in points],
-                linewidth=2,
-                color=f"C{i}",
-                label=label,
-                marker="o" if len(points) <= 30 else None,
-                markersize=3,
-            )
+        axes = [(ax, series, "-")] + ([(ax.twinx(), right, "--")] if right else [])
+        for axis, lines, style in axes:
+            for i, (label, points) in enumerate(lines.items()):
+                points = sorted(points)
+                axis.plot(
+                    [s for s, _ in points],
+                    [v for _, v in points],
+                    linewidth=2,
+                    linestyle=style,
+                    color=f"C{i}",
+                    label=label,
+                    marker="o" if len(points) <= 30 else None,
+                    markersize=3,
+                )
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best")
+        handles = [h for axis, _, _ in axes for h in axis.get_legend_handles_labels()[0]]
+        ax.legend(handles=handles, loc="best", fontsize=8 if right else None)
+        if right:
+            axes[1][0].set_ylabel(right_label)
         if title:
             ax.set_title(title)
         return _save(figure, path)

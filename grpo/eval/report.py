@@ -10,6 +10,29 @@ from __future__ import annotations
 from pathlib import Path
 
 ARM_NAMES = {"grpo": "GRPO", "ppo": "PPO, equal prompts", "ppo_equal_tokens": "PPO, equal generated tokens"}
+# --full's arms beside them (summary.json's keys): outcome supervision is the GRPO arm's own
+# runs of --full's seeds; GRPO on the neural reward model is one arm per iteration count.
+OUTCOME, PROCESS = "grpo-outcome", "grpo-process"
+ARM_LABELS = {**ARM_NAMES, OUTCOME: "GRPO, outcome supervision", PROCESS: "GRPO, process supervision"}
+# A true accuracy (of a tenth of a run's samples) that moved less than this is not said to
+# have fallen or risen: about the sampling noise of that many samples at the demo's size.
+NOISE = 0.01
+
+
+def rm_arm(iterations: int) -> str:
+    """summary.json's key for GRPO on the neural reward model with this many iterations."""
+    return "grpo-rm" if iterations == 1 else f"grpo-rm-iter{iterations}"
+
+
+def rm_label(iterations: int, *, short: bool = False) -> str:
+    count = f"{iterations} iteration" + ("s" if iterations > 1 else "")
+    return count if short else f"GRPO, neural RM, {count}"
+
+
+def rm_arms(s: dict) -> list[tuple[int, str]]:
+    """(iterations, key) of the neural reward model's arms in summary `s`, fewest iterations first."""
+    counts = sorted({1, *s["config"].get("rm_iterations", [])})
+    return [(i, rm_arm(i)) for i in counts if rm_arm(i) in s]
 
 
 def _pct(x: float | None) -> str:
@@ -172,20 +195,35 @@ def write_report(path: Path, s: dict) -> None:
             else "."
         )
     )
-    if "grpo-rm" in s:
-        rm = s["grpo-rm"]["reward_model"]
+    rms = rm_arms(s)
+    if rms:
+        rm = s["reward_model"]
         add(
             f"6. **Neural reward model.** A reward model (the base with a scalar head) trained on "
             f"{rm['pairs']} comparisons of the base model's own right and wrong answers "
             f"(held-out pairwise accuracy {_pct(rm['held_out_accuracy'])}), then GRPO driven by its "
-            "score alone (one seed); the true accuracy was logged beside it but not trained on."
+            f"score alone ({_seed_word(len(_seeds_of(s[rms[0][1]])))}; its own lr {c.get('rm_policy_lr', c['lr'])} "
+            f"and beta {c.get('rm_policy_beta', c['beta'])}); the true accuracy was logged beside it but not "
+            "trained on."
+        )
+    if PROCESS in s:
+        add(
+            f"7. **--full** ({_seed_word(len(_seeds_of(s[PROCESS])))}, each arm GRPO's steps and samples): process "
+            "supervision (the task's per-step verifier as the reward, DeepSeekMath §4.1.3) against outcome "
+            "supervision (the GRPO arm's own runs of the same seeds); and iterative RL on the neural reward model "
+            "(§4.1.4) with " + ", ".join(rm_label(i, short=True) for i, _ in rms) + ": the steps split evenly between "
+            "the iterations; between them the reward model trains on comparisons of the policy's fresh samples "
+            f"({c['rm_update_prompts']} problems x {c['rm_update_samples']} samples, at most {c['rm_update_pairs']} "
+            "comparisons each, labelled by the task's verifier) with 10% of its history replayed (its own first "
+            f"comparisons included), {c['rm_update_epochs']} epoch(s) at lr {c['rm_update_lr']}, and the reference "
+            "is reset to the policy."
         )
     add("")
+    add_findings(add, s)
 
     add("## Result 1: does RL raise Maj@K more than Pass@K?\n")
     named = [("base (SFT)", base), *((ARM_NAMES[a], s[a]) for a in ARM_NAMES if a in s)]
-    if "grpo-rm" in s:
-        named.append(("GRPO, neural RM", s["grpo-rm"]))
+    named += [(ARM_LABELS[a], s[a]) for a in (PROCESS,) if a in s] + [(rm_label(i), s[key]) for i, key in rms]
     _curve_tables(add, named, ks)
     add("![pass@k and maj@k](pass_maj_at_k.png)\n")
 
@@ -297,104 +335,361 @@ def write_report(path: Path, s: dict) -> None:
         )
     add(text + "\n")
 
-    if "grpo-rm" in s:
-        r = s["grpo-rm"]
+    f = s.get("findings") or findings(s)
+    if rms:
         add("## Result 3: a neural reward model in place of the rule\n")
+        add(
+            "GRPO optimised the reward model's score; the true accuracy of the same samples was logged beside it "
+            "(weight 0). A score that rises while the true accuracy falls is reward hacking: the policy found what "
+            "the reward model likes rather than what is right, the reason DeepSeek-R1 dropped neural reward "
+            "models for reasoning in favour of rule rewards.\n"
+        )
+        _arm_table(add, [(rm_label(i), s[key]) for i, key in rms[:1]], k_mid, k_max, score=True)
         add("![reward model score and true accuracy](neural_rm.png)\n")
-        first, last = r["rm_score"][:5], r["rm_score"][-5:]
-        tf, tl = r["true_accuracy"][:5], r["true_accuracy"][-5:]
-        d_score = sum(last) / len(last) - sum(first) / len(first)
-        d_true = sum(tl) / len(tl) - sum(tf) / len(tf)
         add(
             "**Reading.** "
-            f"Over training the reward model's score changed by {d_score:+.2f} (its own units) and the "
-            f"true accuracy of the sampled answers by {_delta(sum(tl) / len(tl), sum(tf) / len(tf))}. "
-            + (
-                "Both rose together: the reward model was not hacked in this run."
-                if d_score > 0 and d_true > 0
-                else "The score rose while the true accuracy did not: the policy found what the reward model "
-                "likes rather than what is right — reward hacking, the reason DeepSeek-R1 preferred rule "
-                "rewards."
-                if d_score > 0
-                else "The reward model's score did not rise: it gave GRPO too weak a signal in this budget."
-            )
-            + f" After training, pass@1 is {_pct(_k(r, 'pass@k', 1))} (rule-reward GRPO: {_pct(p1g)}).\n"
+            + hacking_sentence(rm_label(rms[0][0]), f["hacking"][rms[0][1]])
+            + f" Rule-reward GRPO reached pass@1 {_spread(grpo, 'pass@k', 1)}."
+            + (" The iterative arms' curves are read in Result 5." if len(rms) > 1 else "")
+            + "\n"
         )
-
-    if "grpo-process" in s:
-        outcome = grpo["per_seed"][0] if grpo.get("per_seed") else grpo
-        _pair_section(
+    if "fig5" in f:
+        _arm_section(
             add,
             "Result 4: outcome against process supervision (DeepSeekMath Fig. 5)",
             "supervision.png",
-            [
-                ("outcome (reward: the final answer)", outcome),
-                ("process (reward: each step, by the task's verifier)", s["grpo-process"]),
-            ],
+            [(ARM_LABELS[OUTCOME], s[OUTCOME]), (ARM_LABELS[PROCESS], s[PROCESS])],
             k_mid,
             k_max,
-            f"GRPO, seed {c['seed']}, the same budget; process supervision gives each "
-            "token the normalised rewards of the steps at or after it (§4.1.3)",
+            "GRPO on the same seeds and budget; outcome supervision rewards the final answer (the GRPO arm's own "
+            "runs), process supervision each step, by the task's per-step verifier: each token gets the normalised "
+            "rewards of the steps at or after it (§4.1.3)",
+            fig5_sentence(f["fig5"]),
         )
-    if "grpo-rm-iterative" in s and "grpo-rm" in s:
-        _pair_section(
+    if "fig6" in f:
+        reading = fig6_sentence(f["fig6"])
+        if "three_above_two" in f["fig6"]:
+            reading += (
+                f" A third iteration ended above the second in {f['fig6']['three_above_two']} of {f['fig6']['seeds']}."
+            )
+        reading += " " + " ".join(hacking_sentence(rm_label(i), f["hacking"][key]) for i, key in rms[1:])
+        _arm_section(
             add,
-            "Result 5: iterative RL, one against two iterations (DeepSeekMath Fig. 6)",
+            "Result 5: iterative RL (DeepSeekMath Fig. 6)",
             "iterative.png",
-            [
-                ("one iteration (the reward model fixed)", s["grpo-rm"]),
-                ("two iterations (the reward model retrained between them)", s["grpo-rm-iterative"]),
-            ],
+            [(rm_label(i), s[key]) for i, key in rms],
             k_mid,
             k_max,
-            "GRPO on the neural reward model's score, seed "
-            f"{c['seed']}, the same steps; between the iterations the reward model learns from "
-            "comparisons of the policy's fresh samples labelled by the rule, and the reference is reset "
-            "to the policy (Algorithm 1)",
+            "GRPO on the neural reward model's score, the same seeds and steps, split evenly between the "
+            "iterations; between them the reward model learns from comparisons of the policy's fresh samples "
+            "labelled by the rule, with 10% of its history replayed, and the reference is reset to the policy "
+            "(Algorithm 1)",
+            reading,
+            score=True,
         )
 
     for name, why in (s.get("failed") or {}).items():
-        add(f"**Not shown: the run `{name}` failed** ({why}); its directory holds what it left.\n")
+        add(
+            f"**Not shown: `{name.split('/')[0]}`, whose run `{name}` failed** ({why}); its directory holds what it left.\n"
+        )
 
     add("## Files\n")
-    singles = [f"`{name}/`" for name in ("grpo-rm", "grpo-process", "grpo-rm-iterative") if name in s]
+    extra = [f"`{name}/seed-N/`" for name in (PROCESS, *(key for _, key in rms)) if name in s]
     add(
-        "`summary.json` (every number above, each seed's under `per_seed`), `base/` (the SFT model), "
+        "`summary.json` (every number above, each seed's under `per_seed`, the findings under `findings`), "
+        "`base/` (the SFT model), "
         + ", ".join(f"`{arm}/seed-N/`" for arm in ARM_NAMES if arm in s)
-        + "".join(", " + name for name in singles)
-        + (", `reward_model/`" if "grpo-rm" in s else "")
+        + "".join(", " + name for name in extra)
+        + (", `reward_model/` (and its comparisons, `data/rm_pairs.jsonl`)" if rms else "")
         + " (each run's config.yaml, metrics.jsonl, samples.jsonl and final model), `data/`, and the plots.\n"
     )
     Path(path).write_text("\n".join(lines))
 
 
-def _pair_section(add, title: str, png: str, pair: list[tuple[str, dict]], k_mid: int, k_max: int, how: str) -> None:
-    """A two-arm comparison with its table, plot and reading (--full's figures)."""
+def _arm_table(add, rows: list[tuple[str, dict]], k_mid: int, k_max: int, *, score: bool = False) -> None:
+    """Arms over seeds: means [lowest–highest seed], each seed's pass@1, where the true
+    accuracy of the training samples ended, and (`score`) how the reward model's score moved."""
+    head = f"| | pass@1 | maj@{k_mid} | pass@{k_max} | pass@1 per seed | true accuracy, first → last tenth |"
+    add(head + (" reward model's score, first → last tenth |" if score else ""))
+    add("|---|---|---|---|---|---|" + ("---|" if score else ""))
+    for name, e in rows:
+        seeds = ", ".join(_pct(_k(one, "pass@k", 1)) for one in _seeds_of(e))
+        truth = e["true_accuracy"]
+        cells = [
+            _spread(e, "pass@k", 1),
+            _spread(e, "maj@k", k_mid),
+            _spread(e, "pass@k", k_max),
+            seeds,
+            f"{_pct(first_tenth(truth))} → {_pct(last_tenth(truth))}",
+        ]
+        if score:
+            cells.append(f"{first_tenth(e['rm_score']):+.2f} → {last_tenth(e['rm_score']):+.2f}")
+        add(f"| {name} | " + " | ".join(cells) + " |")
+    add("")
+
+
+def _arm_section(
+    add,
+    title: str,
+    png: str,
+    rows: list[tuple[str, dict]],
+    k_mid: int,
+    k_max: int,
+    how: str,
+    reading: str,
+    *,
+    score: bool = False,
+) -> None:
+    """A comparison of --full's arms over seeds: how they ran, the table, the plot, the reading."""
     add(f"## {title}\n")
     add(f"{how}.\n")
-    add(f"| | pass@1 | maj@{k_mid} | pass@{k_max} | true accuracy, last 5 steps |")
-    add("|---|---|---|---|---|")
-    finals = []
-    for name, e in pair:
-        tail = e["true_accuracy"][-5:]
-        finals.append(sum(tail) / len(tail))
-        add(
-            f"| {name} | {_pct(_k(e, 'pass@k', 1))} | {_pct(_k(e, 'maj@k', k_mid))} | "
-            f"{_pct(_k(e, 'pass@k', k_max))} | {_pct(finals[-1])} |"
-        )
-    add("")
+    _arm_table(add, rows, k_mid, k_max, score=score)
     add(f"![{title}]({png})\n")
-    (a_name, a), (b_name, b) = pair
-    d1 = _k(b, "pass@k", 1) - _k(a, "pass@k", 1)
-    add(
-        "**Reading.** "
-        f"Against {a_name.split(' (')[0]}, {b_name.split(' (')[0]} moved pass@1 by {_delta(_k(b, 'pass@k', 1), _k(a, 'pass@k', 1))} "
-        f"and maj@{k_mid} by {_delta(_k(b, 'maj@k', k_mid), _k(a, 'maj@k', k_mid))}; the true accuracy of the "
-        f"training samples ended {_delta(finals[1], finals[0])} apart. "
-        + (
-            "One seed each: a difference this small is within what seeds alone move (Result 1's spread)."
-            if abs(d1) < 0.05
-            else "One seed each: read it as a direction, not a measured effect size."
+    add(f"**Reading.** {reading}\n")
+
+
+def add_findings(add, s: dict) -> None:
+    """DeepSeekMath's --full findings in one place near the top: reproduced or not (the
+    sections below give the numbers), and the reward hacking that DeepSeek-R1 acted on."""
+    f = s.get("findings") or findings(s)
+    lines = []
+    if "fig5" in f:
+        lines.append(
+            "Fig. 5, process supervision at least level with outcome supervision: "
+            + ("reproduced" if f["fig5"]["reproduced"] else "not reproduced")
+            + " (Result 4)."
         )
-        + "\n"
+    if "fig6" in f:
+        lines.append(
+            "Fig. 6, a second iteration of iterative RL above the first: "
+            + ("reproduced" if f["fig6"]["reproduced"] else "not reproduced")
+            + f" ({f['fig6']['above']} of {_seed_word(f['fig6']['seeds'])}; Result 5)."
+        )
+    for i, key in rm_arms(s):
+        runs = f["hacking"][key]
+        hacked = sum(any(it["hacked"] for it in r["iterations"]) for r in runs)
+        lines.append(
+            f"Reward hacking, {rm_label(i)}: the score rose while the true accuracy fell in {hacked} of "
+            f"{_seed_word(len(runs))} (Result 3)."
+        )
+    if lines:
+        add("## Findings, as measured\n")
+        add("\n".join(f"- {line}" for line in lines) + "\n")
+
+
+# ---- findings: whether DeepSeekMath's figures were reproduced, from the numbers ---------------
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def first_tenth(curve: list[float]) -> float:
+    return _mean(curve[: max(1, len(curve) // 10)])
+
+
+def last_tenth(curve: list[float]) -> float:
+    """Where a per-step curve ended: its mean over the last tenth of the steps."""
+    return _mean(curve[-max(1, len(curve) // 10) :])
+
+
+def _seeds_of(entry: dict) -> list[dict]:
+    return entry.get("per_seed") or [entry]
+
+
+def level(a: dict, b: dict, metric: str, k: int) -> str:
+    """'above', 'level' or 'below': arm a against arm b on metric@k. Level when the seeds'
+    ranges (lowest to highest seed) overlap: a difference within what seeds alone move; with
+    one seed each a range is its one value."""
+    ma, mb = _k(a, metric, k), _k(b, metric, k)
+    ra = a.get(f"{metric}_range", {}).get(str(k)) or [ma, ma]
+    rb = b.get(f"{metric}_range", {}).get(str(k)) or [mb, mb]
+    if ra[0] <= rb[1] and rb[0] <= ra[1]:
+        return "level"
+    return "above" if ma > mb else "below"
+
+
+def segments(curve: list[float], iterations: int) -> list[list[float]]:
+    """A run's per-step curve cut at its iterations (steps split as the loop splits them)."""
+    size = -(-len(curve) // iterations)
+    return [curve[i : i + size] for i in range(0, len(curve), size)]
+
+
+def hacking(seed: dict, iterations: int) -> list[dict]:
+    """Per iteration of one seed's run on the reward model: how its score and the true
+    accuracy moved (first to last tenth of the iteration's steps; an update of the reward
+    model between iterations changes the score's scale, so each iteration is read alone),
+    and whether it was hacked: the score rose while the true accuracy fell."""
+    out = []
+    for score, truth in zip(segments(seed["rm_score"], iterations), segments(seed["true_accuracy"], iterations)):
+        d_score, d_true = last_tenth(score) - first_tenth(score), last_tenth(truth) - first_tenth(truth)
+        out.append({"score": d_score, "true_accuracy": d_true, "hacked": d_score > 0 and d_true <= -NOISE})
+    return out
+
+
+def findings(s: dict) -> dict:
+    """Whether each of DeepSeekMath's --full findings was reproduced, from summary `s`'s
+    numbers: Fig. 5 (process supervision at least level with outcome supervision on pass@1
+    and maj@k, over the same seeds), Fig. 6 (the second iteration's true accuracy above the
+    first's in every seed), and the reward hacking of each neural-reward-model arm."""
+    k_mid = 16 if "16" in s["base"]["maj@k"] else int(sorted(s["base"]["maj@k"], key=int)[len(s["base"]["maj@k"]) // 2])
+    out: dict = {}
+    if PROCESS in s and OUTCOME in s:
+        process, outcome = s[PROCESS], s[OUTCOME]
+        fig5: dict = {"seeds": len(_seeds_of(process)), "k": k_mid}
+        for metric, k in (("pass@k", 1), ("maj@k", k_mid)):
+            fig5[metric.replace("k", str(k))] = {
+                "process": _k(process, metric, k),
+                "outcome": _k(outcome, metric, k),
+                "verdict": level(process, outcome, metric, k),
+            }
+        fig5["reproduced"] = all(fig5[m]["verdict"] != "below" for m in ("pass@1", f"maj@{k_mid}"))
+        length = process.get("completion_length")
+        fig5["process_length"] = [first_tenth(length), last_tenth(length)] if length else None
+        fig5["true_accuracy"] = {
+            "process": last_tenth(process["true_accuracy"]),
+            "outcome": last_tenth(outcome["true_accuracy"]),
+        }
+        out["fig5"] = fig5
+    arms = dict(rm_arms(s))
+    out["hacking"] = {
+        key: [
+            {"seed": seed.get("seed"), "iterations": hacking(seed, i)}
+            for seed in _seeds_of(s[key])
+            if "rm_score" in seed
+        ]
+        for i, key in arms.items()
+    }
+    if 1 in arms and 2 in arms:
+        one, two = _seeds_of(s[arms[1]]), _seeds_of(s[arms[2]])
+        per_seed = [
+            {
+                "seed": b.get("seed"),
+                "start": first_tenth(a["true_accuracy"]),  # both runs' first iteration begins alike
+                "one": last_tenth(a["true_accuracy"]),
+                "two": last_tenth(b["true_accuracy"]),
+                "pass@1": [_k(a, "pass@k", 1), _k(b, "pass@k", 1)],
+                "second_iteration": hacking(b, 2)[-1] if "rm_score" in b else None,
+                "update": (b.get("rm_updates") or [None])[0],
+            }
+            for a, b in zip(one, two)
+        ]
+        above = sum(p["two"] > p["one"] for p in per_seed)
+        out["fig6"] = {
+            "seeds": len(per_seed),
+            "above": above,
+            "pass@1_above": sum(p["pass@1"][1] > p["pass@1"][0] for p in per_seed),
+            "reproduced": above == len(per_seed),
+            "per_seed": per_seed,
+        }
+        if 3 in arms:
+            three = _seeds_of(s[arms[3]])
+            out["fig6"]["three_above_two"] = sum(
+                last_tenth(c["true_accuracy"]) > last_tenth(b["true_accuracy"]) for b, c in zip(two, three)
+            )
+    return out
+
+
+def _seed_word(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def fig5_sentence(f: dict) -> str:
+    """Reproduced or not, and each metric's verdict with its numbers."""
+    words = {"above": "above", "level": "level with", "below": "below"}
+    parts = []
+    for metric in ("pass@1", f"maj@{f['k']}"):
+        m = f[metric]
+        why = "the seeds' ranges overlap" if m["verdict"] == "level" else "the seeds' ranges apart"
+        if f["seeds"] == 1:
+            why = "one seed"
+        parts.append(
+            f"{words[m['verdict']]} it on {metric} ({_pct(m['process'])} against {_pct(m['outcome'])}, "
+            f"{_delta(m['process'], m['outcome'])}; {why})"
+        )
+    head = "**Reproduced**" if f["reproduced"] else "**Not reproduced**"
+    text = (
+        f"{head} (DeepSeekMath Fig. 5: process supervision at least level with outcome supervision): over "
+        f"{_seed_word(f['seeds'])}, process supervision is " + " and ".join(parts) + "."
+    )
+    if not f["reproduced"]:
+        acc = f["true_accuracy"]
+        text += (
+            f" The true accuracy of its training samples ended at {_pct(acc['process'])} against outcome "
+            f"supervision's {_pct(acc['outcome'])}"
+        )
+        length = f.get("process_length")
+        if length and length[1] < 0.85 * length[0]:
+            text += (
+                f", and its completions shrank from {length[0]:.1f} to {length[1]:.1f} tokens: a policy that stops "
+                "early escapes the rewards of the steps it leaves out, unless the step reward scores them"
+            )
+        text += "."
+    return text
+
+
+def fig6_sentence(f: dict, labels: tuple[str, str] = ("one iteration", "two iterations")) -> str:
+    """Reproduced or not (the seeds counted), and for each seed that missed, why: what the
+    reward model's score and the true accuracy did in the second iteration, and the update."""
+    n, above = f["seeds"], f["above"]
+    head = "**Reproduced**" if f["reproduced"] else "**Not reproduced**"
+    seeds = "; ".join(f"seed {p['seed']}: {_pct(p['two'])} against {_pct(p['one'])}" for p in f["per_seed"])
+    text = (
+        f"{head} (DeepSeekMath Fig. 6: a second iteration above the first): the true accuracy of the training "
+        f"samples ended higher with {labels[1]} than with {labels[0]} in {above} of {_seed_word(n)} ({seeds}); "
+        f"pass@1 on the held-out problems was higher in {f['pass@1_above']} of {n}."
+    )
+    missed = [p for p in f["per_seed"] if p["two"] <= p["one"]]
+    reasons = []
+    for p in missed:
+        second, update = p["second_iteration"], p["update"]
+        if second is None:
+            continue
+        state = (
+            "hacked again after the update"
+            if second["hacked"]
+            else "the score and the truth moved together"
+            if second["score"] > 0 and second["true_accuracy"] > -NOISE
+            else "the updated reward model's score did not rise: a weak signal"
+        )
+        reason = (
+            f"seed {p['seed']}: in the second iteration the reward model's score moved {second['score']:+.2f} while "
+            f"the true accuracy moved {_delta(second['true_accuracy'], 0)} ({state})"
+        )
+        if update is not None:
+            accuracy = update.get("accuracy_on_new")
+            reason += (
+                f"; its update learned from {update['new_pairs']} new comparisons and {update['replayed']} replayed"
+                + (f", and ranked {_pct(accuracy)} of the new ones right after it" if accuracy is not None else "")
+            )
+        reasons.append(reason)
+    if reasons:
+        text += " Why not: " + "; ".join(reasons) + "."
+    below = [p for p in f["per_seed"] if p["two"] < p["start"] - NOISE]
+    if below:
+        text += (
+            f" In {len(below)} of {_seed_word(n)} the run with {labels[1]} still ended below where training began ("
+            + "; ".join(f"seed {p['seed']}: {_pct(p['start'])} → {_pct(p['two'])}" for p in below)
+            + "): the reward model was hacked"
+            + (" less, not overcome." if all(p["two"] > p["one"] for p in below) else ".")
+        )
+    return text
+
+
+def hacking_sentence(label: str, runs: list[dict]) -> str:
+    """How many seeds of an arm on the reward model were hacked, in which iterations."""
+    hacked = [r for r in runs if any(it["hacked"] for it in r["iterations"])]
+    total = [r["iterations"][-1] for r in runs]
+    score = _mean([t["score"] for t in total])
+    truth = _mean([t["true_accuracy"] for t in total])
+    where = "".join(
+        f"; seed {r['seed']} in iteration(s) "
+        + ", ".join(str(i + 1) for i, it in enumerate(r["iterations"]) if it["hacked"])
+        for r in hacked
+        if len(r["iterations"]) > 1
+    )
+    return (
+        f"{label}: hacked in {len(hacked)} of {_seed_word(len(runs))} (its score rose while the true accuracy fell"
+        f"{where}); over its last iteration the score moved {score:+.2f} and the true accuracy "
+        f"{_delta(truth, 0)} (means over seeds)."
     )
