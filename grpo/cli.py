@@ -231,19 +231,21 @@ The built-in demo, on a laptop CPU, with no download (what `make demo` runs).
 
 It warms up a tiny Llama on two- and three-digit addition until it solves some problems
 sometimes (and some never, in 64 tries), measures pass@k and maj@k (k up to 64), trains it
-with GRPO and, from the same base, with PPO on two budgets: the same prompts as GRPO, and
-the same number of generated tokens (G times the prompts). PPO runs with its own tuned
-settings (learning rates of policy and critic, GAE lambda, epochs; the critic starts from
-the base). Every RL arm runs over --seeds seeds, two runs at a time on one thread each; the
-report gives means, the spread over seeds and intervals over problems. It shows
+with GRPO and, from the same base, with PPO at the same prompts as GRPO (G times fewer
+generated tokens). PPO runs with its own tuned settings (learning rates of policy and
+critic, GAE lambda, epochs; the critic starts from the base). Every RL arm runs over --seeds
+seeds, two runs at a time on one thread each; the report gives means, the spread over seeds
+(and whether GRPO's maj@16 gain is larger than it) and intervals over problems. It shows
 DeepSeekMath's findings as measured: whether RL raises Maj@K more than Pass@K; GRPO holds
 three models to PPO's four but samples G answers per question. Writes report.md,
-summary.json and plots into --output (under 10 minutes on 2 cores).
+summary.json and plots into --output. --equal-tokens adds PPO at the same number of
+generated tokens as GRPO (G times the prompts), the costliest arm.
 
 --neural-rm adds a GRPO run driven by a reward model trained on the base's own right and
 wrong answers, its true accuracy logged beside the score it optimised (reward hacking
-shows). --full adds DeepSeekMath's Fig. 5 and Fig. 6 at toy scale, each arm over
---full-seeds seeds (at most --seeds; the GRPO arm's steps and samples): outcome supervision
+shows). --full adds PPO at equal generated tokens and DeepSeekMath's Fig. 5 and Fig. 6 at
+toy scale, each arm over --full-seeds seeds (at most --seeds; the GRPO arm's steps and
+samples): outcome supervision
 (the GRPO arm's own runs of those seeds, not retrained) against process supervision (the
 task's per-step verifier as the reward), and GRPO on the neural reward model with 1, 2 and
 3 iterations of iterative RL (between iterations the reward model retrains on the policy's
@@ -680,6 +682,7 @@ def _add_demo(commands) -> None:
     flag("seeds", type=positive_int)
     flag("full")
     flag("full_seeds", type=positive_int)
+    flag("equal_tokens")
     flag("neural_rm")
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")

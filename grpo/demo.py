@@ -100,6 +100,11 @@ class DemoConfig:
         256, "Completions per pass, the same for every run, in every forward pass and in generation."
     )
     parallel: int = opt(2, "Runs trained at once, each on one thread (1: one at a time, on torch's threads).")
+    equal_tokens: bool = opt(
+        False,
+        "Also PPO at equal generated tokens (G times GRPO's prompts, the costliest arm: its critic over G times "
+        "the answers), over `seeds` seeds; on with `full`, over `full_seeds`.",
+    )
     neural_rm: bool = opt(
         False, "Also a GRPO run driven by a reward model trained on the base's own answers (on with `full`)."
     )
@@ -155,6 +160,16 @@ ARMS = ARM_NAMES
 
 def _seeds(first: int, count: int) -> list[int]:
     return [first + i for i in range(count)]
+
+
+def _arm_seeds(c: DemoConfig) -> dict[str, list[int]]:
+    """The main arms and the seeds of each: GRPO and PPO at equal prompts over `seeds`; PPO at
+    equal generated tokens (as long as GRPO's run, and a critic besides) only when asked, over
+    `seeds` with `equal_tokens`, over `full_seeds` with `full`: the default demo stays short."""
+    arms = {"grpo": _seeds(c.seed, c.seeds), "ppo": _seeds(c.seed, c.seeds)}
+    if c.equal_tokens or c.full:
+        arms["ppo_equal_tokens"] = _seeds(c.seed, c.seeds if c.equal_tokens else min(c.full_seeds, c.seeds))
+    return arms
 
 
 def _prompts_per_step(c: DemoConfig, arm: str) -> int:
@@ -407,8 +422,10 @@ def demo(
 
     train_data, rule = str(data / "train.jsonl"), [{"function": "arithmetic_correct", "weight": 1.0}]
     jobs = []
-    for arm, label in ARMS.items():
-        for seed in _seeds(c.seed, c.seeds):
+    main_arms = _arm_seeds(c)
+    for arm, seeds in main_arms.items():
+        label = ARMS[arm]
+        for seed in seeds:
             config = _train_config(c, out / arm / f"seed-{seed}", base, train_data, arm, rule, seed)
             jobs.append(_Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
     skipped_rm, rm_info = None if c.neural_rm or c.full else "not asked (--neural-rm or --full)", None
@@ -437,7 +454,10 @@ def demo(
     at_once = f"{c.parallel} at a time, one thread each" if c.parallel > 1 else "one at a time"
     say(
         f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}), {c.steps} steps each: "
-        + "; ".join(f"{label} {c.seeds} seed(s) x {_prompts_per_step(c, arm)} prompts" for arm, label in ARMS.items())
+        + "; ".join(
+            f"{ARMS[arm]} {len(seeds)} seed(s) x {_prompts_per_step(c, arm)} prompts"
+            for arm, seeds in main_arms.items()
+        )
         + "".join(f"; {label} {len(extra_seeds)} seed(s)" for label, _ in extra.values())
     )
     runs, failed = _train_all(jobs, out, c.parallel, say)
@@ -473,8 +493,8 @@ def demo(
         "base": _public(results["base"], None),
     }
     summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)
-    for arm in ARMS:
-        summary[arm] = over(arm, _seeds(c.seed, c.seeds))
+    for arm, seeds in main_arms.items():
+        summary[arm] = over(arm, seeds)
     if c.full:  # outcome supervision: the GRPO arm's own runs of the extra arms' seeds
         summary[OUTCOME] = over("grpo", extra_seeds)
     for name in extra:
@@ -493,14 +513,15 @@ def demo(
 
 
 def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
-    names = {"base": "base (SFT)", **ARMS}
+    arms = {arm: label for arm, label in ARMS.items() if arm in s}
+    names = {"base": "base (SFT)", **arms}
     plot_curves(
         {label: s[key] for key, label in names.items()},
         out / "pass_maj_at_k.png",
         title="Held-out addition problems (means over seeds)",
     )
     plot_rewards(
-        {ARMS[arm]: list(enumerate(s[arm]["reward"], start=1)) for arm in ARMS},
+        {label: list(enumerate(s[arm]["reward"], start=1)) for arm, label in arms.items()},
         out / "rewards.png",
         ylabel="mean reward (fraction correct), mean over seeds",
     )

@@ -424,3 +424,21 @@ def test_report_names_the_host_it_ran_on(tmp_path):
     s["host"] = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2"], "cpus": 2, "torch": "2.13.0+cpu"}
     write_report(tmp_path / "report.md", s)
     assert "minutes on this machine, AMD EPYC (avx2), 2 CPUs)" in (tmp_path / "report.md").read_text()
+
+
+def test_ppo_at_equal_tokens_runs_only_when_asked_over_its_seeds():
+    from grpo.demo import _arm_seeds
+
+    assert _arm_seeds(DemoConfig(seeds=5)) == {"grpo": [0, 1, 2, 3, 4], "ppo": [0, 1, 2, 3, 4]}
+    assert _arm_seeds(DemoConfig(seeds=5, full=True, full_seeds=3))["ppo_equal_tokens"] == [0, 1, 2]
+    assert _arm_seeds(DemoConfig(seed=2, seeds=2, equal_tokens=True))["ppo_equal_tokens"] == [2, 3]
+
+
+def test_report_without_ppo_at_equal_tokens_says_why(tmp_path):
+    s = summary()
+    del s["ppo_equal_tokens"]
+    write_report(tmp_path / "report.md", s)
+    text = (tmp_path / "report.md").read_text()
+    assert "## Result 2: GRPO against PPO, at equal prompts\n" in text
+    assert "(not run here: the costliest arm, it comes with `--full` or `--equal-tokens`)" in text
+    assert "At equal generated tokens" not in text

@@ -179,7 +179,13 @@ def write_report(path: Path, s: dict) -> None:
         "GAE, the KL in the reward; (a) *equal prompts*: the same "
         f"{c['prompts_per_step']} problems per step as GRPO, so {c['group_size']}x fewer generated tokens; "
         f"(b) *equal generated tokens*: {c['prompts_per_step'] * c['group_size']} problems per step, as many "
-        "answers as GRPO samples. PPO's own settings, tuned on problems outside the evaluation set: "
+        "answers as GRPO samples"
+        + (
+            f", over {len(ppo_tokens.get('per_seed', [ppo_tokens]))} seed(s)"
+            if ppo_tokens is not None
+            else " (not run here: the costliest arm, it comes with `--full` or `--equal-tokens`)"
+        )
+        + ". PPO's own settings, tuned on problems outside the evaluation set: "
         f"policy lr {c['ppo_lr']}, critic lr {c['ppo_value_lr']}, GAE lambda {c['ppo_lam']} (gamma 1), "
         f"{c['ppo_epochs']} epoch(s) over each batch in {c.get('ppo_minibatches', 1)} minibatches, the critic's "
         "backbone warm-started from the base (its scalar head new). What was tried to choose them, and what "
@@ -293,7 +299,8 @@ def write_report(path: Path, s: dict) -> None:
             add(f"| {name} | " + " | ".join(cells) + " |")
         add("")
 
-    add("## Result 2: GRPO against PPO, at equal prompts and at equal generated tokens\n")
+    budgets = "at equal prompts and at equal generated tokens" if ppo_tokens is not None else "at equal prompts"
+    add(f"## Result 2: GRPO against PPO, {budgets}\n")
     add(
         f"| | models held | parameters held | peak memory (MB) | generated tokens | prompts | time (s) | pass@1 | maj@{k_mid} |"
     )
