@@ -451,7 +451,8 @@ def score_steps(
 ) -> StepScores:
     """Process supervision: every function's steps, weighted, merged per completion.
 
-    A function may return per completion a list of (end, reward) steps (end = character
+    A function of weight 0 is scored for its metric only: its steps are not merged. A function
+    may return per completion a list of (end, reward) steps (end = character
     offset one past the step), a single number (one step at the end of the completion: an
     outcome reward beside the process ones), None (no steps), or a mapping that also says
     how many steps it expected:
@@ -481,6 +482,12 @@ def score_steps(
         per_function[reward.name] = torch.tensor(
             [sum(r for _, r in s) / len(s) if s else math.nan for s in steps], dtype=torch.float32
         )
+        if reward.weight == 0:
+            # Watched, not trained on: its steps would still enter the group's normalisation (a
+            # step of reward 0 wherever it ends), and a completion that stops before that end
+            # would escape it, which rewards stopping (the demo's process arm learned to drop
+            # its answer when its weight-0 outcome reward sat at the completion's end).
+            continue
         for i, s in enumerate(steps):
             merged[i].extend((end, reward.weight * r) for end, r in s or [])
     return StepScores([sorted(s) for s in merged], per_function)

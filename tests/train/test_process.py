@@ -96,6 +96,34 @@ def test_stopping_early_earns_no_more_than_finishing_wrongly():
     assert truncated[:tokens].sum() < 0  # a wrong finish's score, not a free stop
 
 
+def test_a_watched_outcome_reward_does_not_make_dropping_the_answer_pay():
+    # Issue 24: the demo's process arm watches the final answer with `arithmetic_correct` at
+    # weight 0. Its steps entered the group's normalisation as a 0 at each completion's end,
+    # so a completion that stopped before its answer escaped it at the token that chose to
+    # stop, and the policy learned to drop its answers. Weight 0 is watched, not trained on.
+    from grpo.tasks.arithmetic import correctness_reward
+
+    tok = char_tokenizer(ALPHABET)
+    completions = [
+        "7+5+0=12;4+8+1=13",  # right steps, no answer
+        "7+5+0=12;4+8+1=13>133",  # right steps, wrong answer
+        "7+5+0=12;4+8+1=13>132",  # right
+        "7+5+0=13;4+8+1=13>133",  # the ones step and the answer wrong
+    ]
+    prompts = ["47+85="] * len(completions)
+    batch = _batch(tok, prompts, completions)
+    steps = WeightedReward("arithmetic_steps", step_reward, 1.0)
+    watched = WeightedReward("arithmetic_correct", correctness_reward, 0.0)
+    alone = ProcessScorer()([steps], prompts, completions, {})
+    both = ProcessScorer()([steps, watched], prompts, completions, {})
+    assert both.steps == alone.steps
+    assert both.per_function["arithmetic_correct"].tolist() == [0.0, 0.0, 1.0, 0.0]  # still watched
+    rewards, ends = ProcessBaseline(4, 1e-4, tok).step_tensors(both.steps, batch)
+    advantages = process_advantages(rewards, ends, batch.loss_mask, 4)  # (4, T)
+    stop = len(completions[0])  # the EOS of the first, the '>' of the second: the choice to answer
+    assert advantages[0, stop] <= advantages[1, stop] + 1e-6
+
+
 def test_grpo_learns_from_step_rewards_through_process_advantages(make_config, monkeypatch):
     calls = []
     real = seams_module.process_advantages
