@@ -7,23 +7,30 @@
    all 64 tries: whether pass@64 moves is then a measurement, not a ceiling at 100%.
 2. GRPO trades memory for generation: PPO holds four models (policy, reference, reward,
    value), GRPO three, but GRPO samples G completions per prompt. PPO (with its own tuned
-   settings) is trained from the same base on two budgets: the same prompts as GRPO (G times
-   fewer generated tokens) and the same generated tokens (G times the prompts). Each run
-   trains in its own process, so that its peak memory is its own.
+   settings) is trained from the same base on the same prompts as GRPO (G times fewer
+   generated tokens) and, with `full` or `equal_tokens`, on the same generated tokens (G
+   times the prompts: the costliest arm, left out of the default demo to keep it short).
+   Each run trains in its own process, so that its peak memory is its own.
 3. A neural reward model instead of the rule: trained on the base model's own correct and
    incorrect samples, it drives a GRPO run whose true accuracy is reported beside the reward
    it optimised, so that reward hacking would show.
 4. With `full`, over `full_seeds` seeds: outcome vs process supervision (DeepSeekMath
    Fig. 5; the task's per-step verifier as the process reward; the outcome arm is the GRPO
-   arm's own runs of those seeds) and GRPO on the neural reward model with 1, 2 and 3
-   iterations of iterative RL (Fig. 6; between iterations the reward model keeps learning
-   from the policy's fresh samples, labelled by the task's verifier, with 10% of its history
-   replayed, its own training comparisons included). The report says from the numbers
-   whether each finding was reproduced (grpo.eval.report.findings).
+   arm's own runs of those seeds) and GRPO on the neural reward model with 1 and 2 (with
+   `rm_iterations`, more) iterations of iterative RL (Fig. 6; between iterations the
+   reward model keeps learning from the policy's fresh samples, labelled by the task's
+   verifier, with 10% of its history replayed, its own training comparisons included). The
+   report says from the numbers whether each finding was reproduced
+   (grpo.eval.report.findings).
 
 Every RL arm runs over `seeds` seeds (the base is one model; the seeds vary the RL runs):
 summary.json gives each arm's means over seeds, each seed's numbers under `per_seed`, and
 intervals over problems of the seed-averaged per-problem values.
+
+Deliberate deviations: GRPO on the neural reward model runs with its own learning rate and
+a KL coefficient ten times the paper's (`rm_policy_lr`, `rm_policy_beta`): with the rule
+arm's, this toy reward model is hacked to zero true accuracy within a few dozen steps, and
+iterative RL's update then finds no right answer to learn from (benchmarks/README.md).
 
 Everything lands in `output` (default runs/demo): report.md, summary.json, plots, and each
 run's own directory (config.yaml, metrics.jsonl, final/).
@@ -108,12 +115,14 @@ class DemoConfig:
     neural_rm: bool = opt(
         False, "Also a GRPO run driven by a reward model trained on the base's own answers (on with `full`)."
     )
-    rm_prompts: int = opt(200, "Problems the base model answers to make the reward model's comparisons.")
+    rm_prompts: int = opt(5000, "Problems the base model answers to make the reward model's comparisons.")
     rm_samples: int = opt(8, "The base's samples per such problem.")
-    rm_epochs: int = opt(2, "The reward model's epochs over its comparisons (at lr 1e-3).")
-    # GRPO on the reward model: its own learning rate and KL coefficient.
-    rm_policy_lr: float = opt(1e-4, "GRPO's learning rate on the neural reward model.")
-    rm_policy_beta: float = opt(0.04, "GRPO's KL coefficient on the neural reward model.")
+    rm_epochs: int = opt(4, "The reward model's epochs over its comparisons (at lr 1e-3).")
+    # GRPO on the reward model: its own learning rate and KL coefficient, chosen by measurement
+    # (benchmarks/README.md, "grpo demo"): with the rule arm's, the policy hacks the reward
+    # model within a few dozen steps, and iterative RL's update then finds no right answer.
+    rm_policy_lr: float = opt(3e-5, "GRPO's learning rate on the neural reward model.")
+    rm_policy_beta: float = opt(0.4, "GRPO's KL coefficient on the neural reward model.")
     full: bool = opt(
         False,
         "Also outcome vs process supervision and iterative RL on the neural reward model, over `full_seeds` (longer).",
@@ -122,16 +131,18 @@ class DemoConfig:
     # retrained); every arm has the GRPO arm's steps, prompts and samples.
     full_seeds: int = opt(3, "Seeds of --full's arms: seed, seed + 1, ...; at most `seeds` (the outcome arm's).")
     rm_iterations: list[int] = opt(
-        [1, 2, 3],
+        [1, 2],
         "--full's iterative-RL arms: GRPO on the neural reward model with this many iterations each "
-        "(1: the reward model fixed), the same steps split evenly between them.",
+        "(1: the reward model fixed), the same steps split evenly between them; [1, 2, 3] adds a third "
+        "(about 6 minutes more on 2 cores).",
     )
-    # Iterative RL's reward-model update between iterations (reward_model_update.*).
-    rm_update_prompts: int = opt(16, "Problems the policy answers for the reward model's new comparisons, per update.")
-    rm_update_samples: int = opt(4, "The policy's samples per such problem.")
+    # Iterative RL's reward-model update between iterations (reward_model_update.*), chosen by
+    # measurement: benchmarks/README.md ("grpo demo") records the sizes tried.
+    rm_update_prompts: int = opt(256, "Problems the policy answers for the reward model's new comparisons, per update.")
+    rm_update_samples: int = opt(8, "The policy's samples per such problem.")
     rm_update_pairs: int = opt(4, "Most right-over-wrong comparisons from one problem's samples.")
-    rm_update_epochs: int = opt(1, "The reward model's epochs over each update's comparisons (new and replayed).")
-    rm_update_lr: float = opt(1e-4, "The reward model's learning rate in each update.")
+    rm_update_epochs: int = opt(6, "The reward model's epochs over each update's comparisons (new and replayed).")
+    rm_update_lr: float = opt(1e-3, "The reward model's learning rate in each update (its first training's).")
 
 
 # `grpo demo --quick`: a tiny budget that runs every stage (about a minute), as a smoke run.

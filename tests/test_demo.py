@@ -139,8 +139,8 @@ def test_findings_say_reproduced_or_not_from_the_numbers(tmp_path):
     )
     assert fig6_sentence(above["fig6"]).startswith(
         "**Reproduced** (DeepSeekMath Fig. 6: a second iteration above the first): the true accuracy of the training "
-        "samples ended higher with two iterations than with one iteration in 2 of 2 seeds (seed 0: 20.0% against "
-        "10.0%; seed 1: 30.0% against 10.0%); pass@1 on the held-out problems was higher in 2 of 2."
+        "samples ended higher, by 1 point or more, with two iterations than with one iteration in 2 of 2 seeds (seed "
+        "0: 20.0% against 10.0%; seed 1: 30.0% against 10.0%); pass@1 on the held-out problems was higher in 2 of 2."
     )
     # Both seeds began at 30% (the runs' shared first tenth) and ended at 20% and 30%.
     assert fig6_sentence(above["fig6"]).endswith(
@@ -154,10 +154,21 @@ def test_findings_say_reproduced_or_not_from_the_numbers(tmp_path):
     assert "is level with it on pass@1 (48.0% against 49.0%, −1.0 points; the seeds' ranges overlap)" in fig5_sentence(
         level["fig5"]
     )
-    below = findings(with_full(summary(), [(0.30, 0.66), (0.31, 0.66)], one=[0.1, 0.1], two=[0.2, 0.3]))
+    data = with_full(summary(), [(0.30, 0.66), (0.31, 0.66)], one=[0.1, 0.1], two=[0.2, 0.3])
+    data["grpo-process"]["no_answer"] = 0.9
+    below = findings(data)
     assert below["fig5"]["pass@1"]["verdict"] == "below" and not below["fig5"]["reproduced"]
     assert fig5_sentence(below["fig5"]).startswith("**Not reproduced**")
     assert "below it on pass@1 (30.5% against 49.0%" in fig5_sentence(below["fig5"])
+    assert fig5_sentence(below["fig5"]).endswith(
+        "; 90.0% of its evaluation samples gave no final answer (outcome supervision's: 0.0%): it learned to stop "
+        "before answering."
+    )
+
+    # Above by less than a point is level, not above: seed 1's 10.5% against 10.0%.
+    close = findings(with_full(summary(), [(0.6, 0.7), (0.6, 0.7)], one=[0.1, 0.1], two=[0.2, 0.105]))
+    assert close["fig6"]["above"] == 1 and not close["fig6"]["reproduced"]
+    assert "seed 1: in the second iteration" in fig6_sentence(close["fig6"]).split("Why not:")[1]
 
     # The second iteration below the first in seed 1, hacked again after the update there.
     missed = findings(

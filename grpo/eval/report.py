@@ -15,7 +15,9 @@ ARM_NAMES = {"grpo": "GRPO", "ppo": "PPO, equal prompts", "ppo_equal_tokens": "P
 OUTCOME, PROCESS = "grpo-outcome", "grpo-process"
 ARM_LABELS = {**ARM_NAMES, OUTCOME: "GRPO, outcome supervision", PROCESS: "GRPO, process supervision"}
 # A true accuracy (of a tenth of a run's samples) that moved less than this is not said to
-# have fallen or risen: about the sampling noise of that many samples at the demo's size.
+# have fallen or risen, nor one run's to be above another's: about the sampling noise of
+# that many samples at the demo's size (20 steps x 256 samples: a standard error of 0.5 to
+# 0.6 points at 10-20% accuracy).
 NOISE = 0.01
 
 
@@ -131,7 +133,7 @@ def write_report(path: Path, s: dict) -> None:
     lines: list[str] = []
     add = lines.append
 
-    add("# GRPO on a laptop: Maj@K vs Pass@K, and GRPO vs PPO on two budgets\n")
+    add("# GRPO on a laptop: Maj@K vs Pass@K, and GRPO vs PPO\n")
     add(
         "This report is written by `grpo demo` (`make demo`) from the numbers it measured in "
         f"this run ({s['time_s'] / 60:.1f} minutes on this machine{_host(s.get('host'))}). Nothing here was downloaded: "
@@ -175,7 +177,7 @@ def write_report(path: Path, s: dict) -> None:
         "step(s) per step, each on a part of its answers."
     )
     add(
-        f"4. **PPO, two budgets.** The same base and steps, one answer per problem, a value model and "
+        f"4. **PPO.** The same base and steps, one answer per problem, a value model and "
         "GAE, the KL in the reward; (a) *equal prompts*: the same "
         f"{c['prompts_per_step']} problems per step as GRPO, so {c['group_size']}x fewer generated tokens; "
         f"(b) *equal generated tokens*: {c['prompts_per_step'] * c['group_size']} problems per step, as many "
@@ -377,7 +379,8 @@ def write_report(path: Path, s: dict) -> None:
         reading = fig6_sentence(f["fig6"])
         if "three_above_two" in f["fig6"]:
             reading += (
-                f" A third iteration ended above the second in {f['fig6']['three_above_two']} of {f['fig6']['seeds']}."
+                f" A third iteration ended above the second, by a point or more, in {f['fig6']['three_above_two']} of "
+                f"{f['fig6']['seeds']}."
             )
         reading += " " + " ".join(hacking_sentence(rm_label(i), f["hacking"][key]) for i, key in rms[1:])
         _arm_section(
@@ -553,6 +556,7 @@ def findings(s: dict) -> dict:
         fig5["reproduced"] = all(fig5[m]["verdict"] != "below" for m in ("pass@1", f"maj@{k_mid}"))
         length = process.get("completion_length")
         fig5["process_length"] = [first_tenth(length), last_tenth(length)] if length else None
+        fig5["no_answer"] = {"process": process.get("no_answer"), "outcome": outcome.get("no_answer")}
         fig5["true_accuracy"] = {
             "process": last_tenth(process["true_accuracy"]),
             "outcome": last_tenth(outcome["true_accuracy"]),
@@ -581,7 +585,7 @@ def findings(s: dict) -> dict:
             }
             for a, b in zip(one, two)
         ]
-        above = sum(p["two"] > p["one"] for p in per_seed)
+        above = sum(p["two"] >= p["one"] + NOISE for p in per_seed)
         out["fig6"] = {
             "seeds": len(per_seed),
             "above": above,
@@ -592,7 +596,7 @@ def findings(s: dict) -> dict:
         if 3 in arms:
             three = _seeds_of(s[arms[3]])
             out["fig6"]["three_above_two"] = sum(
-                last_tenth(c["true_accuracy"]) > last_tenth(b["true_accuracy"]) for b, c in zip(two, three)
+                last_tenth(c["true_accuracy"]) >= last_tenth(b["true_accuracy"]) + NOISE for b, c in zip(two, three)
             )
     return out
 
@@ -626,10 +630,14 @@ def fig5_sentence(f: dict) -> str:
             f"supervision's {_pct(acc['outcome'])}"
         )
         length = f.get("process_length")
-        if length and length[1] < 0.85 * length[0]:
+        if length:
+            text += f"; its completions went from {length[0]:.1f} to {length[1]:.1f} tokens"
+        none = f.get("no_answer") or {}
+        if none.get("process") is not None and none.get("outcome") is not None:
             text += (
-                f", and its completions shrank from {length[0]:.1f} to {length[1]:.1f} tokens: a policy that stops "
-                "early escapes the rewards of the steps it leaves out, unless the step reward scores them"
+                f"; {_pct(none['process'])} of its evaluation samples gave no final answer (outcome supervision's: "
+                f"{_pct(none['outcome'])})"
+                + (": it learned to stop before answering" if none["process"] > 0.5 > none["outcome"] else "")
             )
         text += "."
     return text
@@ -643,10 +651,11 @@ def fig6_sentence(f: dict, labels: tuple[str, str] = ("one iteration", "two iter
     seeds = "; ".join(f"seed {p['seed']}: {_pct(p['two'])} against {_pct(p['one'])}" for p in f["per_seed"])
     text = (
         f"{head} (DeepSeekMath Fig. 6: a second iteration above the first): the true accuracy of the training "
-        f"samples ended higher with {labels[1]} than with {labels[0]} in {above} of {_seed_word(n)} ({seeds}); "
-        f"pass@1 on the held-out problems was higher in {f['pass@1_above']} of {n}."
+        f"samples ended higher, by {100 * NOISE:.0f} point or more, with {labels[1]} than with {labels[0]} in "
+        f"{above} of {_seed_word(n)} ({seeds}); pass@1 on the held-out problems was higher in {f['pass@1_above']} "
+        f"of {n}."
     )
-    missed = [p for p in f["per_seed"] if p["two"] <= p["one"]]
+    missed = [p for p in f["per_seed"] if p["two"] < p["one"] + NOISE]
     reasons = []
     for p in missed:
         second, update = p["second_iteration"], p["update"]
@@ -678,7 +687,7 @@ def fig6_sentence(f: dict, labels: tuple[str, str] = ("one iteration", "two iter
             f" In {len(below)} of {_seed_word(n)} the run with {labels[1]} still ended below where training began ("
             + "; ".join(f"seed {p['seed']}: {_pct(p['start'])} → {_pct(p['two'])}" for p in below)
             + "): the reward model was hacked"
-            + (" less, not overcome." if all(p["two"] > p["one"] for p in below) else ".")
+            + (" less, not overcome." if all(p["two"] >= p["one"] + NOISE for p in below) else ".")
         )
     return text
 
