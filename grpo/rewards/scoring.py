@@ -375,7 +375,7 @@ def score(
 
 def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple[int, float]] | None]:
     """Check a function's return for process supervision: per completion a number (one step
-    ending at the last character), None, a list of (end, reward) with 0 < end <= len (an
+    ending at the last character), None, a list of (end, reward) with 0 < end <= len + 1 (len + 1: on the EOS; an
     empty completion, an EOS at once, has its steps at 0 or 1, its only token), or a mapping
     {"steps": such a list, "expected": K, "missing": reward}, whose K - len(steps) left-out
     steps are added at len + 1 with the reward `missing` (0.0 by default)."""
@@ -396,10 +396,11 @@ def _as_steps(name: str, values: Any, completions: list[str]) -> list[list[tuple
         for item in given:
             ok = isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], numbers.Integral)
             empty = len(completions[i]) == 0
-            if not ok or not (0 < item[0] <= len(completions[i]) or empty and item[0] in (0, 1)):
+            # len + 1: one past the text, on the EOS (a step that includes the choice to stop).
+            if not ok or not (0 < item[0] <= len(completions[i]) + 1 or empty and item[0] in (0, 1)):
                 raise UserError(
                     f"reward {name!r} returned step {one_line(repr(item))} for row {i}; expected "
-                    f"(end, reward) with end a character offset in 1..{len(completions[i])}"
+                    f"(end, reward) with end a character offset in 1..{len(completions[i]) + 1}"
                 )
             reward = float(as_scores(name, [item[1]], 1)[0])
             if not math.isnan(reward):

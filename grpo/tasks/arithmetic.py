@@ -45,7 +45,7 @@ Rewards (TRL signature; 1.0 right, 0.0 wrong):
   *and* it is the column expected there (right digits, right carry in), and the answer
   entry earns 1.0 only when the answer is right *and* comes after exactly one step per
   column (a skipped or extra step costs the answer's reward too). A completion with a '>'
-  has an answer entry, at `len(completion)`, which earns 0.0 when the answer is malformed.
+  has an answer entry, at `len(completion) + 1` (on its EOS), which earns 0.0 when malformed.
   Items left out are wrong: the solution of a K-column problem has K + 1 items (K steps,
   then the answer; after more than K steps, the answer is still expected), and step_reward
   says how many it expected (`{"steps": [...], "expected": K + 1}`, the form
@@ -237,7 +237,10 @@ def _step_rewards(prompt: str, completion: str) -> dict[str, Any]:
     # The solution's items: one step per column, then the answer (empty: nothing is right).
     solution = [] if parsed is None else [*_column_steps(*parsed), str(parsed[0] + parsed[1])]
     steps = steps_of(completion)
-    answer = [] if _split(completion)[1] is None else [(len(completion), extract_answer(completion))]
+    # The answer ends the completion, and its EOS is part of it (text after the answer makes it
+    # wrong): it sits one past the text, on the EOS, so that stopping inside a wrong answer
+    # (">1" for 831) is judged with it instead of escaping with an EOS no item comes after.
+    answer = [] if _split(completion)[1] is None else [(len(completion) + 1, extract_answer(completion))]
     items = [(end, float(i < len(solution) and text == solution[i])) for i, (end, text) in enumerate([*steps, *answer])]
     # Expected: the solution's steps (or the completion's, when it wrote more), then an answer.
     return {"steps": items, "expected": max(len(solution) - 1, len(steps)) + 1}
@@ -250,7 +253,7 @@ def step_reward(prompts: list[str], completions: list[str], **columns: Any) -> l
     when the completion wrote more than K steps), each item left out scored 0.0 there.
 
     Item i (step i, or the answer after the last step) earns 1.0 when it equals item i of
-    the prompt's worked solution, else 0.0; the answer's end is `len(completion)`. See the
+    the prompt's worked solution, else 0.0; the answer's end is `len(completion) + 1`, its EOS. See the
     module docstring.
     """
     return [

@@ -62,9 +62,9 @@ def test_every_solution_is_verified_correct(case):
     assert is_correct(problem.solution, problem.answer)
     correctness, shape, steps = _rewards(problem.prompt, problem.solution, problem.answer)
     assert correctness == 1.0 and shape == 1.0
-    # one step per column, then the answer, all right; the answer entry ends the completion
+    # one step per column, then the answer, all right; the answer entry ends the completion, on its EOS
     assert [reward for _, reward in steps] == [1.0] * (digits + 1)
-    assert steps[-1][0] == len(problem.solution)
+    assert steps[-1][0] == len(problem.solution) + 1
     assert set(problem.prompt + problem.solution) <= set(ALPHABET)
 
 
@@ -158,7 +158,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 1.0), (17, 1.0), (21, 1.0)],
+            [(8, 1.0), (17, 1.0), (22, 1.0)],
             id="right",
         ),
         pytest.param(  # the tens column forgets the carry: wrong there and in the answer
@@ -167,7 +167,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "122",
             0.0,
             1.0,
-            [(8, 1.0), (17, 0.0), (21, 0.0)],
+            [(8, 1.0), (17, 0.0), (22, 0.0)],
             id="wrong-carry-in",
         ),
         pytest.param(  # the ones column drops its carry out; the tens step is still right
@@ -176,7 +176,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 0.0), (17, 1.0), (21, 1.0)],
+            [(8, 0.0), (17, 1.0), (22, 1.0)],
             id="wrong-carry-out",
         ),
         pytest.param(  # a wrong sum digit
@@ -185,7 +185,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "133",
             0.0,
             1.0,
-            [(8, 0.0), (17, 1.0), (21, 0.0)],
+            [(8, 0.0), (17, 1.0), (22, 0.0)],
             id="wrong-sum-digit",
         ),
         pytest.param(  # arithmetically right, but not this problem's ones column
@@ -194,7 +194,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "133",
             0.0,
             1.0,
-            [(8, 0.0), (17, 1.0), (21, 0.0)],
+            [(8, 0.0), (17, 1.0), (22, 0.0)],
             id="wrong-operand-digit",
         ),
         pytest.param(  # right steps, wrong final answer
@@ -203,7 +203,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "123",
             0.0,
             1.0,
-            [(8, 1.0), (17, 1.0), (21, 0.0)],
+            [(8, 1.0), (17, 1.0), (22, 0.0)],
             id="wrong-answer",
         ),
         pytest.param(  # the tens step skipped: the answer is right but out of place
@@ -212,7 +212,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 1.0), (12, 0.0), (13, 0.0)],  # the tens step left out: 0.0 past the end
+            [(8, 1.0), (13, 0.0), (13, 0.0)],  # the tens step left out: 0.0 past the end
             id="missing-last-step",
         ),
         pytest.param(  # the ones step skipped: the tens step sits where the ones step goes
@@ -221,7 +221,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 0.0), (12, 0.0), (13, 0.0)],
+            [(8, 0.0), (13, 0.0), (13, 0.0)],
             id="missing-first-step",
         ),
         pytest.param(  # an extra step: it and the answer after it are out of place
@@ -230,7 +230,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             1.0,
-            [(8, 1.0), (17, 1.0), (26, 0.0), (30, 0.0)],
+            [(8, 1.0), (17, 1.0), (26, 0.0), (31, 0.0)],
             id="extra-step",
         ),
         pytest.param(  # text after the answer makes it malformed
@@ -239,7 +239,7 @@ PROMPT, ANSWER = "47+85=", "132"
             None,
             0.0,
             0.0,
-            [(8, 1.0), (17, 1.0), (22, 0.0)],
+            [(8, 1.0), (17, 1.0), (23, 0.0)],
             id="trailing-text",
         ),
         pytest.param(
@@ -248,7 +248,7 @@ PROMPT, ANSWER = "47+85=", "132"
             None,
             0.0,
             0.0,
-            [(8, 1.0), (17, 1.0), (25, 0.0)],
+            [(8, 1.0), (17, 1.0), (26, 0.0)],
             id="second-answer",
         ),
         pytest.param(  # truncated mid-step: the answer left out scores 0.0 past the end
@@ -284,7 +284,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             0.0,
-            [(4, 0.0), (5, 0.0), (5, 0.0)],
+            [(5, 0.0), (5, 0.0), (5, 0.0)],
             id="answer-only",
         ),
         pytest.param(  # empty pieces are not steps
@@ -293,7 +293,7 @@ PROMPT, ANSWER = "47+85=", "132"
             None,
             0.0,
             0.0,
-            [(1, 0.0), (5, 0.0), (7, 0.0)],
+            [(1, 0.0), (5, 0.0), (8, 0.0)],
             id="garbage",
         ),
         pytest.param(  # the step padded its sum with a space: not a step of this task
@@ -302,7 +302,7 @@ PROMPT, ANSWER = "47+85=", "132"
             "132",
             1.0,
             0.0,
-            [(8, 1.0), (18, 0.0), (22, 1.0)],
+            [(8, 1.0), (18, 0.0), (23, 1.0)],
             id="space-in-step",
         ),
         pytest.param(  # digits of another script are not digits here
@@ -311,7 +311,7 @@ PROMPT, ANSWER = "47+85=", "132"
             None,
             0.0,
             0.0,
-            [(8, 1.0), (17, 1.0), (21, 0.0)],
+            [(8, 1.0), (17, 1.0), (22, 0.0)],
             id="non-ascii-digits",
         ),
     ],
@@ -353,7 +353,7 @@ def test_correctness_reward_references():
 
 def test_step_reward_needs_a_parsable_prompt():
     assert step_reward(["what is 47+85?"] * 2, ["7+5+0=12;4+8+1=13>132", "7+5+0=12"]) == [
-        {"steps": [(8, 0.0), (17, 0.0), (21, 0.0)], "expected": 3},
+        {"steps": [(8, 0.0), (17, 0.0), (22, 0.0)], "expected": 3},
         {"steps": [(8, 0.0)], "expected": 2},  # the answer is still expected
     ]
 
@@ -363,7 +363,7 @@ def test_step_reward_says_how_many_items_it_expected():
     assert step_reward([PROMPT] * 3, completions) == [
         {"steps": [(8, 1.0)], "expected": 3},  # 2 columns, then the answer
         {"steps": [(8, 1.0), (17, 1.0), (26, 0.0)], "expected": 4},  # after an extra step, an answer
-        {"steps": [(8, 1.0), (17, 1.0), (26, 0.0), (30, 0.0)], "expected": 4},
+        {"steps": [(8, 1.0), (17, 1.0), (26, 0.0), (31, 0.0)], "expected": 4},
     ]
 
 
@@ -372,8 +372,8 @@ def test_step_reward_batch_and_other_widths():
     completions = ["5+3+0=08;0+2+0=02;0+1+0=01>128", problem_for(999, 1).solution]
     assert problem_for(999, 1).solution == "9+1+0=10;9+0+1=10;9+0+1=10>1000"
     assert step_reward(prompts, completions) == [
-        {"steps": [(8, 1.0), (17, 1.0), (26, 1.0), (30, 1.0)], "expected": 4},
         {"steps": [(8, 1.0), (17, 1.0), (26, 1.0), (31, 1.0)], "expected": 4},
+        {"steps": [(8, 1.0), (17, 1.0), (26, 1.0), (32, 1.0)], "expected": 4},
     ]
     assert format_reward(prompts, completions) == [1.0, 1.0]
 
@@ -401,7 +401,7 @@ def test_any_string_gives_a_well_defined_result(completion, prompt):
     columns = 0 if parsed is None else len(steps_of(problem_for(*parsed).solution))
     given = len(steps) + (">" in completion)  # its steps, then its answer entry when it has a '>'
     assert [end for end, _ in rewards[: len(steps)]] == ends
-    assert [end for end, _ in rewards[len(steps) : given]] == [len(completion)] * (given - len(steps))
+    assert [end for end, _ in rewards[len(steps) : given]] == [len(completion) + 1] * (given - len(steps))
     assert len(rewards) == max(columns, len(steps)) + 1  # every item expected: given, or left out
     assert [end for end, _ in rewards[given:]] == [len(completion) + 1] * (len(rewards) - given)
     assert all(reward in (0.0, 1.0) for _, reward in rewards)

@@ -61,13 +61,13 @@ def test_an_empty_completion_takes_its_steps_at_its_only_token():
         WeightedReward("n", lambda p, c, **_: [0.5, None], 1.0),
     ]
     scored = score_steps(rewards, ["1+2=", "1+2="], completions, {})
-    assert scored.steps == [[(0, 0.5), (1, 0.0), (1, 0.0)], [(8, 1.0), (10, 1.0)]]
+    assert scored.steps == [[(0, 0.5), (1, 0.0), (1, 0.0)], [(8, 1.0), (11, 1.0)]]
     batch = _batch(tok, ["1+2=", "1+2="], completions)
     rewards, ends = ProcessBaseline(2, 1e-4, tok).step_tensors(scored.steps, batch)
     assert ends[0].tolist() == [0, 0, 0] and rewards[0].tolist() == [0.5, 0.0, 0.0]
-    with pytest.raises(UserError, match="character offset in 1..0"):
+    with pytest.raises(UserError, match="character offset in 1..1"):
         score_steps([WeightedReward("s", lambda prompts, completions, **c: [[(2, 1.0)]], 1.0)], [""], [""], {})
-    with pytest.raises(UserError, match="character offset in 1..3"):
+    with pytest.raises(UserError, match="character offset in 1..4"):
         score_steps([WeightedReward("s", lambda prompts, completions, **c: [[(0, 1.0)]], 1.0)], [""], ["abc"], {})
 
 
@@ -122,6 +122,29 @@ def test_a_watched_outcome_reward_does_not_make_dropping_the_answer_pay():
     advantages = process_advantages(rewards, ends, batch.loss_mask, 4)  # (4, T)
     stop = len(completions[0])  # the EOS of the first, the '>' of the second: the choice to answer
     assert advantages[0, stop] <= advantages[1, stop] + 1e-6
+
+
+def test_stopping_inside_a_wrong_answer_is_judged_with_it():
+    # Issue 24: with the answer's reward on its last character, the EOS after it had no step
+    # at or after it (advantage 0), while every digit of a wrong answer had a negative one,
+    # so the process arm learned to stop one digit into its answers (">1" for 132). The
+    # answer's entry is on the EOS: stopping is judged with the answer it ends.
+    tok = char_tokenizer(ALPHABET)
+    completions = [
+        "7+5+0=12;4+8+1=13>1",  # right steps, stops one digit into the answer
+        "7+5+0=12;4+8+1=13>131",  # right steps, wrong answer
+        "7+5+0=12;4+8+1=13>132",  # right
+        "7+5+0=13;4+8+1=13>133",  # the ones step and the answer wrong
+    ]
+    prompts = ["47+85="] * len(completions)
+    batch = _batch(tok, prompts, completions)
+    scored = ProcessScorer()([WeightedReward("arithmetic_steps", step_reward, 1.0)], prompts, completions, {})
+    rewards, ends = ProcessBaseline(4, 1e-4, tok).step_tensors(scored.steps, batch)
+    advantages = process_advantages(rewards, ends, batch.loss_mask, 4)  # (4, T)
+    eos = [len(c) for c in completions]  # each completion's EOS token
+    assert advantages[0, eos[0]] < 0 and advantages[1, eos[1]] < 0  # a wrong answer's stop pays for it
+    assert advantages[2, eos[2]] > 0  # a right one's is rewarded
+    assert advantages[0, eos[0]] == advantages[1, eos[1]]  # stopping early earns what finishing wrongly does
 
 
 def test_grpo_learns_from_step_rewards_through_process_advantages(make_config, monkeypatch):
