@@ -674,7 +674,9 @@ def _add_sft(commands) -> None:
 
 
 def _add_demo(commands) -> None:
-    demo = _command(commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (under 10 minutes)", DEMO_HELP)
+    demo = _command(
+        commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (minutes on a laptop CPU)", DEMO_HELP
+    )
     demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
     flag = functools.partial(_field_flag, demo, DemoConfig)
     flag("seed")

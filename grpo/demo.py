@@ -66,7 +66,7 @@ TASK = "arithmetic"
 
 @dataclass
 class DemoConfig:
-    """The demo's budget. The defaults are sized for the demo's 10 minutes on a 2-core CPU;
+    """The demo's budget. The defaults are sized for minutes on a 2-core CPU (docs/demo.md has the times);
     `full` adds the neural reward model, the supervision and the iterative-RL comparisons
     (their own budget below).
     The RL settings were chosen on problems outside the evaluation set, GRPO's and PPO's
