@@ -219,6 +219,10 @@ class TrainConfig:
     micro_batch_size: int = opt(
         0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch."
     )
+    old_logprobs: Literal["auto", "recompute", "sampler"] = opt(
+        "auto",
+        "Where the old policy's log-probs (the ratio's anchor, when epochs or minibatches move the policy within a step) come from. recompute: a no-grad pass of the policy over the batch. sampler: the log-probs the sampler returned with its tokens (the fast loop's or vLLM's; an error with transformers' generate, which gives none); the engine correction then has no mismatch to measure. auto: the sampler's where they are the trainer's own up to float rounding (the fast loop on the current float32 weights, no top-p/top-k/min-p/min_new_tokens), else recompute: one forward pass fewer a step.",
+    )
     length_grouping: bool = opt(
         True,
         "Order a minibatch's completions by length before splitting it into micro-batches (micro_batch_size), so that each micro-batch holds completions of similar length; a prompt's completions stay together while the update shares their prompt pass. Every pass is cut to its micro-batch's longest completion either way; this makes that cut deeper. The same gradient as false (only which completions share a pass changes); also orders the reference, old-policy and critic passes.",
@@ -788,6 +792,10 @@ def validate(c: Config) -> None:
         f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}",
     )
     _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
+    _require(
+        tr.old_logprobs != "sampler" or ro.sampler != "hf",
+        "train.old_logprobs: sampler needs a sampler that returns log-probs (fast or vllm); transformers' generate (rollout.sampler: hf) gives none",
+    )
     _require(
         len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
     )

@@ -46,6 +46,9 @@ class Rollout:
     sampled_logprobs: Tensor | None = None
     # The optimizer steps the sampling weights had taken: the policy that drew this rollout.
     policy_version: int = 0
+    # Whether sampled_logprobs are the trainer's own up to float rounding (the decoder's
+    # `exact_logprobs`: the policy's float32 weights, the distribution the loss scores).
+    logprobs_exact: bool = False
 
     def __post_init__(self):
         if self.prompt_truncated is None:
@@ -90,6 +93,7 @@ class Rollout:
             loss_mask=self.loss_mask[index],
             sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[index],
             policy_version=self.policy_version,
+            logprobs_exact=self.logprobs_exact,
         )
         return part.trimmed() if trim else part
 
@@ -123,6 +127,7 @@ class Rollout:
             loss_mask=self.loss_mask[:, :keep],
             sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[:, :keep],
             policy_version=self.policy_version,
+            logprobs_exact=self.logprobs_exact,
         )
 
     def fit(self, x: Tensor) -> Tensor:

@@ -54,6 +54,11 @@ class Decoder(Protocol):
     def release(self) -> None:
         """Drop what `prepare` built (the next `prepare` builds it again)."""
 
+    def exact_logprobs(self) -> bool:
+        """Whether the log-probs of the prepared policy's `decode` are the trainer's own up to
+        float rounding: the same weights, in float32, and the distribution the loss scores.
+        Such log-probs can stand for the old policy's (train.old_logprobs: auto)."""
+
     def decode(
         self,
         prompt_ids: Tensor,
@@ -108,6 +113,13 @@ class FastDecoder:
         """The fused weights are a copy of the layers' weights: released, they do not sit in
         memory through the update that follows a sample."""
         self.policy, self.version, self.weights = None, None, None
+
+    def exact_logprobs(self) -> bool:
+        """Float32 fused weights (the policy's own, no autocast) and a distribution that
+        top-p/k, min-p and min_new_tokens leave as the loss scores it."""
+        import torch
+
+        return self.weights is not None and self.weights.embed.dtype == torch.float32 and not self.params.reshapes
 
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         from grpo.rollout import fast
@@ -182,6 +194,9 @@ class HFDecoder:
 
     def release(self) -> None:
         self.policy = None
+
+    def exact_logprobs(self) -> bool:
+        return False  # it gives none
 
     def decode(self, prompt_ids, prompt_mask, counts, generators):
         import torch

@@ -28,6 +28,13 @@ class SamplingParams:
     pad_token_id: int = 0
     bos_token_id: int | None = None
 
+    @property
+    def reshapes(self) -> bool:
+        """Whether the distribution drawn from is other than the one the loss scores (the
+        logits at the temperature, after the repetition penalty): top-p, top-k or min-p cut
+        it, or min_new_tokens forbids EOS for the first tokens."""
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0 or self.min_new_tokens > 0
+
     @classmethod
     def of(cls, tokenizer, **options) -> SamplingParams:
         """`options` (fields of OPTIONS) with the tokenizer's EOS, padding (0 when it has none)

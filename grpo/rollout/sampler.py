@@ -277,6 +277,7 @@ class Sampler:
         decoder.prepare(model, version)
         try:
             completion_ids, logprob_pieces = self._decode(decoder, unique_ids, unique_mask, seeds, generator, step)
+            exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
         finally:
             if not self.hold_prepared:
                 decoder.release()
@@ -300,4 +301,5 @@ class Sampler:
             prompt_truncated=cut.repeat_interleave(self.group_size).to(device),
             sampled_logprobs=sampled_logprobs,
             policy_version=0 if version is None else version,
+            logprobs_exact=exact and sampled_logprobs is not None,
         )

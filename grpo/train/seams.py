@@ -66,6 +66,7 @@ class Passes:
     ref_logprobs: Tensor | None  # (N, T) the reference's; None without one (beta = 0)
     old_logprobs: Tensor | None  # (N, T) the policy's as sampled; None when the update can use its own, detached
     old_values: Tensor | None  # (N, T) the critic's; None without one
+    old_from_sampler: bool = False  # old_logprobs are the sampler's (train.old_logprobs), not a pass's
 
 
 @dataclass

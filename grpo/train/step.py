@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
+from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import WeightedReward
@@ -86,7 +87,26 @@ class Engine:
         weights (its policy_version behind this one); and PPO's KL-in-reward reads them
         before any update."""
         moves = self.train.epochs > 1 or self.train.minibatches > 1
-        return moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
+        needed = moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
+        return needed and not self.old_logprobs_from_sampler(batch)
+
+    def old_logprobs_from_sampler(self, batch: Rollout) -> bool:
+        """Whether the sampler's log-probs stand for the old policy's (train.old_logprobs):
+        always with sampler; with auto, where a pass would otherwise run over a batch that
+        the current weights drew, with log-probs that are the trainer's own up to float
+        rounding (`logprobs_exact`): the pass would recompute the same numbers. (Where no
+        pass is needed, the update's own log-probs, detached, are the old ones, and the
+        sampler's are measured against them.) A one-line error where sampler was asked for
+        and the decoder gave none."""
+        mode = self.train.old_logprobs
+        if mode == "sampler" and batch.sampled_logprobs is None:
+            raise UserError(
+                "train.old_logprobs: sampler, but this batch's decoder (transformers' generate) returned no log-probs; use auto or recompute"
+            )
+        if mode != "auto":
+            return mode == "sampler"
+        moves = self.train.epochs > 1 or self.train.minibatches > 1
+        return (moves or self.kl.needs_old_logprobs) and batch.logprobs_exact and batch.policy_version == self.version
 
 
 @dataclass
@@ -223,8 +243,8 @@ def learn(e: Engine, collected: Collected) -> dict:
 
 def _passes(e: Engine, batch: Rollout) -> Passes:
     """The no-grad passes before the update: the reference's log-probs, the old policy's (when
-    the policy moves before the last update, or moved since it sampled the batch) and the
-    critic's values. In micro-batches,
+    the policy moves before the last update, or moved since it sampled the batch; or the
+    sampler's, per train.old_logprobs) and the critic's values. In micro-batches,
     like the update, so that no pass holds the whole batch's activations. Every log-prob is
     of the distribution sampled from, up to truncation: at the rollout's temperature and
     repetition penalty (docs/sampling.md). Each micro-batch is cut to its longest
@@ -232,21 +252,27 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
     results are 0 past every mask."""
     size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
     by_length = e.train.length_grouping
+    from_sampler = e.old_logprobs_from_sampler(batch)
     policy_pass = [e.policy] if e.needs_old_logprobs(batch) else []  # gathered whole only when it runs
     with autocast(e.policy, e.compute_dtype), e.world.gathered(*policy_pass, *e.critic.networks):
-        return Passes(
-            ref_logprobs=no_grad_pass(
-                lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
-            ),  # (N, T) or None
-            old_logprobs=no_grad_pass(
+        if from_sampler:  # (N, T), 0 past each completion as sampled
+            old = batch.sampled_logprobs
+        elif policy_pass:
+            old = no_grad_pass(
                 lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
                 batch,
                 size,
                 by_length=by_length,
             )
-            if policy_pass
-            else None,
+        else:
+            old = None
+        return Passes(
+            ref_logprobs=no_grad_pass(
+                lambda b: e.reference.logprobs(b, temperature, penalty), batch, size, by_length=by_length
+            ),  # (N, T) or None
+            old_logprobs=old,
             old_values=e.critic.values(batch, size, by_length),  # (N, T) or None
+            old_from_sampler=from_sampler,
         )
 
 
@@ -345,7 +371,9 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 ref = part.fit(passes.ref_logprobs[micro]) if passes.ref_logprobs is not None else None
                 advantages = part.fit(targets.advantages[micro])  # (n,) or (n, T')
                 # The engine's mismatch: weights of the policy-gradient term and of the whole loss.
-                pg_weight, kept = mismatch.weigh(old, part.sampled_logprobs, m, tally=epoch == 0)  # (n, T') or 1.0
+                # Nothing to weigh (or measure) where the sampler's log-probs are the old ones.
+                engine = None if passes.old_from_sampler else part.sampled_logprobs
+                pg_weight, kept = mismatch.weigh(old, engine, m, tally=epoch == 0)  # (n, T') or 1.0
                 per_token = policy_loss(logprobs, old, advantages, m, **clip, dual_clip=lo.dual_clip) * pg_weight
                 per_token = (
                     per_token + e.kl.loss_term(logprobs, ref, m)  # GRPO: + beta * KL; PPO: 0 (it is in the reward)

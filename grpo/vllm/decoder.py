@@ -169,6 +169,9 @@ class VllmDecoder:
         if self.engine is not None:
             self.engine.sleep()
 
+    def exact_logprobs(self) -> bool:
+        return False  # another engine's kernels (and, on a GPU, dtype): the mismatch is measured, not assumed away
+
     def seeds(self, counts, generators) -> list[int]:
         """One int seed per prompt: from its own generator, or drawn in order from the call's
         one (None: the global stream)."""

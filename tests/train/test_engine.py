@@ -286,3 +286,99 @@ def test_the_fast_loop_fuses_the_weights_once_per_sample(tiny_model, monkeypatch
     torch.manual_seed(1)
     assert fast_batch.completions == hf.sample(model, rows).completions
     assert calls == [1, 1]
+
+
+# ---- train.old_logprobs: the sampler's log-probs as the old policy's ---------------------------
+
+
+def _counting_policy_passes(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
+    return calls
+
+
+MOVING = {"epochs": 2, "minibatches": 2, "lr": 1e-3}  # the policy moves within a step: old log-probs needed
+FREE = {"min_new_tokens": 0}  # the distribution the loss scores (min_new_tokens reshapes it)
+
+
+def test_auto_takes_the_fast_loops_logprobs_as_the_old_policys_and_they_are_the_passs(make_config, monkeypatch):
+    """With the fast loop on float32 weights and nothing reshaping the distribution, auto
+    skips the old-policy pass: the sampler's log-probs stand for it. They must be the pass's
+    own numbers up to float rounding, or the ratio would be off from the first update."""
+    calls = _counting_policy_passes(monkeypatch)
+    e, c, stream = engine_for(make_config(rollout=FREE, train=MOVING))
+    got = collect(e, stream.take(c.rollout.prompts_per_step))
+    batch = got.batch
+    assert batch.logprobs_exact and e.old_logprobs_from_sampler(batch) and not e.needs_old_logprobs(batch)
+    passes = step_module._passes(e, batch)
+    assert calls == [] and passes.old_from_sampler
+    recomputed = policy_logprobs(e.policy, batch, c.rollout.temperature, c.rollout.repetition_penalty)
+    mask = batch.completion_mask.bool()
+    assert mask.sum() > 0
+    assert torch.allclose(passes.old_logprobs[mask], recomputed[mask], atol=1e-4)
+    assert bool((passes.old_logprobs[~mask] == 0).all())
+    metrics = learn(e, got)
+    assert calls == [] and metrics["rollout/mismatch_kl"] is None  # nothing measured: the same numbers
+
+
+def test_auto_trains_as_the_recomputed_pass_does(make_config):
+    """The same seed, the same samples: an update anchored on the sampler's log-probs ends
+    on the weights of one anchored on the recomputed pass (within float rounding)."""
+
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    weights = {}
+    for mode in ("auto", "recompute"):
+        e, c, stream = engine_for(make_config(rollout=FREE, train={**MOVING, "old_logprobs": mode}))
+        start = flat(e.policy)
+        for step in range(2):
+            train_step(e, stream.take(c.rollout.prompts_per_step), step=step)
+        weights[mode] = flat(e.policy)
+        assert (weights[mode] - start).abs().max() > 1e-3  # it trained
+    assert torch.allclose(weights["auto"], weights["recompute"], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rollout, train",
+    [
+        (FREE, {**MOVING, "old_logprobs": "recompute"}),  # asked for
+        ({"min_new_tokens": 0, "top_k": 5}, MOVING),  # the sampler drew from a truncated distribution
+        ({"min_new_tokens": 2}, MOVING),  # EOS forbidden for the first tokens
+        ({"min_new_tokens": 0, "sampler": "hf"}, MOVING),  # generate gives no log-probs
+    ],
+)
+def test_auto_runs_the_pass_where_the_sampler_logprobs_are_not_the_trainers(make_config, monkeypatch, rollout, train):
+    calls = _counting_policy_passes(monkeypatch)
+    e, c, stream = engine_for(make_config(rollout=rollout, train=train))
+    got = collect(e, stream.take(c.rollout.prompts_per_step))
+    assert not e.old_logprobs_from_sampler(got.batch)
+    learn(e, got)
+    assert calls == [1]
+
+
+def test_auto_runs_the_pass_for_a_batch_that_earlier_weights_drew(make_config, monkeypatch):
+    calls = _counting_policy_passes(monkeypatch)
+    e, c, stream = engine_for(make_config(rollout=FREE, train=MOVING))
+    first, second = (collect(e, stream.take(c.rollout.prompts_per_step), step=i) for i in range(2))
+    learn(e, first)
+    assert calls == [] and second.batch.logprobs_exact and not e.old_logprobs_from_sampler(second.batch)
+    learn(e, second)
+    assert calls == [1]
+
+
+def test_one_update_keeps_measuring_the_fast_loop_against_the_trainer(make_config):
+    """With nothing moving the policy within the step, the update's own log-probs are the old
+    ones, and the sampler's are measured against them (the mismatch metrics stay on)."""
+    e, c, stream = engine_for(make_config(rollout=FREE))
+    got = collect(e, stream.take(c.rollout.prompts_per_step))
+    assert not e.old_logprobs_from_sampler(got.batch)
+    metrics = learn(e, got)
+    assert metrics["rollout/mismatch_kl"] is not None and metrics["rollout/mismatch_kl"] < 1e-6
+
+
+def test_old_logprobs_sampler_refuses_generate_in_one_line(make_config):
+    from grpo.errors import UserError
+
+    with pytest.raises(UserError, match="train.old_logprobs: sampler needs a sampler that returns log-probs"):
+        config_from_dict(make_config(rollout={"sampler": "hf"}, train={"old_logprobs": "sampler"}))
