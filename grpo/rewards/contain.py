@@ -64,7 +64,7 @@ from grpo.infra.imports import describe, import_callable, one_line
 if TYPE_CHECKING:
     from grpo.rewards.types import WeightedReward
 
-__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "stop_workers"]
+__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
 
 _START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
 _STOP_SECONDS = 5.0  # for a killed worker to be reaped
@@ -108,6 +108,23 @@ def call(
         with _SigintNoted() as sigint:
             return _invoke(reward.fn, batch, sigint=sigint)
     return _on_thread(reward.fn, batch, reward.timeout)
+
+
+def call_function(fn, keywords: dict[str, Any], timeout: float | None) -> Any:
+    """`fn(**keywords)`, contained as a reward's call is, for callers other than rewards (a
+    tool): anything raised, sys.exit included, becomes Failed (a real Ctrl-C excepted); an
+    awaitable result is run to completion; past `timeout` s, TimedOut (the call abandoned on
+    its thread, or cancelled if async). A UserError passes through. No copies: the
+    arguments are the caller's to give."""
+
+    def thunk():
+        return fn(**keywords)
+
+    batch: Batch = ([], [], {}, {})  # `_invoke` calls a function of no parameters with none
+    if timeout is None:
+        with _SigintNoted() as sigint:
+            return _invoke(thunk, batch, sigint=sigint)
+    return _on_thread(thunk, batch, timeout)
 
 
 class Outcome:
