@@ -87,7 +87,7 @@ class DataConfig:
 class RewardConfig:
     function: str | Callable | None = opt(
         None,
-        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
+        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}], with rollout.tools its turns and tool messages; with rollout.environment it may take environments=; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
     )
     model: str | None = opt(
         None,
