@@ -142,12 +142,12 @@ def _examples(tokenizer):
     return examples
 
 
-def save_tool_model(directory, steps=150, lr=3e-3, seed=0) -> Path:
+def save_tool_model(directory, steps=150, lr=3e-3, seed=0, hidden_size=64, heads=4) -> Path:
     """Teach a tiny model the conversations (teacher forcing on the turns after the prompt)
-    and save it with its tokenizer."""
+    and save it with its tokenizer (vLLM's CPU attention wants heads of 64: hidden_size=128, heads=2)."""
     directory = Path(directory)
     tokenizer = tool_chat_tokenizer()
-    model = tiny_llama(tokenizer, hidden_size=64, layers=2, heads=4, max_positions=2048, seed=seed)
+    model = tiny_llama(tokenizer, hidden_size=hidden_size, layers=2, heads=heads, max_positions=2048, seed=seed)
     examples = _examples(tokenizer)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
