@@ -39,10 +39,10 @@ from grpo.infra.imports import import_object, one_line
 from grpo.rewards import contain
 from grpo.rewards.types import WeightedReward
 
-__all__ = ["Call", "Episode", "HermesFormat", "Toolbox", "parse_calls"]
+__all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "parse_calls"]
 
 FORMAT = "the Qwen2.5/Hermes format, <tool_call>{json}</tool_call>"
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _RESERVED = ("reset", "get_reward")  # an environment's methods that are not tools
 
 
@@ -67,7 +67,7 @@ def parse_calls(text: str) -> list[Call]:
     `{"name": str, "arguments": object}` (arguments may also be a JSON string of an object,
     as some models write them). A block that is not such JSON is a Call with an error."""
     calls = []
-    for block in _CALL.findall(text):
+    for block in TOOL_CALL.findall(text):
         try:
             data = json.loads(block)
         except json.JSONDecodeError as err:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass, field
 
 import torch
 
 from grpo.errors import UserError
 from grpo.infra.seed import sampling_seed
 from grpo.rollout.batch import Rollout
-from grpo.rollout.tools import parse_calls, with_observation
+from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
 
 __all__ = ["check_rendering", "sample_turns"]
 
@@ -54,12 +55,86 @@ def _left_pad(contexts: list[list[int]], pad: int, device) -> tuple[torch.Tensor
 
 def _content(tokenizer, raw: str) -> str:
     """A model turn's message content: its text without tool-call blocks or special tokens."""
-    from grpo.rollout.tools import _CALL
-
-    text = _CALL.sub("", raw)
+    text = TOOL_CALL.sub("", raw)
     for special in tokenizer.all_special_tokens:
         text = text.replace(special, "")
     return text.strip()
+
+
+@dataclass
+class Trajectory:
+    """One rollout as it grows: its prompt's tokens, then its completion's, each marked as
+    the model's (an action) or a tool's, with the sampler's log-probs (0 on a tool's)."""
+
+    prompt: list[int]
+    episode: Episode
+    stream: torch.Generator | None  # the random stream its turns draw from (None: the global one)
+    tokens: list[int] = field(default_factory=list)
+    actions: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # the completion as chat messages
+    as_written: list[dict] = field(default_factory=list)  # the same, each model turn as the text it sampled
+    rounds: int = 0  # turns whose tool calls ran
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    def append(self, tokens: list[int], action: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens += tokens
+        self.actions += [float(action)] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+
+def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device) -> list[tuple]:
+    """Each row's next turn as the decoder draws it: (token ids, their log-probs or None),
+    from calls of at most generation_batch_size rows; consecutive rows with the same
+    context and stream share one prompt of a call (a prompt's G rows, at the first turn)."""
+    drawn = []
+    size = sampler.batch_size or len(rows)
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        groups: list[list[Trajectory]] = []
+        for row in chunk:
+            if groups and groups[-1][0].context == row.context and groups[-1][0].stream is row.stream:
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+        counts = torch.tensor([len(group) for group in groups], device=device)
+        streams = [group[0].stream for group in groups] if per_prompt else [chunk[0].stream]
+        out, logprobs = decoder.decode(ids, mask, counts, streams, params=params)
+        drawn += [(out[k].tolist(), None if logprobs is None else logprobs[k].tolist()) for k in range(len(out))]
+    return drawn
+
+
+def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float] | None) -> bool:
+    """Add a turn the model sampled to `row` (up to its first EOS, within the budget) and, if
+    it calls tools, their answers; whether the rollout goes on to another model turn."""
+    tok, budget, limit = sampler.tokenizer, sampler.params.max_new_tokens, sampler.tools.max_calls
+    eos = sampler.params.eos_token_ids
+    end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
+    new = tokens[: min(end, budget - len(row.tokens))]
+    row.append(new, True, None if logprobs is None else logprobs[: len(new)])
+    raw = tok.decode(new, skip_special_tokens=False)
+    finished = bool(new) and new[-1] in eos  # the turn ended; not cut off by the budget
+    calls = parse_calls(raw) if finished else []
+    message = {"role": "assistant", "content": _content(tok, raw)}
+    if calls:
+        message["tool_calls"] = [c.as_message() for c in calls]
+    row.messages.append(message)
+    row.as_written.append({"role": "assistant", "content": tok.decode(new[:-1] if finished else new)})
+    if not calls or (limit is not None and row.rounds >= limit):
+        return False
+    row.rounds += 1
+    answers = [row.episode.run(call) for call in calls]
+    suffix = tok(sampler.format.suffix(answers), add_special_tokens=False)["input_ids"]
+    if len(row.tokens) + len(suffix) >= budget:
+        return False  # no room for the model's answer: dropped, the rollout ends at its turn
+    row.messages += answers
+    row.as_written += answers
+    row.append(suffix, False)
+    return True
 
 
 @torch.no_grad()
@@ -68,25 +143,19 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     prompt (module doc). Each rollout gets its own episode (`Toolbox.start`): its
     environment's reset text is appended to its prompt's last message, so a prompt's G
     rows may see different prompts."""
-    tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
-    params, pad = sampler.params, sampler.params.pad_token_id
-    eos = set(params.eos_token_ids)
-    repeated = [row for row in rows for _ in range(group_size)]
-    prompts = []
-    for row in repeated:
-        prompt = row[sampler.prompt_column]
-        if isinstance(prompt, str):
-            raise UserError(
-                "rollout.tools / rollout.environment: the prompts must be chat messages (a list of "
-                "{'role': ..., 'content': ...}), not plain text: the tools reach the model through the chat template"
-            )
-        prompts.append(prompt)
-    episodes, observations = toolbox.start(repeated)
-    prompts = [with_observation(p, text) for p, text in zip(prompts, observations)]
-    texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]
-    encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
     from grpo.rollout.sampler import keep_last_tokens
 
+    tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
+    repeated = [row for row in rows for _ in range(group_size)]
+    if any(isinstance(row[sampler.prompt_column], str) for row in repeated):
+        raise UserError(
+            "rollout.tools / rollout.environment: the prompts must be chat messages (a list of "
+            "{'role': ..., 'content': ...}), not plain text: the tools reach the model through the chat template"
+        )
+    episodes, observations = toolbox.start(repeated)
+    prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
+    texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]
+    encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
     prompt_ids, prompt_mask, cut = keep_last_tokens(
         encoded["input_ids"], encoded["attention_mask"], sampler.max_prompt_length
     )
@@ -96,103 +165,50 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         for text, ids, mask, was_cut in zip(texts, prompt_ids, prompt_mask, cut.tolist())
     ]
     device = next(model.parameters()).device
-    contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
 
     # One random stream per data row (rollout.seed_per_prompt), or one for all rows.
     if seeds is not None:
         streams = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        stream_of = [streams[i // group_size] for i in range(len(repeated))]
     else:
         if generator is None and sampler.seed is not None:
             generator = torch.Generator(device=device).manual_seed(sampling_seed(sampler.seed, sampler.rank, step))
-        stream_of = [generator] * len(repeated)
+        streams = [generator] * len(rows)
+    trajectories = [
+        Trajectory(ids[mask.bool()].tolist(), episode, streams[i // group_size])
+        for i, (ids, mask, episode) in enumerate(zip(prompt_ids, prompt_mask, episodes))
+    ]
 
-    n, budget = len(repeated), params.max_new_tokens
-    completion: list[list[int]] = [[] for _ in range(n)]
-    actions: list[list[float]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    messages: list[list[dict]] = [[] for _ in range(n)]  # the completion as chat messages
-    as_written: list[list[dict]] = [[] for _ in range(n)]  # the same, each turn's text as sampled
-    rounds = [0] * n
-    with_logprobs = True
     decoder = sampler.decoder(model, prompt_ids.shape[1])
     decoder.prepare(model, version)
+    with_logprobs = True
     try:
-        active = list(range(n))
+        active = trajectories
         while active:
-            left = {i: budget - len(completion[i]) for i in active}
-            turn = dataclasses.replace(params, max_new_tokens=max(left.values()))
-            drawn = {}
-            size = sampler.batch_size or len(active)
-            for start in range(0, len(active), size):
-                chunk = active[start : start + size]
-                groups: list[tuple[list[int], list[int]]] = []  # (context, its rows)
-                for i in chunk:
-                    context = contexts[i] + completion[i]
-                    last = groups[-1] if groups else None
-                    if last is not None and last[0] == context and stream_of[last[1][0]] is stream_of[i]:
-                        last[1].append(i)
-                    else:
-                        groups.append((context, [i]))
-                ids, mask = _left_pad([context for context, _ in groups], pad, device)
-                counts = torch.tensor([len(r) for _, r in groups], device=device)
-                streams_used = [stream_of[r[0]] for _, r in groups] if seeds is not None else [stream_of[chunk[0]]]
-                out, out_logprobs = decoder.decode(ids, mask, counts, streams_used, params=turn)
-                with_logprobs = with_logprobs and out_logprobs is not None
-                for k, i in enumerate(i for _, r in groups for i in r):
-                    drawn[i] = (out[k].tolist(), None if out_logprobs is None else out_logprobs[k].tolist())
-            going_on = []
-            for i in active:
-                tokens, token_logprobs = drawn[i]
-                end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
-                new = tokens[: min(end, left[i])]
-                completion[i] += new
-                actions[i] += [1.0] * len(new)
-                logprobs[i] += token_logprobs[: len(new)] if token_logprobs is not None else [0.0] * len(new)
-                raw = tok.decode(new, skip_special_tokens=False)
-                finished = bool(new) and new[-1] in eos  # the turn ended; not cut off by the budget
-                calls = parse_calls(raw) if finished else []
-                message = {"role": "assistant", "content": _content(tok, raw)}
-                written = {"role": "assistant", "content": tok.decode(new[:-1] if finished else new)}
-                if calls:
-                    message["tool_calls"] = [c.as_message() for c in calls]
-                messages[i].append(message)
-                as_written[i].append(written)
-                limit = toolbox.max_calls
-                if not calls or (limit is not None and rounds[i] >= limit):
-                    continue
-                rounds[i] += 1
-                answers = [episodes[i].run(call) for call in calls]
-                suffix = tok(sampler.format.suffix(answers), add_special_tokens=False)["input_ids"]
-                if len(completion[i]) + len(suffix) >= budget:
-                    continue  # no room for the model's answer: dropped, the rollout ends here
-                messages[i] += answers
-                as_written[i] += answers
-                completion[i] += suffix
-                actions[i] += [0.0] * len(suffix)
-                logprobs[i] += [0.0] * len(suffix)
-                going_on.append(i)
-            active = going_on
+            # This turn's most new tokens: the most any of its rows has left of the budget.
+            longest = max(sampler.params.max_new_tokens - len(row.tokens) for row in active)
+            turn = dataclasses.replace(sampler.params, max_new_tokens=longest)
+            drawn = _decode_turn(sampler, decoder, active, turn, seeds is not None, device)
+            with_logprobs = with_logprobs and all(logprobs is not None for _, logprobs in drawn)
+            active = [
+                row for row, (tokens, logprobs) in zip(active, drawn) if _take_turn(sampler, row, tokens, logprobs)
+            ]
         exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
     finally:
         if not sampler.hold_prepared:
             decoder.release()
 
-    width = max(max(len(c) for c in completion), 1)
+    n, pad = len(trajectories), sampler.params.pad_token_id
+    width = max(max(len(row.tokens) for row in trajectories), 1)
     completion_ids = torch.full((n, width), pad, dtype=torch.long)
-    completion_mask = torch.zeros((n, width))
-    loss_mask = torch.zeros((n, width))
-    sampled = torch.zeros((n, width))
-    for i in range(n):
-        length = len(completion[i])
-        completion_ids[i, :length] = torch.tensor(completion[i], dtype=torch.long)
+    completion_mask, loss_mask, sampled = torch.zeros((n, width)), torch.zeros((n, width)), torch.zeros((n, width))
+    for i, row in enumerate(trajectories):
+        length = len(row.tokens)
+        completion_ids[i, :length] = torch.tensor(row.tokens, dtype=torch.long)
         completion_mask[i, :length] = 1.0
-        loss_mask[i, :length] = torch.tensor(actions[i])
-        sampled[i, :length] = torch.tensor(logprobs[i])
+        loss_mask[i, :length] = torch.tensor(row.actions)
+        sampled[i, :length] = torch.tensor(row.logprobs)
     if not sampler.rendering_checked:
-        sampler.rendering_checked = check_rendering(
-            sampler, prompts, as_written, contexts, completion, cut.tolist(), toolbox.schemas
-        )
+        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), toolbox.schemas)
     completion_mask, loss_mask = completion_mask.to(device), loss_mask.to(device)
     return Rollout(
         input_ids=torch.cat([prompt_ids.to(device), completion_ids.to(device)], 1),
@@ -207,31 +223,31 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         sampled_logprobs=sampled.to(device) if with_logprobs else None,
         policy_version=0 if version is None else version,
         logprobs_exact=exact and with_logprobs,
-        messages=messages,
+        messages=[row.messages for row in trajectories],
         environments=[e.environment for e in episodes] if toolbox.environment is not None else None,
         tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
         tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
     )
 
 
-def check_rendering(sampler, prompts, as_written, contexts, completion, cut, schemas) -> bool:
+def check_rendering(sampler, prompts: list[list[dict]], rows: list[Trajectory], cut: list[bool], schemas) -> bool:
     """Whether the check was made: the first rollout with a tool message (and a whole
     prompt) rendered by the chat template, each model turn as the text it sampled, and
     tokenized as the sampler tokenizes a prompt, against the prompt's tokens and the
     completion's as sampled and appended. A one-line warning where they differ (training
     uses the tokens as sampled either way)."""
-    for i, turns in enumerate(as_written):
-        if cut[i] or not any(m["role"] == "tool" for m in turns):
+    for prompt, row, was_cut in zip(prompts, rows, cut):
+        if was_cut or not any(m["role"] == "tool" for m in row.as_written):
             continue
         tok = sampler.tokenizer
-        text = sampler.format.render(list(prompts[i]) + turns, schemas, generation=False)
+        text = sampler.format.render(list(prompt) + row.as_written, schemas, generation=False)
         rendered = tok(text, add_special_tokens=True)["input_ids"]
-        ours = contexts[i] + completion[i]
+        ours = row.context
         if rendered[: len(ours)] != ours:
             at = next((k for k, (a, b) in enumerate(zip(rendered, ours)) if a != b), min(len(rendered), len(ours)))
             print(
                 f"grpo: warning: rollout.tools: the chat template renders a sampled conversation to other tokens than "
-                f"those sampled and appended (from token {at - len(contexts[i])} of the completion on); training uses "
+                f"those sampled and appended (from token {at - len(row.prompt)} of the completion on); training uses "
                 "the tokens as sampled (docs/tools.md)",
                 file=sys.stderr,
             )
