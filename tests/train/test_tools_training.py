@@ -201,3 +201,30 @@ def test_a_reward_reads_the_environments(tool_model, tmp_path):
     # The model learned increment(step=2): the counters read 2, and get_reward says so.
     assert metrics["reward/tests.rollout.tool_models:counter_reward"] == pytest.approx(2.0)
     assert metrics["reward/tests.rollout.tool_models:DatasetIncrementEnv.get_reward"] == pytest.approx(1.0)
+
+
+SCORED_STEPS = []
+
+
+def counted_counter_reward(environments, trainer_state, **kwargs):  # both by keyword, as TRL calls it
+    SCORED_STEPS.append(trainer_state.global_step)
+    return counter_reward(environments)
+
+
+def test_a_resumed_run_with_tools_matches_an_uninterrupted_one(tool_model, tmp_path):
+    """Nothing of a tool or an environment is checkpointed: each rollout starts from reset,
+    so a run resumed from step 2 computes steps 3 and 4 as the run that never stopped."""
+    rows = [{"prompt": INCREMENT_PROMPT, "target": 2}] * 2 + [{"prompt": INCREMENT_PROMPT, "target": 3}] * 2
+    keys = ("reward/mean", "loss", "kl", "tokens/completion", "tools/calls_per_rollout", "tools/mask_fraction")
+    runs = {}
+    for name, steps in (("straight", 4), ("stopped", 2), ("stopped", 4)):
+        config = run_config(tool_model, tmp_path, rows, temperature=1.0)
+        config["output_dir"] = str(tmp_path / name)
+        config["train"].update(steps=steps, checkpoint_every=2)
+        config["rewards"] = [{"function": counted_counter_reward}]
+        resume = steps == 4 and name == "stopped"
+        SCORED_STEPS.clear()
+        result = grpo.train(config, environment_factory=DatasetIncrementEnv, progress=False, resume=resume)
+        runs[name] = [{k: m[k] for k in keys} for m in result.metrics]
+    assert SCORED_STEPS == [2, 3]  # the resumed run ran steps 3 and 4 only
+    assert len(runs["stopped"]) == 4 and runs["stopped"] == runs["straight"]
