@@ -228,3 +228,35 @@ def test_a_resumed_run_with_tools_matches_an_uninterrupted_one(tool_model, tmp_p
         runs[name] = [{k: m[k] for k in keys} for m in result.metrics]
     assert SCORED_STEPS == [2, 3]  # the resumed run ran steps 3 and 4 only
     assert len(runs["stopped"]) == 4 and runs["stopped"] == runs["straight"]
+
+
+def test_two_processes_sample_and_train_as_one_with_a_seed_per_prompt(tool_model, tmp_path):
+    """torchrun, 2 processes: each samples its prompts' multi-turn rollouts (its own
+    environment instances), and with rollout.seed_per_prompt the run logs what 1 process
+    logs, the tool metrics included (sums over both processes)."""
+    from tests.train.test_distributed import metrics_of, torchrun, write_config
+
+    rows = [{"prompt": INCREMENT_PROMPT, "target": t} for t in (2, 3, 2, 4)]
+    configs = {}
+    for name in ("one", "two"):
+        config = run_config(tool_model, tmp_path, rows, prompts_per_step=4, temperature=1.0, seed_per_prompt=True)
+        config["rollout"]["environment"] = "tests.rollout.tool_models:DatasetIncrementEnv"
+        config["rewards"] = [{"function": "tests.rollout.tool_models:counter_reward"}]
+        config["output_dir"] = str(tmp_path / name)
+        config["train"].update(steps=2, device="cpu")
+        configs[name] = config
+    grpo.train(configs["one"], progress=False)
+    run = torchrun("-m", "grpo", "train", str(write_config(tmp_path, "two", configs["two"])), "--quiet")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for a, b in zip(metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two"), strict=True):
+        for key in (
+            "reward/mean",
+            "tokens/completion",
+            "tools/calls_per_rollout",
+            "tools/failures",
+            "tools/mask_fraction",
+        ):
+            assert a[key] == b[key], key
+        for key in ("loss", "kl", "entropy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert metrics_of(tmp_path / "one")[0]["tools/calls_per_rollout"] > 0
