@@ -154,7 +154,8 @@ class HermesFormat:
         if not full.startswith(prefix):
             raise UserError(
                 "rollout.tools: the model's chat template renders a conversation differently once a tool message "
-                "follows (not prefix-preserving), so the sampled tokens cannot be kept; use a template that is"
+                "follows (not prefix-preserving, as Qwen3's, which drops earlier turns' reasoning), so the sampled "
+                "tokens cannot be kept; save the model's tokenizer with a prefix-preserving template (docs/tools.md)"
             )
         end = prefix.rfind(self.eos) if self.eos else -1
         if end < 0:

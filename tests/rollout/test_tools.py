@@ -57,6 +57,19 @@ def test_a_template_without_the_tool_call_format_is_refused_in_one_line():
         HermesFormat(tok)
 
 
+def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line():
+    """Not prefix-preserving: the assistant's turn renders differently once a tool message
+    follows it (as Qwen3's stock template drops the reasoning of turns before the last)."""
+    tok = tool_chat_tokenizer()
+    tok.chat_template = tok.chat_template.replace(
+        "{% for call in m.tool_calls or [] %}",
+        "{% if loop.last %}(last){% endif %}{% for call in m.tool_calls or [] %}",
+    )
+    with pytest.raises(UserError, match="not prefix-preserving") as err:
+        HermesFormat(tok)
+    assert "\n" not in str(err.value)
+
+
 def test_a_tool_message_is_rendered_alone_after_the_end_of_turn():
     fmt = HermesFormat(tool_chat_tokenizer())
     suffix = fmt.suffix([{"role": "tool", "name": "multiply", "content": "12"}])
