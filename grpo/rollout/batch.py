@@ -33,7 +33,9 @@ class Rollout:
         str
     ]  # (N,) the prompt text fed to the model (chat template applied; a truncated prompt's kept tokens, decoded)
     completions: list[str]  # (N,) decoded completion text, without special tokens
-    rows: list[dict]  # (N,) the data row of each completion (its prompt's row, repeated)
+    rows: list[
+        dict
+    ]  # (N,) the data row of each completion (its prompt's row, repeated; with an environment whose reset added text, its prompt so)
     group_size: int
     # (N,) bool: the row's prompt was cut to its last rollout.max_prompt_length tokens. Per
     # row, so that `select` keeps it right; None (a rollout built by hand) = no prompt was cut.

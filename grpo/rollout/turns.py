@@ -142,7 +142,7 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     """`Sampler.sample` for a sampler with tools: G multi-turn rollouts of each row's
     prompt (module doc). Each rollout gets its own episode (`Toolbox.start`): its
     environment's reset text is appended to its prompt's last message, so a prompt's G
-    rows may see different prompts."""
+    rows may see different prompts (the Rollout's rows hold them so)."""
     from grpo.rollout.sampler import keep_last_tokens
 
     tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
@@ -216,7 +216,12 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         completion_mask=completion_mask,
         prompts=texts,
         completions=tok.batch_decode(completion_ids, skip_special_tokens=True),
-        rows=repeated,
+        # A row whose environment added text holds its prompt as the model saw it: what reward
+        # functions get as `prompts` (as TRL gives them) and samples.jsonl shows.
+        rows=[
+            row if text is None else {**row, sampler.prompt_column: prompt}
+            for row, text, prompt in zip(repeated, observations, prompts)
+        ],
         group_size=group_size,
         prompt_truncated=cut.to(device),
         loss_mask=loss_mask,

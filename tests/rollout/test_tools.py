@@ -429,6 +429,8 @@ def test_an_environment_s_reset_adds_text_to_the_prompt_and_gets_the_row(tool_lm
     assert rollout.environments[0] is not rollout.environments[1]
     assert rollout.environments[0].row == {"prompt": rows[0]["prompt"], "tag": "x"}
     assert rows[0]["prompt"] == [{"role": "user", "content": "Count."}]  # the data row is unchanged
+    # The rollout's rows hold the prompt as the model saw it (what rewards get as `prompts`, as in TRL).
+    assert rollout.rows[0] == {"prompt": [{"role": "user", "content": "Count. Reach 4."}], "target": 4, "tag": "x"}
     assert '"name": "increment"' in rollout.prompts[0]  # its method is a tool in the prompt
 
 
