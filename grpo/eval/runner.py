@@ -51,7 +51,7 @@ from grpo.infra.progress import Progress
 from grpo.rewards import contain
 from grpo.rewards.scoring import RESERVED_ARGUMENTS, as_messages, as_scores, resolve_reward
 from grpo.rewards.types import RewardFn, WeightedReward
-from grpo.rewards.rules import extract_answer
+from grpo.rewards.rules import extract_answer, text_of
 
 __all__ = [
     "Verifier",
@@ -279,14 +279,6 @@ def sample_completions(
 # ---- metrics ----------------------------------------------------------------------------
 
 
-def final_text(completion: str | list[dict]) -> str:
-    """Where a completion's final answer is: its text, or a multi-turn sample's last turn."""
-    if isinstance(completion, str):
-        return completion
-    turns = [m.get("content") or "" for m in completion if m.get("role") == "assistant"]
-    return turns[-1] if turns else ""
-
-
 def model_text(completion: str | list[dict]) -> str:
     """What the model wrote: the text, or a multi-turn sample's turns (tool messages left out)."""
     if isinstance(completion, str):
@@ -376,7 +368,7 @@ def measure(
     known = list(verdicts) if verdicts is not None else [None] * len(rows)
     for group, row, flags in zip(completions, rows, known):
         flags = verifier.check_all(group, row) if flags is None else flags
-        answers = [verifier.extract(final_text(completion)) for completion in group]
+        answers = [verifier.extract(text_of(completion)) for completion in group]  # a multi-turn sample's last turn
         c = sum(flags)
         mine: dict[str, dict[str, float]] = {"pass@k": {}, "maj@k": {}}
         for k, value in _maj_at_ks(answers, flags, ks).items():
