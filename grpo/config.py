@@ -666,6 +666,12 @@ def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
     """Read a YAML config file, apply `key=value` overrides, validate."""
+    return config_from_dict(read_config_file(path), overrides)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file's mapping, not yet validated (one-line errors for a missing file,
+    invalid YAML, or anything but a mapping)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
@@ -675,7 +681,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
         raise UserError(f"{path}: invalid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: the config must be a mapping of keys to values, got a {type(data).__name__}")
-    return config_from_dict(data, overrides)
+    return data
 
 
 def _resolve_presets(config: Config) -> None:

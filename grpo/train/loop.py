@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.config import Config, config_from_dict, config_to_dict, load_config, reporters
+from grpo.config import Config, config_from_dict, config_to_dict, load_config, read_config_file, reporters
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
@@ -72,7 +72,17 @@ class TrainResult:
     summary: dict
 
 
-def as_config(config: Config | dict | str | Path, overrides: list[str] = ()) -> Config:
+def as_config(config: Config | dict | str | Path, overrides: list[str] = (), rewards: list | None = None) -> Config:
+    """`config` as a validated Config. `rewards`, when given, replace the config's before it is
+    validated (so a config may leave them out): each a function, a spec string (weight 1) or
+    a `rewards` entry."""
+    if rewards is not None:
+        if isinstance(config, Config):
+            tree = config_to_dict(config)
+        else:
+            tree = dict(config) if isinstance(config, dict) else read_config_file(config)
+        entries = [{"function": r} if isinstance(r, str) else r for r in rewards]
+        return config_from_dict({**tree, "rewards": entries}, overrides)
     if isinstance(config, Config):
         return config_from_dict(config_to_dict(config), overrides) if overrides else config
     if isinstance(config, dict):
@@ -275,10 +285,7 @@ def train(
 
     Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
-    c = as_config(config, overrides)
-    if rewards is not None:
-        entries = [{"function": r} if isinstance(r, str) else r for r in rewards]  # a spec string: weight 1
-        c = config_from_dict({**config_to_dict(c), "rewards": entries})
+    c = as_config(config, overrides, rewards)  # rewards given here: the config may have none
     device = resolve_device(c.train.device)
     backend = check_launch(launched_world_size(), c, device)
     world = init_world(device, backend)
