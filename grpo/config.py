@@ -693,7 +693,8 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
 
 
 def read_config_file(path: str | Path) -> dict:
-    """A YAML config file's mapping, as written (not yet checked against the fields)."""
+    """A YAML config file's mapping, not yet validated (one-line errors for a missing file,
+    invalid YAML, or anything but a mapping)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")

@@ -105,7 +105,13 @@ def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
 
     assert bench_sampling.main(["--shape", "tiny", "--cache-dir", str(cache), "--repeats", "1"]) == 0
 
-    printed = bench.table(w, summary, None, "skipped", 100.0, None)
+    # Generation as a stream of the weights: one read of every fp32 weight per token step, as
+    # many steps as the longest completion, over the phase's time.
+    streamed = max(record["lengths"]) * 4 * w["parameters"] / metrics["time/generate"] / 1e9
+    assert summary["generate_weight_gbps"] == pytest.approx(streamed)
+
+    printed = bench.table(w, summary, None, "skipped", 100.0, None, bandwidth=2 * streamed)
+    assert f"weights streamed at {streamed:.1f} GB/s, 50% of the measured {2 * streamed:.1f} GB/s" in printed
     assert f"{stats['mean']:.1f} / {stats['p50']} / {stats['p90']} / {stats['max']}" in printed
     assert "ours step 1 (warm-up)" in printed and "train.gradient_checkpointing True" in printed
     json.dumps(summary)  # goes into the results file

@@ -188,3 +188,69 @@ def test_contains_answer():
     ]
     golds = ["122", "122", "-32", "-32", "122", "122"]
     assert smollm2.contains_answer(None, completions, answer=golds) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def eos_prone(tmp_path_factory):
+    """(the model written, its GGUF): the tiny model with a large EOS row (tied: embedding and
+    head; as the padding row it starts at 0), so that its completions often end early, at
+    EOS = pad."""
+    tokens = vocabulary()
+    model = tiny_llama(len(tokens))
+    with torch.no_grad():
+        model.model.embed_tokens.weight[2] = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(0)) * 0.3
+    path = tmp_path_factory.mktemp("gguf-eos") / "eos.gguf"
+    write_gguf(path, model, tokens)
+    return model, path
+
+
+def test_the_converted_model_trains_on_chat_prompts(eos_prone, tmp_path):
+    """The real model's path end to end, on the cut-down copy: a directory converted from a
+    GGUF (byte-level BPE, ChatML template, pad = EOS, tied embeddings) trains with GRPO on
+    chat prompts, through the template, and saves a model that loads with its template.
+    pad = EOS is the trap: a completion must stop at its first EOS, counted once."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import grpo
+
+    original, path = eos_prone
+    directory = smollm2.cached(tmp_path / "cache", source=path, log=lambda line: None)
+    prompts = smollm2.write_chat_prompts(tmp_path / "chat.jsonl", 8, seed=0)
+    seen = []
+
+    def answer_seen(prompts, completions, completion_ids=None, answer=None, **columns):
+        seen.append((prompts, completions, completion_ids, answer))
+        return [len(set(ids)) / 8 for ids in completion_ids]  # any spread will do: the path is under test
+
+    config = {
+        "model": str(directory),
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+        "data": {"path": str(prompts)},
+        "rollout": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 8, "temperature": 1.0},
+        "train": {"steps": 2, "lr": 1e-2, "sample_every": 1},
+        "loss": {"beta": 0.04},
+    }
+    result = grpo.train(config, rewards=[answer_seen], progress=False)
+    assert len(seen) == 2
+    rows = [json.loads(line) for line in prompts.read_text().splitlines()]
+    for prompts_seen, completions, ids, answers in seen:
+        assert len(completions) == len(ids) == len(answers) == 8
+        assert set(answers) <= {row["answer"] for row in rows}  # the data's other column arrives
+        assert all(1 <= len(i) <= 8 and 2 not in i[:-1] for i in ids)  # stops at its first EOS
+        assert isinstance(prompts_seen[0], list) and prompts_seen[0][0]["role"] == "system"  # TRL's convention
+    ended = [i for *_, ids, _ in seen for i in ids if i[-1] == 2]
+    assert 0 < len(ended) < 16 and any(len(i) < 8 for i in ended)  # EOS = pad, drawn early and kept once
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["prompt"][0]["role"] == "system"  # the row's messages, as the data has them
+    assert [m["step"] for m in result.metrics] == [1, 2]
+
+    final = tmp_path / "run" / "final"
+    trained = AutoModelForCausalLM.from_pretrained(final)
+    assert not torch.equal(trained.lm_head.weight, original.lm_head.weight)  # it trained (tied: the embedding too)
+    assert trained.lm_head.weight.data_ptr() == trained.model.embed_tokens.weight.data_ptr()  # still tied
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

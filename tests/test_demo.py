@@ -299,7 +299,39 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
     assert entry["by_digits"]["3"]["pass@k"]["1"] == pytest.approx(0.3)
 
 
-def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
+@pytest.fixture(scope="module")
+def demo_base(tmp_path_factory):
+    """The demo's base (its default SFT steps and digits, seed 0), trained once for the
+    module's whole-demo tests: `demo` then copies it where its own SFT would write. What
+    the SFT stage does is tested in tests/train/test_sft.py; here it only costs time."""
+    from grpo.train.sft import SFTConfig, sft
+
+    c = DemoConfig()
+    key = (0, c.sft_steps, list(c.digits))
+    out = tmp_path_factory.mktemp("demo-base") / "base"
+    info = sft(out, SFTConfig(seed=0, steps=c.sft_steps, digits=list(c.digits)), progress=False)
+    return key, out, info
+
+
+@pytest.fixture
+def reuse_base(demo_base, monkeypatch):
+    import shutil
+
+    import grpo.train.sft as sft_module
+
+    key, built, info = demo_base
+    real = sft_module.sft
+
+    def sft(output, config, **kwargs):
+        if (config.seed, config.steps, list(config.digits)) != key:
+            return real(output, config, **kwargs)
+        shutil.copytree(built, output)
+        return {**info, "output": str(output)}
+
+    monkeypatch.setattr(sft_module, "sft", sft)
+
+
+def test_quick_demo_runs_every_stage_over_seeds(tmp_path, reuse_base):
     config = DemoConfig(
         seeds=2,
         full=True,
@@ -381,7 +413,7 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path):
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
-def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
+def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch, reuse_base):
     import grpo.demo as demo_module
 
     real = demo_module.train_in_child
@@ -396,7 +428,6 @@ def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch):
         seeds=1,
         full=True,
         neural_rm=False,
-        sft_steps=300,
         eval_prompts=4,
         n=4,
         ks=[1, 2, 4],

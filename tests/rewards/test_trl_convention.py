@@ -155,3 +155,20 @@ def test_rewards_given_beside_the_config_replace_its_rewards(make_config):
     }
     with pytest.raises(UserError, match="rewards"):
         grpo.train(config, progress=False, rewards=[42])
+
+
+def test_rewards_given_beside_the_config_need_none_in_it(make_config, tmp_path):
+    """As TRL's GRPOTrainer takes reward_funcs beside a config that names none, a config (a
+    mapping or a YAML file) may leave `rewards` out when grpo.train is given them."""
+    import yaml
+
+    config = make_config(train={"steps": 1, "lr": 1e-3})
+    del config["rewards"]
+    with pytest.raises(UserError, match="rewards: at least one reward is required"):
+        grpo.train(config, progress=False)
+    result = grpo.train(config, progress=False, rewards=[trl.reward_len])
+    assert "reward/tests.rewards.trl_style_rewards:reward_len" in result.metrics[-1]
+    path = tmp_path / "no-rewards.yaml"
+    path.write_text(yaml.safe_dump({**config, "output_dir": str(tmp_path / "from-yaml")}))
+    from_yaml = grpo.train(path, progress=False, rewards=["r1_format"])
+    assert "reward/r1_format" in from_yaml.metrics[-1]
