@@ -260,3 +260,24 @@ def test_two_processes_sample_and_train_as_one_with_a_seed_per_prompt(tool_model
         for key in ("loss", "kl", "entropy", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert metrics_of(tmp_path / "one")[0]["tools/calls_per_rollout"] > 0
+
+
+def failing_multiply(a: int, b: int) -> int:
+    raise RuntimeError("the calculator is down")
+
+
+failing_multiply.__name__, failing_multiply.__doc__ = "multiply", multiply.__doc__  # the prompt the model learned
+
+
+def test_a_tool_that_always_fails_is_no_dead_run(tool_model, tmp_path):
+    """Every call raises: the model gets the error as the tool's message, the run goes on,
+    and tools/failures counts every call."""
+    config = run_config(tool_model, tmp_path, [{"prompt": MULTIPLY_PROMPT}] * 2)
+    config["rewards"] = [{"function": correct}]
+    config["train"]["steps"] = 2
+    result = grpo.train(config, tools=[failing_multiply, async_add], progress=False)
+    assert len(result.metrics) == 2 and (result.final_dir / "config.json").exists()
+    calls = sum(m["tools/calls_per_rollout"] * 4 for m in result.metrics)  # 2 prompts x G=2 per step
+    assert calls > 0 and sum(m["tools/failures"] for m in result.metrics) == pytest.approx(calls)
+    sample = json.loads((result.output_dir / "samples.jsonl").read_text().splitlines()[0])
+    assert "the calculator is down" in sample["messages"][1]["content"]
