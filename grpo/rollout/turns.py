@@ -30,13 +30,14 @@ per turn (min_new_tokens holds back each turn's EOS, as TRL's loop asks each tur
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo.errors import UserError
-from grpo.infra.seed import sampling_seed
+from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
 from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
 
@@ -68,7 +69,8 @@ class Trajectory:
 
     prompt: list[int]
     episode: Episode
-    stream: torch.Generator | None  # the random stream its turns draw from (None: the global one)
+    seed: int | None  # its prompt's seed (rollout.seed_per_prompt), or None: one stream for every row
+    stream: torch.Generator | None = None  # the random stream this turn draws from (None: the global one)
     tokens: list[int] = field(default_factory=list)
     actions: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -86,14 +88,27 @@ class Trajectory:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
 
 
+def _calls(rows: list[Trajectory], size: int, per_prompt: bool) -> list[list[Trajectory]]:
+    """The rows of each decoding call: `size` at a time; with a stream per prompt, whole
+    prompts' rows (as many as fit, at least one prompt's), as `Sampler._decode` cuts them, so
+    that no prompt's stream is drawn from in two calls whose lengths depend on other rows."""
+    if not per_prompt:
+        return [rows[start : start + size] for start in range(0, len(rows), size)]
+    calls: list[list[Trajectory]] = []
+    for _, block in itertools.groupby(rows, key=lambda row: row.seed):
+        block = list(block)
+        if not calls or len(calls[-1]) + len(block) > size:
+            calls.append([])
+        calls[-1] += block
+    return [call for call in calls if call]
+
+
 def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device) -> list[tuple]:
     """Each row's next turn as the decoder draws it: (token ids, their log-probs or None),
     from calls of at most generation_batch_size rows; consecutive rows with the same
     context and stream share one prompt of a call (a prompt's G rows, at the first turn)."""
     drawn = []
-    size = sampler.batch_size or len(rows)
-    for start in range(0, len(rows), size):
-        chunk = rows[start : start + size]
+    for chunk in _calls(rows, sampler.batch_size or len(rows), per_prompt):
         groups: list[list[Trajectory]] = []
         for row in chunk:
             if groups and groups[-1][0].context == row.context and groups[-1][0].stream is row.stream:
@@ -166,15 +181,12 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     ]
     device = next(model.parameters()).device
 
-    # One random stream per data row (rollout.seed_per_prompt), or one for all rows.
-    if seeds is not None:
-        streams = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-    else:
-        if generator is None and sampler.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(sampling_seed(sampler.seed, sampler.rank, step))
-        streams = [generator] * len(rows)
+    # One random stream for all rows through every turn, or (rollout.seed_per_prompt) one per
+    # data row and turn (`turn_seed`), which its G rows share.
+    if seeds is None and generator is None and sampler.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling_seed(sampler.seed, sampler.rank, step))
     trajectories = [
-        Trajectory(ids[mask.bool()].tolist(), episode, streams[i // group_size])
+        Trajectory(ids[mask.bool()].tolist(), episode, None if seeds is None else seeds[i // group_size], generator)
         for i, (ids, mask, episode) in enumerate(zip(prompt_ids, prompt_mask, episodes))
     ]
 
@@ -182,8 +194,15 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     decoder.prepare(model, version)
     with_logprobs = True
     try:
-        active = trajectories
+        active, turn_number = trajectories, 0
         while active:
+            if seeds is not None:
+                streams = {}
+                for row in active:
+                    if row.seed not in streams:
+                        streams[row.seed] = torch.Generator(device=device).manual_seed(turn_seed(row.seed, turn_number))
+                    row.stream = streams[row.seed]
+            turn_number += 1
             # This turn's most new tokens: the most any of its rows has left of the budget.
             longest = max(sampler.params.max_new_tokens - len(row.tokens) for row in active)
             turn = dataclasses.replace(sampler.params, max_new_tokens=longest)

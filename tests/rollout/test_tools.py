@@ -12,6 +12,7 @@
   conversation the template renders to other tokens than those sampled warns once.
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -438,3 +439,20 @@ def test_plain_text_prompts_are_refused_in_one_line(tool_lm):
     tok, model = tool_lm
     with pytest.raises(UserError, match="must be chat messages"):
         sampler_for(tok, [multiply]).sample(model, [{"prompt": "What is 3 times 4?"}])
+
+
+@pytest.mark.parametrize("batch_size", [0, 3])
+def test_with_a_seed_per_prompt_a_prompt_s_rollouts_do_not_depend_on_the_others(tool_lm, batch_size):
+    """Each prompt's turns draw from a stream of its own seed and turn (grpo.infra.seed.turn_seed),
+    in calls that hold whole prompts: sampled beside another prompt or alone, the same rollouts."""
+    tok, model = tool_lm
+    rows = [{"prompt": MULTIPLY_PROMPT}, {"prompt": [{"role": "user", "content": "What is 6 times 7?"}]}]
+    sampler = sampler_for(tok, [multiply, async_add], group_size=3)
+    sampler.batch_size, sampler.params = batch_size, dataclasses.replace(sampler.params, temperature=1.5)
+    both = sampler.sample(model, rows, seeds=[11, 12])
+    alone = sampler.sample(model, rows[1:], seeds=[12])
+    assert len({tuple(r) for r in both.loss_mask.tolist()}) > 1  # the rows differ: a real test
+    width = alone.completion_mask.shape[1]
+    assert torch.equal(both.completion_ids[3:, :width], alone.completion_ids)
+    assert both.completion_mask[3:, width:].sum() == 0
+    assert both.messages[3:] == alone.messages
