@@ -49,13 +49,14 @@ from grpo.rollout.tools import HermesFormat, Toolbox
 from grpo.rollout.turns import sample_turns
 
 
-def prompt_text(prompt, tokenizer) -> str:
-    """The text the model sees: a plain prompt as is; chat messages through the chat template."""
+def prompt_text(prompt, tokenizer, tools: list[dict] | None = None) -> str:
+    """The text the model sees: a plain prompt as is; chat messages through the chat template
+    (with the JSON schemas of `tools`, when given, as a sampler with tools renders them)."""
     if isinstance(prompt, str):
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         raise UserError("the prompts are chat messages but the model's tokenizer has no chat template")
-    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:

@@ -6,16 +6,15 @@ environment examples (one whose reset samples the task and returns it, one that 
 task from the dataset's `target` column). They are used unchanged: type hints, Google-style
 docstrings, sync and async.
 
-`tool_model` saves a tiny Llama with a character tokenizer whose chat template speaks the
-Qwen2.5/Hermes tool-call format (`grpo.tasks.tiny.tool_chat_tokenizer`), after a few hundred
-steps of teacher forcing on a conversation for each: the model then calls the tool at
+`save_tool_model` saves a tiny Llama with a character tokenizer whose chat template speaks the
+Qwen2.5/Hermes tool-call format (`grpo.tasks.tiny.tool_chat_tokenizer`), after `grpo sft` on a
+conversation for each (tool calls and tool messages in them): the model then calls the tool at
 its first turn and answers after the tool's message, so that multi-turn rollouts do happen.
 """
 
+import json
 import random
 from pathlib import Path
-
-import torch
 
 from grpo.tasks.tiny import tiny_llama, tool_chat_tokenizer
 
@@ -129,37 +128,40 @@ CONVERSATIONS = [
 ]
 
 
-def _examples(tokenizer):
-    """(ids, first trained position) per conversation: the loss is on what follows the prompt."""
-    examples = []
-    for tools, conversation in CONVERSATIONS:
-        prompt = tokenizer.apply_chat_template(
-            conversation[:1], tools=tools, add_generation_prompt=True, tokenize=False
-        )
-        whole = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False)
-        ids = tokenizer(whole, add_special_tokens=True)["input_ids"]
-        examples.append((torch.tensor(ids), len(tokenizer(prompt, add_special_tokens=True)["input_ids"])))
-    return examples
+def tool_conversations() -> list[dict]:
+    """The conversations as `grpo sft` rows: their messages, and the JSON schemas of the
+    tools their prompt shows (TRL's `tools` column)."""
+    from transformers.utils import get_json_schema
+
+    return [
+        {"messages": conversation, "tools": [get_json_schema(t) for t in tools]}
+        for tools, conversation in CONVERSATIONS
+    ]
 
 
 def save_tool_model(directory, steps=150, lr=3e-3, seed=0, hidden_size=64, heads=4) -> Path:
-    """Teach a tiny model the conversations (teacher forcing on the turns after the prompt)
-    and save it with its tokenizer (vLLM's CPU attention wants heads of 64: hidden_size=128, heads=2)."""
+    """Teach a tiny model the conversations with `grpo sft` (every assistant turn learned,
+    its tool calls included; the tool messages are context) and save it with its tokenizer
+    (vLLM's CPU attention wants heads of 64: hidden_size=128, heads=2)."""
+    from grpo.train.sft import FineTuneConfig, sft
+
     directory = Path(directory)
+    base, data = directory / "base", directory / "conversations.jsonl"
     tokenizer = tool_chat_tokenizer()
-    model = tiny_llama(tokenizer, hidden_size=hidden_size, layers=2, heads=heads, max_positions=2048, seed=seed)
-    examples = _examples(tokenizer)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for ids, start in examples:
-            logits = model(input_ids=ids.unsqueeze(0)).logits[0, start - 1 : -1]
-            loss = loss + torch.nn.functional.cross_entropy(logits.float(), ids[start:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    tiny_llama(
+        tokenizer, hidden_size=hidden_size, layers=2, heads=heads, max_positions=2048, seed=seed
+    ).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    data.write_text("".join(json.dumps(row) + "\n" for row in tool_conversations()))
+    config = FineTuneConfig(
+        model=str(base),
+        data=str(data),
+        steps=steps,
+        batch_size=len(CONVERSATIONS),
+        lr=lr,
+        warmup_steps=0,
+        max_grad_norm=0.0,
+    )
+    model = directory / "model"
+    sft(model, config, progress=False, device="cpu")
+    return model
