@@ -131,7 +131,7 @@ class HermesFormat:
         if "grpo_probe_tool" not in prompt or not any(c.name == "grpo_probe_tool" for c in blocks):
             raise UserError(
                 f"rollout.tools: the model's chat template does not render tools in {FORMAT}, the one format "
-                "supported (Qwen2.5, Qwen3, Hermes-style templates; docs/tools.md)"
+                "supported (the templates of Qwen2.5, Qwen3-Instruct-2507 and other Hermes-style ones; docs/tools.md)"
             )
         self.suffix([{"role": "tool", "name": "grpo_probe_tool", "content": "grpo_probe_result"}])  # renders, cuts
 

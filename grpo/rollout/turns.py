@@ -25,6 +25,10 @@ with the same context and random stream (a prompt's G rows at the first turn) sh
 prompt in a call. A turn asks for at most the most tokens any of its rows has left; each
 row keeps what fits its own budget (a sample's prefix is a sample). Sampling options apply
 per turn (min_new_tokens holds back each turn's EOS, as TRL's loop asks each turn again).
+Random streams: one for every row through every turn (the sampler's, as a single-turn
+sample's); with rollout.seed_per_prompt one per prompt and turn (`grpo.infra.seed.turn_seed`)
+in calls that hold whole prompts, so that a prompt's rollouts do not depend on the prompts
+sampled beside it (nor on the number of processes).
 """
 
 from __future__ import annotations
