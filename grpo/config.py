@@ -873,6 +873,11 @@ def validate(c: Config) -> None:
     )
     u = c.reward_model_update
     if u.verifier is not None:
+        _require(
+            not (ro.tools or ro.environment is not None),
+            "reward_model_update: iterative RL samples single-turn completions for the reward model; with "
+            "rollout.tools / rollout.environment it is not supported yet",
+        )
         models = [i for i, r in enumerate(c.rewards) if r.model is not None]
         _require(
             bool(models),
