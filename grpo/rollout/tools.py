@@ -312,6 +312,17 @@ class Toolbox:
     def name(self) -> str:
         return _spec_name(self.environment)
 
+    def check_prompts(self, rows: list[dict], prompt_column: str) -> None:
+        """A one-line UserError unless every row's prompt is chat messages: the tools reach
+        the model through the chat template (checked before the first step, and by the sampler)."""
+        plain = next((i for i, row in enumerate(rows) if isinstance(row[prompt_column], str)), None)
+        if plain is not None:
+            raise UserError(
+                f"rollout.tools / rollout.environment: the prompts must be chat messages (a list of "
+                f"{{'role': ..., 'content': ...}}), not plain text (row {plain} is): the tools reach the model "
+                "through the chat template"
+            )
+
     def _build(self):
         try:
             instance = self.environment()

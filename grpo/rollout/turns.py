@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo.errors import UserError
 from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
 from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
@@ -166,11 +165,7 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
 
     tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
     repeated = [row for row in rows for _ in range(group_size)]
-    if any(isinstance(row[sampler.prompt_column], str) for row in repeated):
-        raise UserError(
-            "rollout.tools / rollout.environment: the prompts must be chat messages (a list of "
-            "{'role': ..., 'content': ...}), not plain text: the tools reach the model through the chat template"
-        )
+    toolbox.check_prompts(rows, sampler.prompt_column)
     episodes, observations = toolbox.start(repeated)
     prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
     texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]

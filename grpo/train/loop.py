@@ -356,6 +356,8 @@ def _train(
         rows = load_rows(
             c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
         )
+        if toolbox is not None:
+            toolbox.check_prompts(rows, c.data.prompt_column)
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
             check_resume_config(c, state)

@@ -16,6 +16,7 @@ import torch
 
 import grpo
 from grpo.config import config_from_dict
+from grpo.errors import UserError
 from grpo.rewards import WeightedReward
 from grpo.rollout.tools import Toolbox
 from grpo.train.loop import build_engine
@@ -281,3 +282,17 @@ def test_a_tool_that_always_fails_is_no_dead_run(tool_model, tmp_path):
     assert calls > 0 and sum(m["tools/failures"] for m in result.metrics) == pytest.approx(calls)
     sample = json.loads((result.output_dir / "samples.jsonl").read_text().splitlines()[0])
     assert "the calculator is down" in sample["messages"][1]["content"]
+
+
+def test_plain_text_prompts_with_tools_stop_the_run_before_any_model_loads(tmp_path, monkeypatch):
+    import grpo.train.loop as loop
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loop, "build_engine", no_model)
+    config = run_config("no/such/model", tmp_path, [{"prompt": "What is 3 times 4?"}] * 2)
+    config["rewards"] = [{"function": correct}]
+    with pytest.raises(UserError, match="must be chat messages .*row 0 is") as err:
+        grpo.train(config, tools=[multiply], progress=False)
+    assert "\n" not in str(err.value)
