@@ -101,6 +101,16 @@ def returns_an_object(a: int, b: int) -> object:
     return object()
 
 
+def as_multiply(body):
+    """`body` under multiply's name and docstring: the prompt the tool model learned."""
+
+    def called(a: int, b: int) -> int:
+        return body(a, b)
+
+    called.__name__, called.__doc__ = "multiply", multiply.__doc__
+    return called
+
+
 def answer(episode, name, **arguments):
     return json.loads(episode.run(Call(name, arguments))["content"])
 
@@ -307,11 +317,8 @@ def test_fast_and_generate_sample_the_same_multi_turn_rollouts(tool_lm):
 )
 def test_a_failing_tool_in_a_rollout_answers_with_its_error_and_the_rollout_goes_on(tool_lm, tool, error):
     tok, model = tool_lm
-    tool.__name__, tool.__doc__ = "multiply", multiply.__doc__  # the prompt the model learned
-    try:
-        rollout = sampler_for(tok, [tool, async_add], timeout=0.5).sample(model, [{"prompt": MULTIPLY_PROMPT}])
-    finally:
-        tool.__name__ = tool.__qualname__
+    tools = [as_multiply(tool), async_add]
+    rollout = sampler_for(tok, tools, timeout=0.5).sample(model, [{"prompt": MULTIPLY_PROMPT}])
     for messages in rollout.messages:
         assert messages[1]["role"] == "tool" and error in json.loads(messages[1]["content"])["error"]
         assert messages[2]["role"] == "assistant"  # the model's turn after the error

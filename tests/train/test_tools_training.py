@@ -20,7 +20,7 @@ from grpo.errors import UserError
 from grpo.rewards import WeightedReward
 from grpo.rollout.tools import Toolbox
 from grpo.train.loop import build_engine
-from tests.rollout.test_tools import sampled_and_appended, spy_on
+from tests.rollout.test_tools import as_multiply, sampled_and_appended, spy_on
 from tests.rollout.tool_models import (
     INCREMENT_PROMPT,
     MULTIPLY_PROMPT,
@@ -263,11 +263,8 @@ def test_two_processes_sample_and_train_as_one_with_a_seed_per_prompt(tool_model
     assert metrics_of(tmp_path / "one")[0]["tools/calls_per_rollout"] > 0
 
 
-def failing_multiply(a: int, b: int) -> int:
+def calculator_down(a: int, b: int) -> int:
     raise RuntimeError("the calculator is down")
-
-
-failing_multiply.__name__, failing_multiply.__doc__ = "multiply", multiply.__doc__  # the prompt the model learned
 
 
 def test_a_tool_that_always_fails_is_no_dead_run(tool_model, tmp_path):
@@ -276,7 +273,7 @@ def test_a_tool_that_always_fails_is_no_dead_run(tool_model, tmp_path):
     config = run_config(tool_model, tmp_path, [{"prompt": MULTIPLY_PROMPT}] * 2)
     config["rewards"] = [{"function": correct}]
     config["train"]["steps"] = 2
-    result = grpo.train(config, tools=[failing_multiply, async_add], progress=False)
+    result = grpo.train(config, tools=[as_multiply(calculator_down), async_add], progress=False)
     assert len(result.metrics) == 2 and (result.final_dir / "config.json").exists()
     calls = sum(m["tools/calls_per_rollout"] * 4 for m in result.metrics)  # 2 prompts x G=2 per step
     assert calls > 0 and sum(m["tools/failures"] for m in result.metrics) == pytest.approx(calls)
