@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import sys
 from collections.abc import Callable
@@ -167,34 +168,157 @@ def _cache_argument(model) -> str:
 
 def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor, read: Callable) -> Tensor | None:
     """None when the model returns no KV cache that rows can be selected from (then the caller
-    runs every row in full)."""
+    runs every row in full).
+
+    Under activation checkpointing (a model in training mode with it on) both passes are
+    checkpointed, layer by layer, and each layer is handed a cache that its forward may run
+    through twice (the backward pass runs a checkpointed layer's forward again): the prompt's
+    pass writes its keys and values into a cache that keeps the last ones written (`_SET`),
+    the completions' pass reads them through one that stores nothing (`_READ`). Where that
+    cannot be arranged (a cache layer of another kind, a transformers without the switch),
+    None: every row in full, as before."""
     t_len = batch.completion_mask.shape[1]
     p_len = batch.input_ids.shape[1] - t_len
     positions = batch.position_ids
-    prompt = model(
-        input_ids=batch.input_ids[first, :p_len],
-        attention_mask=batch.attention_mask[first, :p_len],
-        position_ids=positions[first, :p_len],
-        logits_to_keep=1,
-        use_cache=True,
-    )  # the distinct prompts: (B, P)
+    checkpointed = _checkpointed_layers(model)
+    given = {}
+    if checkpointed is not None:
+        cache = checkpointed.new_cache(model)
+        if cache is None:
+            return None
+        given = {_cache_argument(model): cache}
+    with checkpointed.handed_a_cache() if checkpointed is not None else contextlib.nullcontext():
+        prompt = model(
+            input_ids=batch.input_ids[first, :p_len],
+            attention_mask=batch.attention_mask[first, :p_len],
+            position_ids=positions[first, :p_len],
+            logits_to_keep=1,
+            use_cache=True,
+            **given,
+        )  # the distinct prompts: (B, P)
     first_out = read(prompt)[:, -1][group].unsqueeze(1)  # (N, 1, ...): predicts completion token 0
     if t_len == 1:
         return first_out
-    cache = getattr(prompt, "cache", None)  # the name depends on the transformers version
-    if cache is None:
+    cache = given.get(_cache_argument(model)) if given else getattr(prompt, "cache", None)
+    if cache is None:  # the name depends on the transformers version
         cache = getattr(prompt, "past_key_values", None)
     if not hasattr(cache, "batch_select_indices"):  # no cache, or one of another kind
         return None
-    cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
-    rest = model(
-        input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
-        attention_mask=batch.attention_mask[:, :-1],
-        position_ids=positions[:, p_len:-1],
-        use_cache=True,
-        **{_cache_argument(model): cache},
-    )
+    if checkpointed is not None:  # a cache of its own: the prompt's layers write theirs again in the backward
+        cache = checkpointed.reading(cache, model, group)
+    else:
+        cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
+    with checkpointed.handed_a_cache() if checkpointed is not None else contextlib.nullcontext():
+        rest = model(
+            input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
+            attention_mask=batch.attention_mask[:, :-1],
+            position_ids=positions[:, p_len:-1],
+            use_cache=True,
+            **{_cache_argument(model): cache},
+        )
     return torch.cat([first_out, read(rest)], 1)
+
+
+_SET, _READ = "set", "read"  # the kinds of cache layer a checkpointed forward can run through twice
+
+
+class _CheckpointedLayers:
+    """The decoder layers that transformers checkpoints in this forward (its
+    GradientCheckpointingLayer with gradient_checkpointing on, the model in training mode and
+    gradients on), and what the shared prompt needs of them."""
+
+    def __init__(self, layers: list[nn.Module]):
+        self.layers = layers
+
+    def new_cache(self, model, kind: str = _SET):
+        """An empty DynamicCache for the model, its layers of `kind` (`_turn`); None where that
+        cannot be: no switch for a layer that takes a cache under checkpointing, or a cache
+        layer of another kind (sliding-window, ...)."""
+        if not all(hasattr(type(layer), "_can_checkpoint_with_cache") for layer in self.layers):
+            return None
+        try:
+            from transformers.cache_utils import DynamicCache
+
+            config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            cache = DynamicCache(config=config)
+        except Exception:  # noqa: BLE001 (a model whose config builds no cache: the full rows)
+            return None
+        return cache if _turn(cache, kind) else None
+
+    def reading(self, written, model, group: Tensor):
+        """A read-only cache holding, for every row, its prompt's keys and values from the
+        prompt pass's cache `written` (rows `group` of it)."""
+        cache = self.new_cache(model, _READ)
+        for source, target in zip(written.layers, cache.layers, strict=True):
+            target.lazy_initialization(source.keys, source.values)
+            target.keys, target.values = source.keys[group], source.values[group]
+        return cache
+
+    @contextlib.contextmanager
+    def handed_a_cache(self):
+        """Checkpointed, and handed the cache (transformers drops it otherwise, since a layer
+        that appends to it would append twice)."""
+        for layer in self.layers:
+            layer._can_checkpoint_with_cache = True
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                del layer._can_checkpoint_with_cache  # the class's value again
+
+
+def _checkpointed_layers(model) -> _CheckpointedLayers | None:
+    if not (getattr(model, "training", False) and torch.is_grad_enabled()):
+        return None
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # an older transformers: no layer takes a cache under checkpointing
+        return None
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False) is True
+    ]  # the model's own flag of that name checkpoints nothing
+    return _CheckpointedLayers(layers) if layers else None
+
+
+def _turn(cache, kind: str) -> bool:
+    """Turn each layer of a DynamicCache into the `kind` of layer that a checkpointed forward
+    can run through twice: _SET keeps the keys and values last written (the prompt's pass:
+    its second run writes the same ones again), _READ returns the cached ones with the new
+    ones after them and stores nothing (the completions' pass). False (nothing changed) when
+    a layer is of another kind (sliding-window, quantized, ...)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    classes = _cache_layer_classes()
+    if not layers or any(type(layer) not in (DynamicLayer, *classes.values()) for layer in layers):
+        return False
+    for layer in layers:
+        layer.__class__ = classes[kind]
+    return True
+
+
+@functools.cache
+def _cache_layer_classes() -> dict[str, type]:
+    from transformers.cache_utils import DynamicLayer
+
+    class SetOnceLayer(DynamicLayer):
+        """Keeps the keys and values last written: one write per forward of the prompt."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+            return key_states, value_states
+
+    class ReadOnlyLayer(DynamicLayer):
+        """A prompt's keys and values, read by each forward of a checkpointed layer alike."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    return {_SET: SetOnceLayer, _READ: ReadOnlyLayer}
 
 
 @contextlib.contextmanager

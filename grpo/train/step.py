@@ -448,18 +448,19 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
 
 def _shares_prompts(e: Engine) -> bool:
     """Whether the update's forward runs a group's prompt once for its rows in a micro-batch.
-    Not with checkpointing (a checkpointed layer recomputes its forward and takes no cache);
-    not sharded (the policy's forward passes are collectives: every process must run as many,
-    and sharing prompts makes their number depend on the rows)."""
-    return not e.train.gradient_checkpointing and e.world.world_size == 1
+    With checkpointing too (the prompt's pass unchecked, the completions' layers checkpointed
+    over a cache they only read: grpo.train.models); not sharded (the policy's forward passes
+    are collectives: every process must run as many, and sharing prompts makes their number
+    depend on the rows)."""
+    return e.world.world_size == 1
 
 
 def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """The policy's forward for the update, to its log-probs at the rollout's temperature and
     repetition penalty (and the entropy, when asked): in bf16 under train.autocast (the
     backward follows its dtypes); through the head chunk by chunk (train.chunked_head); with
-    checkpointing, in training mode and one pass per row (a checkpointed layer recomputes its
-    forward and takes no cache, so the prompts cannot be shared)."""
+    checkpointing, in training mode (a group's prompt still runs once, unchecked; its completions'
+    layers are checkpointed)."""
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.train.gradient_checkpointing):
         return completion_logprobs(
             e.policy,

@@ -109,3 +109,41 @@ def test_a_model_without_a_selectable_cache_runs_every_row_in_full():
         expected = completion_logits(model, batch, share_prompts=False)
     torch.testing.assert_close(got, expected)
     assert calls[-1] == batch.input_ids.shape  # the last pass ran every full row
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2)])
+def test_shared_prompt_pass_under_checkpointing_equals_full_rows(kind, kv_heads, monkeypatch):
+    """train.gradient_checkpointing with the prompts shared: both passes checkpointed, the
+    prompt's writing its keys and values into a set-once cache, the completions' reading them
+    through a read-only one. The logits and the gradients are those of full rows without
+    checkpointing; and the caches really were used (not dropped, as transformers drops a
+    cache under checkpointing by default)."""
+    from grpo.train.models import enable_checkpointing
+
+    model = model_of(kind, kv_heads, eos_bias=1.5)
+    batch = rollout(model, ["a", "bc1", "cab 7"])
+    weights = torch.randn(*batch.completion_mask.shape, len(TOKENIZER))
+    mask = batch.completion_mask.bool()
+
+    def run(shared: bool, checkpointing: bool):
+        model.zero_grad()
+        model.train(checkpointing)
+        logits = completion_logits(model, batch, share_prompts=shared)
+        ((logits * weights).sum(-1) * batch.completion_mask).sum().backward()
+        model.eval()
+        return logits.detach()[mask], torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    import grpo.train.models as models
+
+    turned = []  # each cache turned for a checkpointed pass
+    real = models._turn
+    monkeypatch.setattr(models, "_turn", lambda cache, kind: turned.append((kind, real(cache, kind))) or turned[-1][1])
+    reference = run(shared=False, checkpointing=False)
+    assert enable_checkpointing(model)
+    for shared in (False, True):
+        logits, grads = run(shared, checkpointing=True)
+        torch.testing.assert_close(logits, reference[0], rtol=1e-5, atol=1e-5)
+        assert float((grads - reference[1]).norm() / reference[1].norm()) < 1e-5, shared
+    assert turned == [("set", True), ("read", True)]  # the shared path ran under checkpointing, not the full rows
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    assert layers and not any("_can_checkpoint_with_cache" in vars(layer) for layer in layers)  # switch undone
