@@ -87,7 +87,7 @@ class DataConfig:
 class RewardConfig:
     function: str | Callable | None = opt(
         None,
-        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}]; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
+        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}], with rollout.tools its turns and tool messages; with rollout.environment it may take environments=; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
     )
     model: str | None = opt(
         None,
@@ -197,6 +197,22 @@ class RolloutConfig:
         "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), 'vllm' (a vLLM engine, options under rollout.vllm; needs vLLM installed, docs/vllm.md; its own random draws, not fast's or hf's), or 'auto' (fast where the model is supported, else hf; never vllm).",
     )
     vllm: VllmConfig = opt(VllmConfig(), "The vLLM engine, with sampler: vllm.")
+    tools: list[str | Callable] = opt(
+        [],
+        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs (from Python, grpo.train(config, tools=[fn])), plain functions, sync or async, with type hints and a Google-style docstring (their JSON schema, from transformers' get_json_schema, goes into the prompt through the chat template). Needs chat prompts and a chat template with the Qwen2.5/Hermes <tool_call> format (docs/tools.md). A call's result goes back as a tool message, whose tokens are in the completion but not in the loss.",
+    )
+    environment: str | type | None = opt(
+        None,
+        "An environment class (TRL's environment_factory=), 'pkg.module:Class' (from Python, grpo.train(config, environment_factory=Class)): one instance per rollout, reset(**row) -> str | None (text appended to the prompt's last message), every public method a tool, an optional get_reward() -> float added as a reward of weight 1; reward functions may take environments= (the instances, in row order). docs/tools.md.",
+    )
+    max_tool_calls: int | None = opt(
+        None,
+        "With tools: the most model turns whose tool calls are run in one rollout (TRL's max_tool_calling_iterations; every call of a turn runs); past it the rollout ends at the model's turn. null: no limit but max_new_tokens, which bounds the whole completion, tool messages included.",
+    )
+    tool_timeout: float | None = opt(
+        30.0,
+        "With tools: seconds one tool call may take (null = no limit). A call past it, one that raises, or one that calls sys.exit becomes an error message to the model (and counts in tools/failures); the run goes on. The call is abandoned, not stopped: it may run on in the background.",
+    )
 
 
 @dataclass
@@ -436,6 +452,8 @@ def _type_name(tp: Any) -> str:
         return "a mapping"
     if tp is Callable:
         return "a function"
+    if tp is type:
+        return "a class"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -495,6 +513,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     elif tp is Callable:  # a reward function given from Python
         if callable(value) and not isinstance(value, (str, type)):
             return value
+    elif tp is type:  # a class given from Python (rollout.environment)
+        if isinstance(value, type):
+            return value
     raise UserError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 
@@ -509,6 +530,8 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "generation_batch_size": ("rollout.generation_batch_size", "completions per decoding call"),
     "max_completion_length": ("rollout.max_new_tokens", "longest completion"),
     "max_prompt_length": ("rollout.max_prompt_length", "longest prompt, cut from the left"),
+    "max_tool_calling_iterations": ("rollout.max_tool_calls", "model turns whose tool calls run, per rollout"),
+    "environment_factory": ("rollout.environment", "the environment class, one instance per rollout"),
     "temperature": ("rollout.temperature", "sampling temperature"),
     "top_p": ("rollout.top_p", "nucleus sampling"),
     "top_k": ("rollout.top_k", "top-k sampling"),
@@ -714,7 +737,10 @@ def validate(c: Config) -> None:
     """Impossible values, each reported with its key. Runs before anything is loaded."""
     _require(bool(c.model), "model: required (a Hugging Face model directory or hub id)")
     _require(bool(c.data.path), "data.path: required (a prompt file or a datasets name)")
-    _require(len(c.rewards) > 0, "rewards: at least one reward is required, e.g. [{function: exact_answer}]")
+    _require(
+        len(c.rewards) > 0 or c.rollout.environment is not None,
+        "rewards: at least one reward is required, e.g. [{function: exact_answer}]",
+    )
     for i, r in enumerate(c.rewards):
         _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
         _require(
@@ -747,6 +773,18 @@ def validate(c: Config) -> None:
     _require(
         not lo.drop_zero_std_groups or ro.group_size >= 2,
         "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)",
+    )
+    _require(
+        ro.max_tool_calls is None or ro.max_tool_calls >= 0,
+        f"rollout.max_tool_calls: must be >= 0 or null, got {ro.max_tool_calls}",
+    )
+    _require(
+        ro.tool_timeout is None or ro.tool_timeout > 0,
+        f"rollout.tool_timeout: must be > 0 seconds or null, got {ro.tool_timeout}",
+    )
+    _require(
+        not (ro.tools or ro.environment is not None) or lo.supervision == "outcome",
+        "rollout.tools / rollout.environment: process supervision of multi-turn rollouts is not supported; use loss.supervision: outcome",
     )
     _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
     _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
@@ -835,6 +873,11 @@ def validate(c: Config) -> None:
     )
     u = c.reward_model_update
     if u.verifier is not None:
+        _require(
+            not (ro.tools or ro.environment is not None),
+            "reward_model_update: iterative RL samples single-turn completions for the reward model; with "
+            "rollout.tools / rollout.environment it is not supported yet",
+        )
         models = [i for i, r in enumerate(c.rewards) if r.model is not None]
         _require(
             bool(models),
@@ -873,6 +916,10 @@ def config_to_dict(config: Config) -> dict:
     for reward in data["rewards"]:
         if callable(reward["function"]):
             reward["function"] = spec_of(reward["function"])
+    rollout = data["rollout"]
+    rollout["tools"] = [spec_of(t) if callable(t) else t for t in rollout["tools"]]
+    if callable(rollout["environment"]):
+        rollout["environment"] = spec_of(rollout["environment"])
     return data
 
 

@@ -95,6 +95,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tool_model(tmp_path_factory):
+    """A tiny model that calls TRL's documentation tools (tests/rollout/tool_models.py)."""
+    from tests.rollout.tool_models import save_tool_model
+
+    return str(save_tool_model(tmp_path_factory.mktemp("tool_model")))
+
+
+@pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
     path.write_text(

@@ -90,6 +90,22 @@ class EvalConfig:
     batch_size: int = opt(256, "Completions per generate call.")
     seed: int = opt(0, "Seeds the sampling: the same seed and batch_size give the same samples.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype the model is loaded in.")
+    tools: str | None = opt(
+        None,
+        "Comma-separated 'pkg.module:function' tools the model may call while it answers: multi-turn samples, "
+        "as rollout.tools in training (chat prompts, a Qwen2.5/Hermes <tool_call> chat template; docs/tools.md). "
+        "The verifier gets each sample as its messages, the answer is read from its last turn, and --max-new-tokens "
+        "bounds the whole sample, tool messages included.",
+    )
+    environment: str | None = opt(
+        None,
+        "'pkg.module:Class': an environment per sample, as rollout.environment in training (reset(**row) may add "
+        "text to the prompt; its public methods are tools).",
+    )
+    max_tool_calls: int | None = opt(
+        None, "With --tools or --environment: the most model turns whose tool calls run, per sample. Default: no limit."
+    )
+    tool_timeout: float = opt(30.0, "With --tools or --environment: seconds one tool call may take.")
 
 
 # ---- checking the arguments -------------------------------------------------------------
@@ -250,6 +266,23 @@ def try_on_rows(
     )
 
 
+def _toolbox(c: EvalConfig):
+    """The tools and environment of --tools and --environment, resolved and checked (their
+    schemas built, the environment probed) before the model loads; None without either."""
+    if c.tools is None and c.environment is None:
+        if c.max_tool_calls is not None:
+            raise UserError("--max-tool-calls: needs --tools or --environment")
+        return None
+    from grpo.rollout.tools import Toolbox
+
+    if c.max_tool_calls is not None and c.max_tool_calls < 0:
+        raise UserError(f"--max-tool-calls: must be >= 0, got {c.max_tool_calls}")
+    if not c.tool_timeout > 0:
+        raise UserError(f"--tool-timeout: must be > 0 seconds, got {c.tool_timeout}")
+    specs = [spec.strip() for spec in (c.tools or "").split(",") if spec.strip()]
+    return Toolbox(specs, c.environment, max_calls=c.max_tool_calls, timeout=c.tool_timeout)
+
+
 # ---- the command ------------------------------------------------------------------------
 
 
@@ -295,6 +328,7 @@ def run(
         raise UserError(f"--top-p: must be in (0, 1], got {c.top_p}")
     rows = load_data(c.data, c.prompt_column, load_task)
     verifier = _verifier(c, rows, load_task)
+    toolbox = _toolbox(c)
     _check_model(c.model)
     _check_output("--out", out)
     _check_output("--plot", plot)
@@ -324,6 +358,7 @@ def run(
         seed=c.seed,
         progress=progress,
         log_every=log_every,
+        tools=toolbox,
     )
     results = {"model": c.model, "data": c.data, **results}
     print(

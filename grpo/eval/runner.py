@@ -51,7 +51,7 @@ from grpo.infra.progress import Progress
 from grpo.rewards import contain
 from grpo.rewards.scoring import RESERVED_ARGUMENTS, as_messages, as_scores, resolve_reward
 from grpo.rewards.types import RewardFn, WeightedReward
-from grpo.rewards.rules import extract_answer
+from grpo.rewards.rules import extract_answer, text_of
 
 __all__ = [
     "Verifier",
@@ -222,8 +222,11 @@ def sample_completions(
     progress: bool = True,
     log_every: int = 10,
     on_prompt: Callable[[int, list[str]], dict | None] | None = None,
+    tools=None,
 ) -> list[list[str]]:
-    """n sampled completions (decoded text) for each row, [prompt][sample].
+    """n sampled completions (decoded text) for each row, [prompt][sample]. With `tools` (a
+    `grpo.rollout.tools.Toolbox`), multi-turn samples, each its list of messages (the model's
+    turns and the tool messages), as a training rollout's.
 
     Runs under `torch.random.fork_rng` seeded with `seed`: the caller's RNG state is the same
     afterwards, and the same seed and batch_size give the same completions.
@@ -258,10 +261,13 @@ def sample_completions(
                 settings = RolloutConfig(
                     group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
                 )
-                samplers[group_size] = Sampler.from_config(tokenizer, settings, prompt_column=prompt_column)
+                samplers[group_size] = Sampler.from_config(
+                    tokenizer, settings, prompt_column=prompt_column, tools=tools
+                )
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
+            sampled = rollout.completions if rollout.messages is None else rollout.messages
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
-                completions[i].extend(rollout.completions[j * group_size : (j + 1) * group_size])
+                completions[i].extend(sampled[j * group_size : (j + 1) * group_size])
                 if len(completions[i]) == n:
                     done += 1
                     if on_prompt is not None:
@@ -271,6 +277,13 @@ def sample_completions(
 
 
 # ---- metrics ----------------------------------------------------------------------------
+
+
+def model_text(completion: str | list[dict]) -> str:
+    """What the model wrote: the text, or a multi-turn sample's turns (tool messages left out)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion if m.get("role") == "assistant")
 
 
 def valid_ks(ks: Sequence[int], n: int) -> list[int]:
@@ -355,7 +368,7 @@ def measure(
     known = list(verdicts) if verdicts is not None else [None] * len(rows)
     for group, row, flags in zip(completions, rows, known):
         flags = verifier.check_all(group, row) if flags is None else flags
-        answers = [verifier.extract(completion) for completion in group]
+        answers = [verifier.extract(text_of(completion)) for completion in group]  # a multi-turn sample's last turn
         c = sum(flags)
         mine: dict[str, dict[str, float]] = {"pass@k": {}, "maj@k": {}}
         for k, value in _maj_at_ks(answers, flags, ks).items():
@@ -364,7 +377,7 @@ def measure(
             mine["maj@k"][str(k)], mine["pass@k"][str(k)] = float(value), float(pass_values[k][-1])
         votes: Counter[str] = Counter(str(a) for a in answers if a is not None)
         no_answer += sum(a is None for a in answers)
-        length += sum(len(completion) for completion in group)
+        length += sum(len(model_text(completion)) for completion in group)
         per_prompt.append(
             {
                 "prompt": row.get(prompt_column),
@@ -405,8 +418,12 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     log_every: int = 10,
+    tools=None,
 ) -> dict:
     """Sample n completions per row, check them, and report pass@k and maj@k for every k.
+    With `tools` (a `grpo.rollout.tools.Toolbox`), multi-turn samples: the verifier gets
+    each as its messages, the votes are read from its last turn, and mean_length counts the
+    model's turns.
 
     Returns a JSON-serialisable dict: n, prompts, temperature, top_p, max_new_tokens, seed,
     "pass@k" and "maj@k" ({str(k): mean over prompts}), "pass@k_ci" and "maj@k_ci"
@@ -450,6 +467,7 @@ def evaluate(
         progress=progress,
         log_every=log_every,
         on_prompt=check,
+        tools=tools,
     )
     sampled = time.perf_counter()
     report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column, verdicts=verdicts)

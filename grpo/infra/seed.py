@@ -20,6 +20,13 @@ def prompt_seed(seed: int, step: int, index: int) -> int:
     return (((seed * 1_000_003) + step) * 1_000_033 + index) % 2**63
 
 
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of turn `turn` (0 = the first) of a multi-turn rollout whose prompt has the
+    seed `seed` (rollout.seed_per_prompt): a fresh stream each turn, so that what one turn
+    draws does not depend on how long the rows sampled beside it ran in the turn before."""
+    return seed if turn == 0 else ((seed * 1_000_081) + turn) % 2**63
+
+
 def sampling_seed(seed: int, rank: int, step: int) -> int:
     """The seed of one process's sampling at one step, without per-prompt seeds: a stream
     of its own, apart from the global one the update draws from, and the same on resume."""

@@ -64,7 +64,7 @@ from grpo.infra.imports import describe, import_callable, one_line
 if TYPE_CHECKING:
     from grpo.rewards.types import WeightedReward
 
-__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "stop_workers"]
+__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
 
 _START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
 _STOP_SECONDS = 5.0  # for a killed worker to be reaped
@@ -108,6 +108,23 @@ def call(
         with _SigintNoted() as sigint:
             return _invoke(reward.fn, batch, sigint=sigint)
     return _on_thread(reward.fn, batch, reward.timeout)
+
+
+def call_function(fn, keywords: dict[str, Any], timeout: float | None) -> Any:
+    """`fn(**keywords)`, contained as a reward's call is, for callers other than rewards (a
+    tool): anything raised, sys.exit included, becomes Failed (a real Ctrl-C excepted); an
+    awaitable result is run to completion; past `timeout` s, TimedOut (the call abandoned on
+    its thread, or cancelled if async). A UserError passes through. No copies: the
+    arguments are the caller's to give."""
+
+    def thunk():
+        return fn(**keywords)
+
+    batch: Batch = ([], [], {}, {})  # `_invoke` calls a function of no parameters with none
+    if timeout is None:
+        with _SigintNoted() as sigint:
+            return _invoke(thunk, batch, sigint=sigint)
+    return _on_thread(thunk, batch, timeout)
 
 
 class Outcome:
@@ -192,10 +209,12 @@ async def _one(reward: WeightedReward, batch: Batch, sigint: list) -> Outcome:
 
 def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """How `fn` is called: as TRL's GRPOTrainer calls a reward, all by keyword
-    (`prompts=`, `completions=`, then `others`), when it names either argument or takes
-    only **kwargs; a function that names neither but takes two positional parameters
-    (`lambda p, c, **kw: ...`) gets the two positionally. Of `others` it gets all when it
-    has **kwargs, else those it names (so `def f(prompts, completions)` still works)."""
+    (`prompts=`, `completions=`, then `others`), when it names either argument, takes
+    only **kwargs, or its first two parameters are named after arguments of `others`
+    (`def f(environments, trainer_state, **kw)`); a function that names neither but takes
+    two other positional parameters (`lambda p, c, **kw: ...`) gets the two positionally. Of
+    `others` it gets all when it has **kwargs, else those it names (so `def f(prompts,
+    completions)` still works)."""
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a callable without a signature: TRL's way
@@ -205,7 +224,7 @@ def arguments_for(fn, prompts: list, completions: list, others: dict[str, Any]) 
     var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in parameters)
     positional = [p for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
     extras = others if var_keyword else {k: v for k, v in others.items() if k in named}
-    if named & {"prompts", "completions"} or len(positional) < 2:
+    if named & {"prompts", "completions"} or len(positional) < 2 or {p.name for p in positional[:2]} <= set(others):
         given = {k: v for k, v in (("prompts", prompts), ("completions", completions)) if var_keyword or k in named}
         return (), {**given, **extras}
     extras = {k: v for k, v in extras.items() if k not in {positional[0].name, positional[1].name}}

@@ -307,10 +307,14 @@ def _call(
     return as_scores(reward.name, _run(reward, prompts, completions, columns, shared, done), len(completions))
 
 
-def as_messages(prompts: Sequence[Any], completions: Sequence[str]) -> list:
+def as_messages(prompts: Sequence[Any], completions: Sequence[str | list]) -> list:
     """Completions as TRL gives them to reward functions: for a conversational prompt (a list
-    of messages) the completion is `[{"role": "assistant", "content": text}]`, else the text."""
-    return [c if isinstance(p, str) else [{"role": "assistant", "content": c}] for p, c in zip(prompts, completions)]
+    of messages) the completion is `[{"role": "assistant", "content": text}]`, else the text.
+    A completion that is a list of messages already (a multi-turn rollout's turns) is kept."""
+    return [
+        c if isinstance(p, str) or isinstance(c, list) else [{"role": "assistant", "content": c}]
+        for p, c in zip(prompts, completions)
+    ]
 
 
 def _arguments(prompts, completions, columns, completion_ids, trainer_state):

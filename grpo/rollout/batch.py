@@ -33,7 +33,9 @@ class Rollout:
         str
     ]  # (N,) the prompt text fed to the model (chat template applied; a truncated prompt's kept tokens, decoded)
     completions: list[str]  # (N,) decoded completion text, without special tokens
-    rows: list[dict]  # (N,) the data row of each completion (its prompt's row, repeated)
+    rows: list[
+        dict
+    ]  # (N,) the data row of each completion (its prompt's row, repeated; with an environment whose reset added text, its prompt so)
     group_size: int
     # (N,) bool: the row's prompt was cut to its last rollout.max_prompt_length tokens. Per
     # row, so that `select` keeps it right; None (a rollout built by hand) = no prompt was cut.
@@ -49,6 +51,13 @@ class Rollout:
     # Whether sampled_logprobs are the trainer's own up to float rounding (the decoder's
     # `exact_logprobs`: the policy's float32 weights, the distribution the loss scores).
     logprobs_exact: bool = False
+    # Multi-turn rollouts (grpo.rollout.turns); None for a single-turn sample:
+    # (N,) each completion as chat messages: the model's turns (with their tool_calls) and the
+    # tool messages that answered them, what reward functions get as `completions` (as TRL gives them).
+    messages: list[list[dict]] | None = None
+    environments: list | None = None  # (N,) each rollout's environment instance (rollout.environment)
+    tool_calls: Tensor | None = None  # (N,) float: tool calls answered in each rollout
+    tool_failures: Tensor | None = None  # (N,) float: of those, the ones answered with an error
 
     def __post_init__(self):
         if self.prompt_truncated is None:
@@ -94,6 +103,10 @@ class Rollout:
             sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[index],
             policy_version=self.policy_version,
             logprobs_exact=self.logprobs_exact,
+            messages=None if self.messages is None else [self.messages[i] for i in picked],
+            environments=None if self.environments is None else [self.environments[i] for i in picked],
+            tool_calls=None if self.tool_calls is None else self.tool_calls[index.cpu()],
+            tool_failures=None if self.tool_failures is None else self.tool_failures[index.cpu()],
         )
         return part.trimmed() if trim else part
 
@@ -128,6 +141,10 @@ class Rollout:
             sampled_logprobs=None if self.sampled_logprobs is None else self.sampled_logprobs[:, :keep],
             policy_version=self.policy_version,
             logprobs_exact=self.logprobs_exact,
+            messages=self.messages,
+            environments=self.environments,
+            tool_calls=self.tool_calls,
+            tool_failures=self.tool_failures,
         )
 
     def fit(self, x: Tensor) -> Tensor:

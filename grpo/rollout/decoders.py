@@ -65,9 +65,12 @@ class Decoder(Protocol):
         prompt_mask: Tensor,
         counts: Tensor,
         generators: Sequence[torch.Generator | None],
+        params: SamplingParams | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """(B, P) left-padded prompts, (B,) completions per prompt -> (sum(counts), T) token
-        ids, right-padded after EOS, and their (sum(counts), T) float log-probs or None."""
+        ids, right-padded after EOS, and their (sum(counts), T) float log-probs or None.
+        `params`: this call's (a multi-turn rollout's turn asks for fewer new tokens than
+        max_new_tokens); None: the ones the decoder was built with."""
 
 
 def pad_cat(pieces: list[Tensor], pad: float) -> Tensor:
@@ -121,12 +124,11 @@ class FastDecoder:
 
         return self.weights is not None and self.weights.embed.dtype == torch.float32 and not self.params.reshapes
 
-    def decode(self, prompt_ids, prompt_mask, counts, generators):
+    def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         from grpo.rollout import fast
 
-        return fast.decode(
-            self.policy, prompt_ids, prompt_mask, counts, self.params, weights=self.weights, generators=generators
-        )
+        p = params or self.params
+        return fast.decode(self.policy, prompt_ids, prompt_mask, counts, p, weights=self.weights, generators=generators)
 
 
 def generation_config(p: SamplingParams):
@@ -198,21 +200,22 @@ class HFDecoder:
     def exact_logprobs(self) -> bool:
         return False  # it gives none
 
-    def decode(self, prompt_ids, prompt_mask, counts, generators):
+    def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         import torch
 
         if len(generators) > 1:  # one per prompt
             pieces = [
-                self.decode(prompt_ids[i : i + 1], prompt_mask[i : i + 1], counts[i : i + 1], [generator])[0]
+                self.decode(prompt_ids[i : i + 1], prompt_mask[i : i + 1], counts[i : i + 1], [generator], params)[0]
                 for i, generator in enumerate(generators)
             ]
             return pad_cat(pieces, self.params.pad_token_id), None
+        config = self.config if params is None else generation_config(params)
         ids, mask = prompt_ids.repeat_interleave(counts, 0), prompt_mask.repeat_interleave(counts, 0)
         with (
             _global_stream_from(generators[0], ids.device),
             torch.autocast(ids.device.type, dtype=self.autocast, enabled=self.autocast is not None),
         ):
-            out = self.policy.generate(input_ids=ids, attention_mask=mask, generation_config=self.config)
+            out = self.policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         return out[:, ids.shape[1] :], None
 
 

@@ -45,15 +45,18 @@ from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.decoders import Decoder, pad_cat
 from grpo.rollout.params import SamplingParams
+from grpo.rollout.tools import HermesFormat, Toolbox
+from grpo.rollout.turns import sample_turns
 
 
-def prompt_text(prompt, tokenizer) -> str:
-    """The text the model sees: a plain prompt as is; chat messages through the chat template."""
+def prompt_text(prompt, tokenizer, tools: list[dict] | None = None) -> str:
+    """The text the model sees: a plain prompt as is; chat messages through the chat template
+    (with the JSON schemas of `tools`, when given, as a sampler with tools renders them)."""
     if isinstance(prompt, str):
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         raise UserError("the prompts are chat messages but the model's tokenizer has no chat template")
-    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
@@ -113,6 +116,7 @@ class Sampler:
         rank: int = 0,
         hold_prepared: bool = False,
         decoder_options: dict[str, dict] | None = None,
+        tools: Toolbox | None = None,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -135,6 +139,10 @@ class Sampler:
         # copy is dropped at once, so it never sits in memory through an update; in a
         # synchronous loop every sample has a new version, so there is nothing to reuse.
         self.hold_prepared = hold_prepared
+        # Multi-turn rollouts with tools (grpo.rollout.turns), the chat template checked to speak their format.
+        self.tools = tools
+        self.format = None if tools is None else HermesFormat(self.tokenizer)
+        self.rendering_checked = False  # whether turns.check_rendering has compared a conversation's tokens
 
     @classmethod
     def from_config(
@@ -147,12 +155,14 @@ class Sampler:
         group_size: int | None = None,
         seed: int | None = None,
         rank: int = 0,
+        tools: Toolbox | None = None,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt). With the
         run's `seed` (and the process's `rank`), it draws from its own stream (module doc).
         rollout.vllm's options go to the vllm decoder, with the longest sequence its engine
-        holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit)."""
+        holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit).
+        `tools` (a `grpo.rollout.tools.Toolbox`): multi-turn rollouts with them."""
         from grpo.vllm.decoder import EngineOptions
 
         longest = rollout.max_prompt_length + rollout.max_new_tokens if rollout.max_prompt_length else None
@@ -169,6 +179,7 @@ class Sampler:
             seed=seed,
             rank=rank,
             decoder_options={"vllm": {"options": engine}},
+            tools=tools,
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:
@@ -255,7 +266,10 @@ class Sampler:
         it was built with a seed, else the global stream (see the module doc).
         `version`: the optimizer steps `model`'s weights have taken (the Rollout's
         policy_version), so that a decoder does its per-version work once; None: redone.
-        Prompts longer than max_prompt_length keep their last tokens (see the module doc)."""
+        Prompts longer than max_prompt_length keep their last tokens (see the module doc).
+        With tools, each completion is a multi-turn rollout (`grpo.rollout.turns`)."""
+        if self.tools is not None:
+            return sample_turns(self, model, rows, seeds, step=step, version=version, generator=generator)
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
         encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)

@@ -15,6 +15,7 @@ resume may change, the logs) and `grpo.train.signals` (Ctrl-C and SIGTERM).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -41,6 +42,7 @@ from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer
 from grpo.rollout import Sampler, check_context
+from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.train.models import (
     build_reference,
@@ -72,17 +74,20 @@ class TrainResult:
     summary: dict
 
 
-def as_config(config: Config | dict | str | Path, overrides: list[str] = (), rewards: list | None = None) -> Config:
-    """`config` as a validated Config. `rewards`, when given, replace the config's before it is
-    validated (so a config may leave them out): each a function, a spec string (weight 1) or
-    a `rewards` entry."""
-    if rewards is not None:
+def as_config(config: Config | dict | str | Path, overrides: list[str] = (), given: dict | None = None) -> Config:
+    """`config` (a Config, a mapping or a YAML path) with `overrides`; `given`: the rewards
+    (a `rewards` list) and rollout's `tools` and `environment` that grpo.train's arguments
+    replace, put in before the config is validated (functions and classes as given)."""
+    if given:
         if isinstance(config, Config):
-            tree = config_to_dict(config)
+            tree = dataclasses.asdict(config)  # functions and classes kept as they are
         else:
             tree = dict(config) if isinstance(config, dict) else read_config_file(config)
-        entries = [{"function": r} if isinstance(r, str) else r for r in rewards]
-        return config_from_dict({**tree, "rewards": entries}, overrides)
+        if "rewards" in given:
+            tree["rewards"] = given["rewards"]
+        rollout = dict(tree.get("rollout") or {})
+        rollout.update({key: given[key] for key in ("tools", "environment") if key in given})
+        return config_from_dict({**tree, "rollout": rollout}, overrides)
     if isinstance(config, Config):
         return config_from_dict(config_to_dict(config), overrides) if overrides else config
     if isinstance(config, dict):
@@ -120,11 +125,16 @@ def load_reward_models(
 
 
 def build_engine(
-    c: Config, rewards: list[WeightedReward], device: torch.device | None = None, world: World = SingleProcess()
+    c: Config,
+    rewards: list[WeightedReward],
+    device: torch.device | None = None,
+    world: World = SingleProcess(),
+    tools: Toolbox | None = None,
 ) -> Engine:
     """Load the models onto `device` (train.device's) and choose, once, the pieces in which
     GRPO and PPO differ. Over several processes, the policy and the critic are sharded
-    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why)."""
+    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why). `tools`:
+    the run's tools and environment (multi-turn rollouts), None for single-turn ones."""
     device = resolve_device(c.train.device) if device is None else device
     tokenizer = load_tokenizer(c.model)
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
@@ -160,7 +170,13 @@ def build_engine(
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
     sampler = Sampler.from_config(
-        tokenizer, c.rollout, prompt_column=c.data.prompt_column, autocast=compute_dtype, seed=c.seed, rank=world.rank
+        tokenizer,
+        c.rollout,
+        prompt_column=c.data.prompt_column,
+        autocast=compute_dtype,
+        seed=c.seed,
+        rank=world.rank,
+        tools=tools,
     )
     sampler.start(policy)  # vLLM's engine, built once for the run: what it refuses is known before the first step
     return Engine(
@@ -277,15 +293,26 @@ def train(
     overwrite: bool = False,
     progress: bool = True,
     rewards: list | None = None,
+    tools: list | None = None,
+    environment_factory: type | str | None = None,
 ) -> TrainResult:
     """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path).
 
     `rewards`, when given, replaces the config's rewards (as TRL's `reward_funcs` does):
-    each a function, a spec string, or a dict as a `rewards` entry of a config.
+    each a function, a spec string, or a dict as a `rewards` entry of a config. `tools` and
+    `environment_factory` (TRL's arguments of those names), when given, replace
+    rollout.tools and rollout.environment: functions (or specs) and a class (docs/tools.md).
 
     Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
-    c = as_config(config, overrides, rewards)  # rewards given here: the config may have none
+    given: dict = {}  # what the arguments replace, before the config is validated
+    if rewards is not None:
+        given["rewards"] = [{"function": r} if isinstance(r, str) else r for r in rewards]  # a spec string: weight 1
+    if tools is not None:
+        given["tools"] = list(tools)
+    if environment_factory is not None:
+        given["environment"] = environment_factory
+    c = as_config(config, overrides, given)
     device = resolve_device(c.train.device)
     backend = check_launch(launched_world_size(), c, device)
     world = init_world(device, backend)
@@ -316,6 +343,11 @@ def _train(
             out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
         )
         functions = resolve_functions(c)
+        toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
+        if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
+            raise UserError(
+                "rewards: at least one reward is required (or a rollout.environment with a get_reward method)"
+            )
         absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
         if absent is not None:
             raise UserError(absent)
@@ -324,10 +356,12 @@ def _train(
         rows = load_rows(
             c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
         )
+        if toolbox is not None:
+            toolbox.check_prompts(rows, c.data.prompt_column)
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
             check_resume_config(c, state)
-        return functions, verifier, rows, state
+        return functions, verifier, rows, state, toolbox
 
     def dashboards(state):
         """train.report_to's services, started by process 0 before any model is loaded: a
@@ -346,9 +380,9 @@ def _train(
 
     opened = Sinks([])
     try:
-        functions, verifier, rows, state = world.checked(inputs)
+        functions, verifier, rows, state, toolbox = world.checked(inputs)
         opened = world.checked(lambda: dashboards(state))
-        return _run(c, world, device, functions, verifier, rows, state, opened, progress)
+        return _run(c, world, device, functions, verifier, rows, state, opened, progress, toolbox)
     except (UserError, Stopped, KeyboardInterrupt):
         raise
     except Exception as err:
@@ -362,14 +396,25 @@ def _train(
 
 
 def _run(
-    c: Config, world: World, device: torch.device, functions, verifier, rows, state, dashboards: Sinks, progress: bool
+    c: Config,
+    world: World,
+    device: torch.device,
+    functions,
+    verifier,
+    rows,
+    state,
+    dashboards: Sinks,
+    progress: bool,
+    toolbox: Toolbox | None = None,
 ) -> TrainResult:
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
     seed_everything(c.seed)  # the same in every process: the models start the same
     rewards, reward_models = load_reward_models(c, functions, device)
-    e = build_engine(c, rewards, device, world)
+    if toolbox is not None:
+        rewards += toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
+    e = build_engine(c, rewards, device, world, tools=toolbox)
     updater = build_updater(c, e, verifier, reward_models, rows) if verifier else NoUpdater()
     checkpoints = Checkpointer(e, c, stream, updater)
     if world.world_size > 1:

@@ -34,7 +34,9 @@ shapes:
   `[{"role": "assistant", "content": ...}]`, whose content is learned)
 - conversational `messages` (`messages_column`; used by default when the rows have no prompt
   column): every assistant message is learned, each from the conversation before it
-  rendered as the sampler renders a prompt, followed by EOS. When the chat template does not
+  rendered as the sampler renders a prompt, followed by EOS. Messages may call tools
+  (`tool_calls`, then `tool` messages, as a multi-turn rollout's are) and a `tools` column
+  may list the tools the prompt shows (docs/tools.md). When the chat template does not
   render a conversation as those pieces in a row (a template that rewrites earlier turns, or
   ends a turn with something other than the EOS token), only its last assistant message is
   learned, and a warning counts such rows
@@ -287,33 +289,38 @@ def completion_batch(tokenizer, prompts: list, completions: list[str]) -> dict[s
     return _pad(examples, _pad_id(tokenizer))
 
 
-def conversation_pieces(tokenizer, messages: list[dict]) -> tuple[Pieces, bool]:
+def conversation_pieces(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> tuple[Pieces, bool]:
     """The pieces of a conversation whose assistant messages are learned, and whether all of
     them are (False: only the last one).
 
     Each assistant message (after at least one other message) is learned from the
     conversation before it as the sampler would render it, `prompt_text` (the chat template
-    with the generation prompt), followed by EOS; the template's text between one assistant
-    message and the next context is read. That needs a template that renders a conversation
-    as its prefixes: the rendering of the messages up to a turn begins with the one up to the
-    turn before, and a turn rendered as its content and then the EOS token. Otherwise only the
-    last assistant message is learned, which is a prompt (the conversation before it) and a
-    completion."""
+    with the generation prompt, and `tools`' JSON schemas when given), followed by EOS; the
+    template's text between one assistant message and the next context is read. What is
+    learned of a turn is the template's rendering of it: its content, or for a message with
+    `tool_calls` the <tool_call> blocks the template writes (what a model with tools samples,
+    grpo.rollout.tools). Tool messages are context, as the tokens a sampler appends after a
+    call are. That needs a template that renders a conversation as its prefixes: the
+    rendering of the messages up to a turn begins with the one up to the turn before, and a
+    turn ends with the EOS token. Otherwise only the last assistant message is learned, which
+    is a prompt (the conversation before it) and a completion."""
     from grpo.rollout.sampler import prompt_text
 
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0]
+    eos = tokenizer.eos_token
     pieces: Pieces = []
     consumed = ""  # the rendered conversation the pieces so far stand for
     for i in turns:
-        before = prompt_text(messages[:i], tokenizer)
-        end = before + messages[i]["content"] + tokenizer.eos_token
-        after = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not (before.startswith(consumed) and after.startswith(end)):
+        before = prompt_text(messages[:i], tokenizer, tools)
+        after = tokenizer.apply_chat_template(messages[: i + 1], tools=tools or None, tokenize=False)
+        stop = after.find(eos, len(before)) if after.startswith(before) else -1
+        if not before.startswith(consumed) or stop < 0:
             last = turns[-1]
-            only_last = [(prompt_text(messages[:last], tokenizer), False), (messages[last]["content"], True)]
+            only_last = [(prompt_text(messages[:last], tokenizer, tools), False), (messages[last]["content"], True)]
             return only_last, len(turns) == 1
-        pieces += [(before[len(consumed) :], False), (messages[i]["content"], True)]
-        consumed = end
+        turn = after[len(before) : stop]  # the message as rendered: its content, its tool calls
+        pieces += [(before[len(consumed) :], False), (turn, True)]
+        consumed = before + turn + eos
     return pieces, True
 
 
@@ -511,6 +518,22 @@ def _completion_text(value) -> str | None:
     return None
 
 
+def _row_tools(row: dict, where: str) -> list[dict] | None:
+    """A conversation's `tools` column (TRL's name): the JSON schemas of the tools its prompt
+    shows, each a schema or a 'pkg.module:function' spec (its schema built as rollout.tools
+    builds it). None without the column."""
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, (dict, str)) for t in tools):
+        raise UserError(f"{where}: 'tools' must be a list of JSON schemas or 'pkg.module:function' specs")
+    if all(isinstance(t, dict) for t in tools):
+        return tools
+    from grpo.rollout.tools import Toolbox
+
+    return [t if isinstance(t, dict) else Toolbox([t]).schemas[0] for t in tools]
+
+
 def _row_pieces(row: dict, shape: str, c: FineTuneConfig, tokenizer, where: str) -> tuple[Pieces, bool]:
     """The pieces of one row, and whether all its assistant messages are learned."""
     from grpo.rollout.sampler import prompt_text
@@ -524,9 +547,9 @@ def _row_pieces(row: dict, shape: str, c: FineTuneConfig, tokenizer, where: str)
         if not turns:
             raise UserError(f"{where}: no assistant message after another message: nothing to learn")
         for i in turns:
-            if not messages[i]["content"].strip():
+            if not (messages[i].get("content") or "").strip() and not messages[i].get("tool_calls"):
                 raise UserError(f"{where}: message {i + 1} (the assistant's) is empty")
-        return conversation_pieces(tokenizer, messages)
+        return conversation_pieces(tokenizer, messages, _row_tools(row, where))
     column = c.completion_column
     if column not in row:
         raise UserError(

@@ -183,12 +183,20 @@ def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: i
         ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())
     ]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
+    # Multi-turn rollouts: each completion as its messages (tool turns included) and, with an
+    # environment, the instances as `environments` (as TRL passes them).
+    columns = batch.columns(exclude=e.prompt_column)
+    if batch.environments is not None:
+        if "environments" in columns:
+            raise UserError("data column 'environments' has the name of a reward-function argument; rename the column")
+        columns["environments"] = batch.environments
+    completions = batch.messages if batch.messages is not None else batch.completions
     scored = sampled_scored = world.checked(
         lambda: e.score(
             e.rewards,
             prompts,
-            batch.completions,
-            batch.columns(exclude=e.prompt_column),
+            completions,
+            columns,
             completion_ids=completion_ids,
             trainer_state=trainer_state,
         )
@@ -313,6 +321,34 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
         "time/score": c.seconds["score"],
         "time/update": update_seconds,
         "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
+        **_tool_metrics(world, sampled),
+    }
+
+
+def _tool_metrics(world, sampled: Rollout) -> dict:
+    """Multi-turn rollouts (none for single-turn ones), over every process's rows: tool calls
+    per rollout, calls answered with an error (a count), and the share of completion tokens
+    that are the tools' (in the completion, out of the loss)."""
+    if sampled.tool_calls is None:
+        return {}
+    tool_tokens = (sampled.completion_mask - sampled.loss_mask).clamp(min=0).sum()
+    totals = world.sum(
+        torch.tensor(
+            [
+                float(sampled.tool_calls.sum()),
+                float(sampled.tool_failures.sum()),
+                float(len(sampled)),
+                float(tool_tokens),
+                float(sampled.completion_mask.sum()),
+            ],
+            dtype=torch.float64,
+        )
+    ).tolist()
+    calls, failures, rollouts, tool_tokens, tokens = totals
+    return {
+        "tools/calls_per_rollout": calls / max(rollouts, 1.0),
+        "tools/failures": int(failures),
+        "tools/mask_fraction": tool_tokens / max(tokens, 1.0),
     }
 
 

@@ -185,14 +185,14 @@ class VllmDecoder:
             return draw(generators[0], len(counts))
         return [draw(g, 1)[0] for g in generators]
 
-    def decode(self, prompt_ids, prompt_mask, counts, generators):
+    def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         import torch
 
         from grpo.rollout.decoders import pad_cat
 
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # no left padding
         counts = counts.tolist()
-        drawn = self.engine.sample(prompts, self.params, counts, self.seeds(counts, generators))
+        drawn = self.engine.sample(prompts, params or self.params, counts, self.seeds(counts, generators))
         rows = [row for per_prompt in drawn for row in per_prompt]
         ids = pad_cat([torch.tensor([row_ids], dtype=torch.long) for row_ids, _ in rows], self.params.pad_token_id)
         logprobs = pad_cat([torch.tensor([row_logprobs], dtype=torch.float32) for _, row_logprobs in rows], 0.0)

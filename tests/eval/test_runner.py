@@ -289,6 +289,7 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
             "seed": 7,
             "progress": False,
             "log_every": 10,
+            "tools": None,  # single-turn samples
         }
     ]
     for k in (1, 2, 4):

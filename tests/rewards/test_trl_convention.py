@@ -105,6 +105,9 @@ def test_grpo_eval_calls_a_verifier_as_training_calls_a_reward():
     assert chat.check_group(["<think>a</think><answer>1</answer>", "1"], row) == [True, False]
     legacy = reward_verifier(lambda p, c, **kw: [float(x == "1") for x in c])  # positional, plain prompts
     assert legacy.check_group(["1", "2"], {"prompt": "q"}) == [True, False]
+    # Two positional parameters named after other arguments (columns here): all by keyword, as TRL calls it.
+    named = reward_verifier(lambda answer, tag, **kw: [float(c == answer[0] + tag[0]) for c in kw["completions"]])
+    assert named.check_group(["1x", "2"], {"prompt": "q", "answer": "1", "tag": "x"}) == [True, False]
 
 
 def test_python_functions_are_rewards_in_a_config(make_config, tmp_path):

@@ -1,0 +1,382 @@
+"""Tools and environments for multi-turn rollouts, in the shape TRL's GRPOTrainer takes them.
+
+- A tool is a plain Python function, sync or async, with type hints and a Google-style
+  docstring: transformers' `get_json_schema` turns it into the JSON schema the chat template
+  puts into the prompt (rollout.tools; `grpo.train(config, tools=[fn])`).
+- An environment is a class (rollout.environment; `grpo.train(config,
+  environment_factory=Class)`): one instance per rollout, built with no arguments;
+  `reset(**row)` starts its episode from the data row and may return text, appended to the
+  prompt's last message; every public method but `reset` and `get_reward` is a tool; an
+  optional `get_reward()` scores the episode (a reward of weight 1, `Toolbox.rewards`).
+  Reward functions may take `environments=`, the instances in row order.
+
+The model calls a tool in the Qwen2.5 / Hermes format, the one format supported here:
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its turn (`parse_calls`).
+`HermesFormat` checks once that the tokenizer's chat template speaks it, renders the prompt
+with the tools' schemas, and renders a turn's tool messages alone (`suffix`), to be tokenized
+and appended after the model's own tokens (`grpo.rollout.turns`).
+
+A tool call is contained as a reward's call is (`grpo.rewards.contain.call_function`): past
+rollout.tool_timeout it is abandoned; anything it raises, sys.exit included, becomes the
+text of the tool message, `{"error": "..."}`, and counts as a failure (the tools/failures
+metric); the run goes on. A call the model wrote badly (no JSON, an unknown tool, arguments
+the function does not take) is answered the same way, so the model can learn from it: TRL
+instead leaves a call it cannot parse unanswered. A result that is not a string is sent as
+its JSON; one that has no JSON is refused (a UserError: a bug in the tool, not the model's).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo.errors import UserError
+from grpo.infra.imports import import_object, one_line
+from grpo.rewards import contain
+from grpo.rewards.types import WeightedReward
+
+__all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "parse_calls"]
+
+FORMAT = "the Qwen2.5/Hermes format, <tool_call>{json}</tool_call>"
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_RESERVED = ("reset", "get_reward")  # an environment's methods that are not tools
+
+
+# ---- parsing a turn ---------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One tool call the model wrote: its name and arguments, or why it cannot be run."""
+
+    name: str
+    arguments: dict = field(default_factory=dict)
+    error: str | None = None  # set: the call is not run, this is the tool's answer
+
+    def as_message(self) -> dict:
+        """The call as a chat message's `tool_calls` entry (TRL's, and transformers' chat templates')."""
+        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def parse_calls(text: str) -> list[Call]:
+    """The calls in a model turn's text: each `<tool_call>...</tool_call>` block's JSON,
+    `{"name": str, "arguments": object}` (arguments may also be a JSON string of an object,
+    as some models write them). A block that is not such JSON is a Call with an error."""
+    calls = []
+    for block in TOOL_CALL.findall(text):
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError as err:
+            calls.append(Call("", error=f"the tool call is not JSON ({err.msg} at character {err.pos})"))
+            continue
+        name = data.get("name") if isinstance(data, dict) else None
+        arguments = data.get("arguments", {}) if isinstance(data, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            calls.append(
+                Call(
+                    name if isinstance(name, str) else "",
+                    error='a tool call is {"name": string, "arguments": object}',
+                )
+            )
+            continue
+        calls.append(Call(name, arguments))
+    return calls
+
+
+# ---- the chat template ------------------------------------------------------------------------
+
+
+_PROBE = {
+    "type": "function",
+    "function": {
+        "name": "grpo_probe_tool",
+        "description": "Probe.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer", "description": "X."}}},
+    },
+}
+
+
+class HermesFormat:
+    """The tokenizer's chat template, checked to speak the Qwen2.5/Hermes tool-call format:
+    it renders the tools' schemas into the prompt, an assistant message's `tool_calls` as
+    `<tool_call>` blocks, and `{"role": "tool", ...}` messages after them, each appended
+    message leaving what came before it as it was (prefix-preserving)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise UserError(
+                "rollout.tools: the model's tokenizer has no chat template (tools need one in " + FORMAT + ")"
+            )
+        self.eos = tokenizer.eos_token
+        call = {"role": "assistant", "content": "", "tool_calls": [Call("grpo_probe_tool", {"x": 1}).as_message()]}
+        try:
+            prompt = self.render([{"role": "user", "content": "hi"}], [_PROBE], generation=True)
+            called = self.render([{"role": "user", "content": "hi"}, call], [_PROBE], generation=False)
+        except Exception as err:
+            raise UserError(
+                f"rollout.tools: the model's chat template cannot render a tool call ({one_line(str(err))}); "
+                f"supported: {FORMAT}"
+            ) from None
+        blocks = [c for c in parse_calls(called) if c.error is None]
+        if "grpo_probe_tool" not in prompt or not any(c.name == "grpo_probe_tool" for c in blocks):
+            raise UserError(
+                f"rollout.tools: the model's chat template does not render tools in {FORMAT}, the one format "
+                "supported (the templates of Qwen2.5, Qwen3-Instruct-2507 and other Hermes-style ones; docs/tools.md)"
+            )
+        self.suffix([{"role": "tool", "name": "grpo_probe_tool", "content": "grpo_probe_result"}])  # renders, cuts
+
+    def render(self, messages: list[dict], tools: list[dict] | None, *, generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False
+        )
+
+    def suffix(self, tool_messages: list[dict]) -> str:
+        """What follows the model's end-of-turn token when a turn's `tool_messages` answer it,
+        up to the next assistant turn's start: rendered after a stand-in conversation and
+        cut where the stand-in's assistant turn ends (at its EOS)."""
+        name = tool_messages[0].get("name", "tool")
+        before = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [Call(name, {}).as_message()]},
+        ]
+        prefix = self.render(before, None, generation=False)
+        full = self.render(before + tool_messages, None, generation=True)
+        if not full.startswith(prefix):
+            raise UserError(
+                "rollout.tools: the model's chat template renders a conversation differently once a tool message "
+                "follows (not prefix-preserving, as Qwen3's, which drops earlier turns' reasoning), so the sampled "
+                "tokens cannot be kept; save the model's tokenizer with a prefix-preserving template (docs/tools.md)"
+            )
+        end = prefix.rfind(self.eos) if self.eos else -1
+        if end < 0:
+            raise UserError(
+                f"rollout.tools: the chat template's assistant turn does not end with the tokenizer's EOS "
+                f"({self.eos!r}), where the model stops; cannot tell where a tool message starts"
+            )
+        return full[end + len(self.eos) :]
+
+
+# ---- running calls ----------------------------------------------------------------------------
+
+
+def as_content(name: str, result: Any) -> str:
+    """A tool's result as the tool message's text: a string as it is, anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result)
+    except (TypeError, ValueError):
+        raise UserError(
+            f"tool {name!r} returned a {type(result).__name__}, which is neither a string nor JSON-serialisable; "
+            "return a str (or a number, list or dict)"
+        ) from None
+
+
+def _error(text: str) -> str:
+    return json.dumps({"error": text})
+
+
+@dataclass
+class Episode:
+    """One rollout's tools: the standalone functions and its environment's methods."""
+
+    functions: dict[str, Callable]
+    environment: Any = None
+    timeout: float | None = None
+    calls: int = 0  # tool calls answered (failed ones included)
+    failures: int = 0  # calls answered with an error
+
+    def run(self, call: Call) -> dict:
+        """The tool message that answers `call` (contained: module doc)."""
+        self.calls += 1
+        content = self._answer(call)
+        return {"role": "tool", "name": call.name, "content": content}
+
+    def _answer(self, call: Call) -> str:
+        if call.error is not None:
+            self.failures += 1
+            return _error(call.error)
+        fn = self.functions.get(call.name)
+        if fn is None:
+            self.failures += 1
+            return _error(f"unknown tool {call.name!r}; the tools are {', '.join(sorted(self.functions)) or 'none'}")
+        try:
+            result = contain.call_function(fn, call.arguments, self.timeout)
+        except contain.TimedOut:
+            self.failures += 1
+            return _error(f"the tool took longer than {self.timeout:g} s")
+        except contain.Failed as failure:
+            self.failures += 1
+            return _error(f"the tool {failure.description}")
+        except UserError as err:  # raised inside the tool: the tool's failure, not the run's
+            self.failures += 1
+            return _error(f"the tool raised {one_line(str(err))}")
+        return as_content(call.name, result)
+
+
+def _schema(fn: Callable, name: str) -> dict:
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(fn)
+    except Exception as err:
+        raise UserError(
+            f"tool {name!r}: no JSON schema from its signature and docstring ({one_line(str(err))}); a tool needs "
+            "type hints and a Google-style docstring with an Args: section"
+        ) from None
+
+
+def _spec_name(spec) -> str:
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
+
+
+def environment_tools(instance) -> dict[str, Callable]:
+    """An environment's tools: its public methods, but reset and get_reward."""
+    return {
+        name: member
+        for name, member in inspect.getmembers(instance, predicate=inspect.ismethod)
+        if not name.startswith("_") and name not in _RESERVED
+    }
+
+
+class Toolbox:
+    """A run's tools and environment class, resolved and checked before the first step:
+    each tool's schema built, the environment probed once (an instance built, its reset
+    and tools found). `start` begins one episode per rollout."""
+
+    def __init__(
+        self,
+        tools: Sequence[str | Callable] = (),
+        environment: str | type | None = None,
+        *,
+        max_calls: int | None = None,
+        timeout: float | None = None,
+    ):
+        self.max_calls, self.timeout = max_calls, timeout
+        self.functions: dict[str, Callable] = {}
+        for spec in tools:
+            fn = spec if callable(spec) else import_object(spec, kind="tool", form="pkg.module:function")
+            if not callable(fn) or isinstance(fn, type):
+                raise UserError(f"tool {_spec_name(spec)!r}: not a function")
+            name = getattr(fn, "__name__", None) or _spec_name(spec)
+            if name in self.functions:
+                raise UserError(f"tool {_spec_name(spec)!r}: two tools are named {name!r}")
+            self.functions[name] = fn
+        self.schemas = [_schema(fn, name) for name, fn in self.functions.items()]
+        self.environment = None
+        if environment is not None:
+            factory = environment
+            if isinstance(environment, str):
+                factory = import_object(environment, kind="environment", form="pkg.module:Class")
+            if not callable(factory):
+                raise UserError(f"environment {_spec_name(environment)!r}: not a class")
+            self.environment = factory
+            probe = self._build()
+            methods = environment_tools(probe)
+            clash = sorted(set(methods) & set(self.functions))
+            if clash:
+                raise UserError(f"environment {self.name!r}: method {clash[0]!r} has the name of a tool")
+            self.schemas += [_schema(fn, f"{self.name}.{name}") for name, fn in methods.items()]
+            self.owns_reward = callable(getattr(probe, "get_reward", None))
+            self.async_reward = self.owns_reward and inspect.iscoroutinefunction(probe.get_reward)
+        else:
+            self.owns_reward = self.async_reward = False
+        if not self.schemas:
+            raise UserError(
+                "rollout.tools / rollout.environment: no tool to give the model (an environment needs a public method)"
+            )
+
+    @classmethod
+    def from_config(cls, rollout, tools=None, environment=None) -> Toolbox | None:
+        """The toolbox rollout.tools and rollout.environment describe (or the `tools` and
+        `environment` given from Python instead); None when there is neither."""
+        tools = rollout.tools if tools is None else tools
+        environment = rollout.environment if environment is None else environment
+        if not tools and environment is None:
+            return None
+        return cls(tools, environment, max_calls=rollout.max_tool_calls, timeout=rollout.tool_timeout)
+
+    @property
+    def name(self) -> str:
+        return _spec_name(self.environment)
+
+    def check_prompts(self, rows: list[dict], prompt_column: str) -> None:
+        """A one-line UserError unless every row's prompt is chat messages: the tools reach
+        the model through the chat template (checked before the first step, and by the sampler)."""
+        plain = next((i for i, row in enumerate(rows) if isinstance(row[prompt_column], str)), None)
+        if plain is not None:
+            raise UserError(
+                f"rollout.tools / rollout.environment: the prompts must be chat messages (a list of "
+                f"{{'role': ..., 'content': ...}}), not plain text (row {plain} is): the tools reach the model "
+                "through the chat template"
+            )
+
+    def _build(self):
+        try:
+            instance = self.environment()
+        except Exception as err:
+            raise UserError(f"environment {self.name!r}: building an instance failed ({one_line(str(err))})") from None
+        if not callable(getattr(instance, "reset", None)):
+            raise UserError(f"environment {self.name!r}: has no reset method (reset(**row) -> str | None)")
+        return instance
+
+    def start(self, rows: list[dict]) -> tuple[list[Episode], list[str | None]]:
+        """One episode per row (a rollout), and the text each environment's reset adds to
+        its prompt (None: none). reset gets the row's columns by keyword, as TRL passes them."""
+        episodes, texts = [], []
+        for row in rows:
+            if self.environment is None:
+                episodes.append(Episode(dict(self.functions), timeout=self.timeout))
+                texts.append(None)
+                continue
+            instance = self._build()
+            try:
+                text = instance.reset(**row)
+            except Exception as err:
+                raise UserError(f"environment {self.name!r}: reset raised {one_line(repr(err))}") from None
+            if text is not None and not isinstance(text, str):
+                raise UserError(
+                    f"environment {self.name!r}: reset returned a {type(text).__name__}; expected str or None"
+                )
+            episodes.append(Episode({**self.functions, **environment_tools(instance)}, instance, self.timeout))
+            texts.append(text)
+        return episodes, texts
+
+    def rewards(self) -> list[WeightedReward]:
+        """The environment's get_reward as a reward of weight 1 (as TRL adds it), named
+        after its class; none when it has no get_reward."""
+        if not self.owns_reward:
+            return []
+
+        if self.async_reward:
+
+            async def get_reward(environments, **kwargs):
+                return [await e.get_reward() for e in environments]
+
+        else:
+
+            def get_reward(environments, **kwargs):
+                return [e.get_reward() for e in environments]
+
+        return [WeightedReward(name=f"{self.name}.get_reward", fn=get_reward, weight=1.0)]
+
+
+def with_observation(prompt: list[dict], text: str | None) -> list[dict]:
+    """The prompt's messages with `text` (a reset's) appended to the last one's content (as
+    TRL appends it); the row's own messages are left as they were."""
+    if text is None:
+        return prompt
+    last = prompt[-1]
+    return [*prompt[:-1], {**last, "content": f"{last.get('content') or ''}{text}"}]

@@ -1,0 +1,278 @@
+"""Multi-turn rollouts: the model's turns and its tools' answers, one completion per rollout.
+
+A rollout runs turn by turn. The model samples a turn (up to and including its EOS, the
+chat template's end of turn); if the turn calls tools (`grpo.rollout.tools.parse_calls`),
+the calls run, their tool messages are rendered by the chat template and tokenized alone,
+the tokens are appended, and the model samples its next turn after them. A rollout ends at
+a turn without a call, at a turn past rollout.max_tool_calls, or when the whole completion
+(model and tool tokens together) reaches max_new_tokens; a turn's tool messages that would
+leave no room for one more model token are dropped and the rollout ends at that turn (as
+TRL drops them), though its calls have run.
+
+Tokens stay as sampled. The completion is the model's sampled tokens and the tool messages'
+tokens, concatenated; what the model wrote is never re-tokenized (a text that decodes and
+encodes back to other tokens would train the policy on tokens it never sampled). The
+Rollout's `completion_mask` holds every one of them (attended to, counted in the lengths);
+its `loss_mask` only the model's: tool tokens are no action of the policy, and the step
+leaves them out of every loss and statistic through that one mask. The sampler's log-probs
+are 0 on them. Once per sampler, `check_rendering` compares a conversation with the tokens
+the chat template renders it to, and warns in one line where they differ.
+
+A first version, on every decoder behind the seam (`Decoder.decode`): each turn is one
+decoding call per batch of rows, its prompt the row's prompt and completion so far; the
+fast loop's KV cache is not kept across turns (each turn computes its prefix again). Rows
+with the same context and random stream (a prompt's G rows at the first turn) share one
+prompt in a call. A turn asks for at most the most tokens any of its rows has left; each
+row keeps what fits its own budget (a sample's prefix is a sample). Sampling options apply
+per turn (min_new_tokens holds back each turn's EOS, as TRL's loop asks each turn again).
+Random streams: one for every row through every turn (the sampler's, as a single-turn
+sample's); with rollout.seed_per_prompt one per prompt and turn (`grpo.infra.seed.turn_seed`)
+in calls that hold whole prompts, so that a prompt's rollouts do not depend on the prompts
+sampled beside it (nor on the number of processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.infra.seed import sampling_seed, turn_seed
+from grpo.rollout.batch import Rollout
+from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
+
+__all__ = ["check_rendering", "sample_turns"]
+
+
+def _left_pad(contexts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for k, context in enumerate(contexts):
+        ids[k, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+        mask[k, width - len(context) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _content(tokenizer, raw: str) -> str:
+    """A model turn's message content: its text without tool-call blocks or special tokens."""
+    text = TOOL_CALL.sub("", raw)
+    for special in tokenizer.all_special_tokens:
+        text = text.replace(special, "")
+    return text.strip()
+
+
+@dataclass
+class Trajectory:
+    """One rollout as it grows: its prompt's tokens, then its completion's, each marked as
+    the model's (an action) or a tool's, with the sampler's log-probs (0 on a tool's)."""
+
+    prompt: list[int]
+    episode: Episode
+    seed: int | None  # its prompt's seed (rollout.seed_per_prompt), or None: one stream for every row
+    stream: torch.Generator | None = None  # the random stream this turn draws from (None: the global one)
+    tokens: list[int] = field(default_factory=list)
+    actions: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # the completion as chat messages
+    as_written: list[dict] = field(default_factory=list)  # the same, each model turn as the text it sampled
+    rounds: int = 0  # turns whose tool calls ran
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    def append(self, tokens: list[int], action: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens += tokens
+        self.actions += [float(action)] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+
+def _calls(rows: list[Trajectory], size: int, per_prompt: bool) -> list[list[Trajectory]]:
+    """The rows of each decoding call: `size` at a time; with a stream per prompt, whole
+    prompts' rows (as many as fit, at least one prompt's), as `Sampler._decode` cuts them, so
+    that no prompt's stream is drawn from in two calls whose lengths depend on other rows."""
+    if not per_prompt:
+        return [rows[start : start + size] for start in range(0, len(rows), size)]
+    calls: list[list[Trajectory]] = []
+    for _, block in itertools.groupby(rows, key=lambda row: row.seed):
+        block = list(block)
+        if not calls or len(calls[-1]) + len(block) > size:
+            calls.append([])
+        calls[-1] += block
+    return [call for call in calls if call]
+
+
+def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device) -> list[tuple]:
+    """Each row's next turn as the decoder draws it: (token ids, their log-probs or None),
+    from calls of at most generation_batch_size rows; consecutive rows with the same
+    context and stream share one prompt of a call (a prompt's G rows, at the first turn)."""
+    drawn = []
+    for chunk in _calls(rows, sampler.batch_size or len(rows), per_prompt):
+        groups: list[list[Trajectory]] = []
+        for row in chunk:
+            if groups and groups[-1][0].context == row.context and groups[-1][0].stream is row.stream:
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+        counts = torch.tensor([len(group) for group in groups], device=device)
+        streams = [group[0].stream for group in groups] if per_prompt else [chunk[0].stream]
+        out, logprobs = decoder.decode(ids, mask, counts, streams, params=params)
+        drawn += [(out[k].tolist(), None if logprobs is None else logprobs[k].tolist()) for k in range(len(out))]
+    return drawn
+
+
+def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float] | None) -> bool:
+    """Add a turn the model sampled to `row` (up to its first EOS, within the budget) and, if
+    it calls tools, their answers; whether the rollout goes on to another model turn."""
+    tok, budget, limit = sampler.tokenizer, sampler.params.max_new_tokens, sampler.tools.max_calls
+    eos = sampler.params.eos_token_ids
+    end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
+    new = tokens[: min(end, budget - len(row.tokens))]
+    row.append(new, True, None if logprobs is None else logprobs[: len(new)])
+    raw = tok.decode(new, skip_special_tokens=False)
+    finished = bool(new) and new[-1] in eos  # the turn ended; not cut off by the budget
+    calls = parse_calls(raw) if finished else []
+    message = {"role": "assistant", "content": _content(tok, raw)}
+    if calls:
+        message["tool_calls"] = [c.as_message() for c in calls]
+    row.messages.append(message)
+    row.as_written.append({"role": "assistant", "content": tok.decode(new[:-1] if finished else new)})
+    if not calls or (limit is not None and row.rounds >= limit):
+        return False
+    row.rounds += 1
+    answers = [row.episode.run(call) for call in calls]
+    suffix = tok(sampler.format.suffix(answers), add_special_tokens=False)["input_ids"]
+    if len(row.tokens) + len(suffix) >= budget:
+        return False  # no room for the model's answer: dropped, the rollout ends at its turn
+    row.messages += answers
+    row.as_written += answers
+    row.append(suffix, False)
+    return True
+
+
+@torch.no_grad()
+def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version, generator) -> Rollout:
+    """`Sampler.sample` for a sampler with tools: G multi-turn rollouts of each row's
+    prompt (module doc). Each rollout gets its own episode (`Toolbox.start`): its
+    environment's reset text is appended to its prompt's last message, so a prompt's G
+    rows may see different prompts (the Rollout's rows hold them so)."""
+    from grpo.rollout.sampler import keep_last_tokens
+
+    tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
+    repeated = [row for row in rows for _ in range(group_size)]
+    toolbox.check_prompts(rows, sampler.prompt_column)
+    episodes, observations = toolbox.start(repeated)
+    prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
+    texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]
+    encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
+    prompt_ids, prompt_mask, cut = keep_last_tokens(
+        encoded["input_ids"], encoded["attention_mask"], sampler.max_prompt_length
+    )
+    sampler._check_fits(model, prompt_ids.shape[1])
+    texts = [
+        tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False) if was_cut else text
+        for text, ids, mask, was_cut in zip(texts, prompt_ids, prompt_mask, cut.tolist())
+    ]
+    device = next(model.parameters()).device
+
+    # One random stream for all rows through every turn, or (rollout.seed_per_prompt) one per
+    # data row and turn (`turn_seed`), which its G rows share.
+    if seeds is None and generator is None and sampler.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling_seed(sampler.seed, sampler.rank, step))
+    trajectories = [
+        Trajectory(ids[mask.bool()].tolist(), episode, None if seeds is None else seeds[i // group_size], generator)
+        for i, (ids, mask, episode) in enumerate(zip(prompt_ids, prompt_mask, episodes))
+    ]
+
+    decoder = sampler.decoder(model, prompt_ids.shape[1])
+    decoder.prepare(model, version)
+    with_logprobs = True
+    try:
+        active, turn_number = trajectories, 0
+        while active:
+            if seeds is not None:
+                streams = {}
+                for row in active:
+                    if row.seed not in streams:
+                        streams[row.seed] = torch.Generator(device=device).manual_seed(turn_seed(row.seed, turn_number))
+                    row.stream = streams[row.seed]
+            turn_number += 1
+            # This turn's most new tokens: the most any of its rows has left of the budget.
+            longest = max(sampler.params.max_new_tokens - len(row.tokens) for row in active)
+            turn = dataclasses.replace(sampler.params, max_new_tokens=longest)
+            drawn = _decode_turn(sampler, decoder, active, turn, seeds is not None, device)
+            with_logprobs = with_logprobs and all(logprobs is not None for _, logprobs in drawn)
+            active = [
+                row for row, (tokens, logprobs) in zip(active, drawn) if _take_turn(sampler, row, tokens, logprobs)
+            ]
+        exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
+    finally:
+        if not sampler.hold_prepared:
+            decoder.release()
+
+    n, pad = len(trajectories), sampler.params.pad_token_id
+    width = max(max(len(row.tokens) for row in trajectories), 1)
+    completion_ids = torch.full((n, width), pad, dtype=torch.long)
+    completion_mask, loss_mask, sampled = torch.zeros((n, width)), torch.zeros((n, width)), torch.zeros((n, width))
+    for i, row in enumerate(trajectories):
+        length = len(row.tokens)
+        completion_ids[i, :length] = torch.tensor(row.tokens, dtype=torch.long)
+        completion_mask[i, :length] = 1.0
+        loss_mask[i, :length] = torch.tensor(row.actions)
+        sampled[i, :length] = torch.tensor(row.logprobs)
+    if not sampler.rendering_checked:
+        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), toolbox.schemas)
+    completion_mask, loss_mask = completion_mask.to(device), loss_mask.to(device)
+    return Rollout(
+        input_ids=torch.cat([prompt_ids.to(device), completion_ids.to(device)], 1),
+        attention_mask=torch.cat([prompt_mask.to(device), completion_mask.long()], 1),
+        completion_mask=completion_mask,
+        prompts=texts,
+        completions=tok.batch_decode(completion_ids, skip_special_tokens=True),
+        # A row whose environment added text holds its prompt as the model saw it: what reward
+        # functions get as `prompts` (as TRL gives them) and samples.jsonl shows.
+        rows=[
+            row if text is None else {**row, sampler.prompt_column: prompt}
+            for row, text, prompt in zip(repeated, observations, prompts)
+        ],
+        group_size=group_size,
+        prompt_truncated=cut.to(device),
+        loss_mask=loss_mask,
+        sampled_logprobs=sampled.to(device) if with_logprobs else None,
+        policy_version=0 if version is None else version,
+        logprobs_exact=exact and with_logprobs,
+        messages=[row.messages for row in trajectories],
+        environments=[e.environment for e in episodes] if toolbox.environment is not None else None,
+        tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
+        tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
+    )
+
+
+def check_rendering(sampler, prompts: list[list[dict]], rows: list[Trajectory], cut: list[bool], schemas) -> bool:
+    """Whether the check was made: the first rollout with a tool message (and a whole
+    prompt) rendered by the chat template, each model turn as the text it sampled, and
+    tokenized as the sampler tokenizes a prompt, against the prompt's tokens and the
+    completion's as sampled and appended. A one-line warning where they differ (training
+    uses the tokens as sampled either way)."""
+    for prompt, row, was_cut in zip(prompts, rows, cut):
+        if was_cut or not any(m["role"] == "tool" for m in row.as_written):
+            continue
+        tok = sampler.tokenizer
+        text = sampler.format.render(list(prompt) + row.as_written, schemas, generation=False)
+        rendered = tok(text, add_special_tokens=True)["input_ids"]
+        ours = row.context
+        if rendered[: len(ours)] != ours:
+            at = next((k for k, (a, b) in enumerate(zip(rendered, ours)) if a != b), min(len(rendered), len(ours)))
+            print(
+                f"grpo: warning: rollout.tools: the chat template renders a sampled conversation to other tokens than "
+                f"those sampled and appended (from token {at - len(row.prompt)} of the completion on); training uses "
+                "the tokens as sampled (docs/tools.md)",
+                file=sys.stderr,
+            )
+        return True
+    return False
