@@ -46,7 +46,7 @@ $(VLLM_STAMP): pyproject.toml
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -m "not benchmark and not vllm"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm"
 	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
 
 test-vllm: $(VLLM_STAMP)
