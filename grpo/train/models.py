@@ -181,40 +181,43 @@ def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor
     p_len = batch.input_ids.shape[1] - t_len
     positions = batch.position_ids
     checkpointed = _checkpointed_layers(model)
-    given = {}
+    argument, written = None, None  # under checkpointing, the prompt pass's own cache, handed to it
     if checkpointed is not None:
-        cache = checkpointed.new_cache(model)
-        if cache is None:
+        argument, written = _cache_argument(model), checkpointed.new_cache(model)
+        if written is None:
             return None
-        given = {_cache_argument(model): cache}
-    with checkpointed.handed_a_cache() if checkpointed is not None else contextlib.nullcontext():
+    handed = checkpointed.handed_a_cache if checkpointed is not None else contextlib.nullcontext
+    with handed():
         prompt = model(
             input_ids=batch.input_ids[first, :p_len],
             attention_mask=batch.attention_mask[first, :p_len],
             position_ids=positions[first, :p_len],
             logits_to_keep=1,
             use_cache=True,
-            **given,
+            **({} if written is None else {argument: written}),
         )  # the distinct prompts: (B, P)
     first_out = read(prompt)[:, -1][group].unsqueeze(1)  # (N, 1, ...): predicts completion token 0
     if t_len == 1:
         return first_out
-    cache = given.get(_cache_argument(model)) if given else getattr(prompt, "cache", None)
-    if cache is None:  # the name depends on the transformers version
-        cache = getattr(prompt, "past_key_values", None)
+    cache = written
+    if cache is None:  # the one the model returned, under the name of its transformers version
+        cache = getattr(prompt, "cache", None)
+        if cache is None:
+            cache = getattr(prompt, "past_key_values", None)
     if not hasattr(cache, "batch_select_indices"):  # no cache, or one of another kind
         return None
+    argument = argument or _cache_argument(model)
     if checkpointed is not None:  # a cache of its own: the prompt's layers write theirs again in the backward
         cache = checkpointed.reading(cache, model, group)
     else:
         cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
-    with checkpointed.handed_a_cache() if checkpointed is not None else contextlib.nullcontext():
+    with handed():
         rest = model(
             input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
             attention_mask=batch.attention_mask[:, :-1],
             position_ids=positions[:, p_len:-1],
             use_cache=True,
-            **{_cache_argument(model): cache},
+            **{argument: cache},
         )
     return torch.cat([first_out, read(rest)], 1)
 

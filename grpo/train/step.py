@@ -86,9 +86,13 @@ class Engine:
         Otherwise the policy moves between updates, or the batch was sampled by earlier
         weights (its policy_version behind this one); and PPO's KL-in-reward reads them
         before any update."""
-        moves = self.train.epochs > 1 or self.train.minibatches > 1
-        needed = moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
+        needed = self.policy_moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
         return needed and not self.old_logprobs_from_sampler(batch)
+
+    @property
+    def policy_moves(self) -> bool:
+        """Whether the policy takes an optimizer step before the step's last update."""
+        return self.train.epochs > 1 or self.train.minibatches > 1
 
     def old_logprobs_from_sampler(self, batch: Rollout) -> bool:
         """Whether the sampler's log-probs stand for the old policy's (train.old_logprobs):
@@ -105,8 +109,8 @@ class Engine:
             )
         if mode != "auto":
             return mode == "sampler"
-        moves = self.train.epochs > 1 or self.train.minibatches > 1
-        return (moves or self.kl.needs_old_logprobs) and batch.logprobs_exact and batch.policy_version == self.version
+        needed = self.policy_moves or self.kl.needs_old_logprobs
+        return needed and batch.logprobs_exact and batch.policy_version == self.version
 
 
 @dataclass
