@@ -36,10 +36,12 @@ __all__ = [
     "Config",
     "PRESETS",
     "REQUIRED",
+    "as_tree",
     "config_from_dict",
     "config_to_dict",
     "describe_fields",
     "field_default",
+    "key_of",
     "load_config",
     "opt",
 ]
@@ -49,15 +51,34 @@ __all__ = [
 REQUIRED: Any = dataclasses.MISSING
 
 
-def opt(default: Any, doc: str, **kw) -> Any:
+def opt(default: Any, doc: str, *, key: str | None = None, **kw) -> Any:
     """A dataclass field with its documentation attached: every config of the project (the
     run's, and those of `grpo sft`, `eval`, `rm` and `demo`) declares its fields so, one
-    docstring per field; the command-line flags take their help and default from it."""
+    docstring per field; the command-line flags take their help and default from it. `key`:
+    the field's name in YAML and --set where it cannot be its Python name (a keyword)."""
+    metadata = {"doc": doc, **({"key": key} if key else {})}
     if default is REQUIRED:
-        return field(metadata={"doc": doc}, **kw)
+        return field(metadata=metadata, **kw)
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": doc}, **kw)
-    return field(default=default, metadata={"doc": doc}, **kw)
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """A field's config key: its Python name, or the `key` it was declared with (`opt`)."""
+    return f.metadata.get("key", f.name)
+
+
+def as_tree(value: Any) -> Any:
+    """A config (or any part of one) as nested dicts and lists under its config keys, as
+    `dataclasses.asdict` but keyed by `key_of` (functions and classes kept as they are)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {key_of(f): as_tree(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_tree(v) for v in value)
+    if isinstance(value, dict):
+        return {k: as_tree(v) for k, v in value.items()}
+    return copy.deepcopy(value)
 
 
 def field_default(f: dataclasses.Field) -> Any:
@@ -630,13 +651,13 @@ def _unknown_key(key: str, prefix: str, names: list[str]) -> str:
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = {key_of(f): f.name for f in dataclasses.fields(cls)}  # config key -> Python name
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in hints:
-            raise UserError(_unknown_key(key, prefix, names))
-        kwargs[key] = _convert(value, hints[key], full)
+        if key not in names:
+            raise UserError(_unknown_key(key, prefix, list(names)))
+        kwargs[names[key]] = _convert(value, hints[names[key]], full)
     return cls(**kwargs)
 
 
@@ -912,7 +933,7 @@ def config_to_dict(config: Config) -> dict:
     given from Python is written as its 'module:qualname'."""
     from grpo.rewards.scoring import spec_of
 
-    data = dataclasses.asdict(config)
+    data = as_tree(config)
     for reward in data["rewards"]:
         if callable(reward["function"]):
             reward["function"] = spec_of(reward["function"])
@@ -928,7 +949,7 @@ def describe_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str
     rows = []
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
-        key = f"{prefix}{f.name}"
+        key = f"{prefix}{key_of(f)}"
         if dataclasses.is_dataclass(hint):
             rows.extend(describe_fields(hint, key + "."))
             continue

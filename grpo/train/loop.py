@@ -15,7 +15,6 @@ resume may change, the logs) and `grpo.train.signals` (Ctrl-C and SIGTERM).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.config import Config, config_from_dict, config_to_dict, load_config, read_config_file, reporters
+from grpo.config import Config, as_tree, config_from_dict, config_to_dict, load_config, read_config_file, reporters
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
@@ -80,7 +79,7 @@ def as_config(config: Config | dict | str | Path, overrides: list[str] = (), giv
     replace, put in before the config is validated (functions and classes as given)."""
     if given:
         if isinstance(config, Config):
-            tree = dataclasses.asdict(config)  # functions and classes kept as they are
+            tree = as_tree(config)  # functions and classes kept as they are
         else:
             tree = dict(config) if isinstance(config, dict) else read_config_file(config)
         if "rewards" in given:
