@@ -258,7 +258,7 @@ class TrainConfig:
     )
     old_logprobs: Literal["auto", "recompute", "sampler"] = opt(
         "auto",
-        "Where the old policy's log-probs (the ratio's anchor, when epochs or minibatches move the policy within a step) come from. recompute: a no-grad pass of the policy over the batch. sampler: the log-probs the sampler returned with its tokens (the fast loop's or vLLM's; an error with transformers' generate, which gives none); the engine correction then has no mismatch to measure. auto: the sampler's where they are the trainer's own up to float rounding (the fast loop on the current float32 weights, no top-p/top-k/min-p/min_new_tokens), else recompute: one forward pass fewer a step.",
+        "Where the old policy's log-probs (the ratio's anchor, when epochs or minibatches move the policy within a step) come from. recompute: a no-grad pass of the policy over the batch. sampler: the log-probs the sampler returned with its tokens (the fast loop's or vLLM's; an error with transformers' generate, which gives none); the engine correction then has no mismatch to measure. auto: the sampler's where they are the trainer's own up to float rounding (the fast loop on the current float32 weights, no top-p/top-k/min-p/min_new_tokens), else recompute: one forward pass fewer a step; and the sampler's for a batch that earlier weights sampled (rollout.async: the sampling policy's, docs/async.md). recompute with rollout.async: the current weights anchor the ratio and loss.engine_correction weighs each token by pi_current / pi_sampler (decoupled PPO).",
     )
     length_grouping: bool = opt(
         True,

@@ -96,21 +96,29 @@ class Engine:
 
     def old_logprobs_from_sampler(self, batch: Rollout) -> bool:
         """Whether the sampler's log-probs stand for the old policy's (train.old_logprobs):
-        always with sampler; with auto, where a pass would otherwise run over a batch that
-        the current weights drew, with log-probs that are the trainer's own up to float
-        rounding (`logprobs_exact`): the pass would recompute the same numbers. (Where no
-        pass is needed, the update's own log-probs, detached, are the old ones, and the
-        sampler's are measured against them.) A one-line error where sampler was asked for
-        and the decoder gave none."""
+        always with sampler; with auto, for a batch that earlier weights drew (asynchronous
+        rollouts: those weights are gone, and the sampler's log-probs are the sampling
+        policy's, the ratio's anchor off-policy; docs/async.md), and where a pass would
+        otherwise run over a batch that the current weights drew, with log-probs that are the
+        trainer's own up to float rounding (`logprobs_exact`): the pass would recompute the
+        same numbers. (Where no pass is needed, the update's own log-probs, detached, are the
+        old ones, and the sampler's are measured against them.) A one-line error where the
+        sampler's were needed and the decoder gave none."""
         mode = self.train.old_logprobs
-        if mode == "sampler" and batch.sampled_logprobs is None:
+        stale = batch.policy_version != self.version
+        if (mode == "sampler" or (mode == "auto" and stale)) and batch.sampled_logprobs is None:
             raise UserError(
-                "train.old_logprobs: sampler, but this batch's decoder (transformers' generate) returned no log-probs; use auto or recompute"
+                f"train.old_logprobs: {mode}, but this batch's decoder (transformers' generate) returned no "
+                "log-probs, which a batch sampled by other weights than the current ones needs"
+                if stale
+                else "train.old_logprobs: sampler, but this batch's decoder (transformers' generate) returned no log-probs; use auto or recompute"
             )
         if mode != "auto":
             return mode == "sampler"
+        if stale:
+            return True
         needed = self.policy_moves or self.kl.needs_old_logprobs
-        return needed and batch.logprobs_exact and batch.policy_version == self.version
+        return needed and batch.logprobs_exact
 
 
 @dataclass
@@ -164,17 +172,23 @@ def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step
     return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
 
 
-def collect(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> Collected:
+def collect(
+    e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0, sampled: Rollout | None = None
+) -> Collected:
     """Sample G completions for each of `rows`, score them, and filter what the update sees:
     the truncation mask (loss.mask_truncated_completions) and the group filter
-    (loss.drop_zero_std_groups)."""
+    (loss.drop_zero_std_groups). `sampled`: the rollout of `rows` that a generator process
+    drew (asynchronous rollouts, grpo.train.asynchronous), with the version of the weights
+    that drew it; None: sampled here, with the current weights."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
 
     # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
-    with world.gathered(e.policy):
-        batch = sampled = e.sampler.sample(e.policy, rows, seeds, step=step, version=e.version)
-    sampled.policy_version = e.version  # the weights that drew it, whatever sampler drew it
+    if sampled is None:
+        with world.gathered(e.policy):
+            sampled = e.sampler.sample(e.policy, rows, seeds, step=step, version=e.version)
+        sampled.policy_version = e.version  # the weights that drew it, whatever sampler drew it
+    batch = sampled = sampled.to(e.device)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
     generated = time.perf_counter()
 

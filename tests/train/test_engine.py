@@ -71,11 +71,12 @@ def test_one_update_epoch_needs_no_old_policy_pass(make_config, monkeypatch):
 
 def test_a_batch_sampled_by_earlier_weights_gets_the_old_policy_pass(make_config, monkeypatch):
     """Collected while the policy moved on (as an asynchronous rollout is), a batch's old
-    policy is no longer the current one: even with one epoch and one minibatch the update
-    takes the old-policy pass rather than its own log-probs, detached."""
+    policy is no longer the current one: with train.old_logprobs: recompute, even with one
+    epoch and one minibatch the update takes the old-policy pass rather than its own
+    log-probs, detached (auto takes the sampler's: the next test)."""
     calls = []
     monkeypatch.setattr(step_module, "policy_logprobs", lambda *a, **k: calls.append(1) or policy_logprobs(*a, **k))
-    e, c, stream = engine_for(make_config(train={"lr": 1e-3}))
+    e, c, stream = engine_for(make_config(train={"lr": 1e-3, "old_logprobs": "recompute"}))
     first, second = (collect(e, stream.take(c.rollout.prompts_per_step), step=i) for i in range(2))
     assert e.version == 0 and first.batch.policy_version == second.batch.policy_version == 0
     assert not e.needs_old_logprobs(first.batch)
@@ -358,14 +359,17 @@ def test_auto_runs_the_pass_where_the_sampler_logprobs_are_not_the_trainers(make
     assert calls == [1]
 
 
-def test_auto_runs_the_pass_for_a_batch_that_earlier_weights_drew(make_config, monkeypatch):
+@pytest.mark.parametrize("rollout", [FREE, {"min_new_tokens": 2}])  # exact log-probs or not
+def test_auto_takes_the_samplers_logprobs_for_a_batch_that_earlier_weights_drew(make_config, monkeypatch, rollout):
+    """Those weights are gone; the sampler's log-probs are the sampling policy's (docs/async.md)."""
     calls = _counting_policy_passes(monkeypatch)
-    e, c, stream = engine_for(make_config(rollout=FREE, train=MOVING))
+    e, c, stream = engine_for(make_config(rollout=rollout, train=MOVING))
     first, second = (collect(e, stream.take(c.rollout.prompts_per_step), step=i) for i in range(2))
-    learn(e, first)
-    assert calls == [] and second.batch.logprobs_exact and not e.old_logprobs_from_sampler(second.batch)
+    learn(e, first)  # the first batch is the current weights': a pass where their log-probs are not exact
+    assert e.old_logprobs_from_sampler(second.batch)
+    passes = len(calls)
     learn(e, second)
-    assert calls == [1]
+    assert len(calls) == passes
 
 
 def test_one_update_keeps_measuring_the_fast_loop_against_the_trainer(make_config):
