@@ -33,6 +33,7 @@ from grpo.rollout.decoders import lora_refusal
 from grpo.vllm import split_address, unsupported
 
 __all__ = [
+    "AsyncConfig",
     "Config",
     "PRESETS",
     "REQUIRED",
@@ -178,6 +179,23 @@ class VllmConfig:
 
 
 @dataclass
+class AsyncConfig:
+    max_staleness: int = opt(
+        0,
+        "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains (its staleness). 0: the synchronous step (sample, then train, one after the other). K >= 1: a generator in a worker process of its own samples the next batches while the trainer trains this one, (K - push_every + 1) // (train.epochs x train.minibatches) steps ahead; a batch older than K is dropped (async/dropped) and sampled again. The old log-probs of the ratio are the sampler's (docs/async.md).",
+    )
+    push_every: int = opt(
+        1,
+        "With max_staleness >= 1: send the trained weights to the generator after every N optimizer steps (fewer copies; batches up to N - 1 steps staler).",
+    )
+    threads: int = opt(1, "With max_staleness >= 1: the generator process's torch threads.")
+    timeout: float = opt(
+        600.0,
+        "With max_staleness >= 1: the seconds the trainer waits for one batch before the run fails with a one-line error (a hung or stalled generator); the wait itself is the metric async/queue_wait_s.",
+    )
+
+
+@dataclass
 class RolloutConfig:
     group_size: int = opt(
         8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1."
@@ -229,6 +247,11 @@ class RolloutConfig:
     max_tool_calls: int | None = opt(
         None,
         "With tools: the most model turns whose tool calls are run in one rollout (TRL's max_tool_calling_iterations; every call of a turn runs); past it the rollout ends at the model's turn. null: no limit but max_new_tokens, which bounds the whole completion, tool messages included.",
+    )
+    async_: AsyncConfig = opt(
+        AsyncConfig(),
+        "Asynchronous rollouts: sample the next batches in a worker process while this one trains (docs/async.md).",
+        key="async",  # a Python keyword: the field is async_, the config key async
     )
     tool_timeout: float | None = opt(
         30.0,
@@ -864,6 +887,7 @@ def validate(c: Config) -> None:
     _require(
         len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
     )
+    _validate_async(c)
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
     _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
     reporters(tr)  # an unknown name is one line, before anything is loaded
@@ -923,6 +947,50 @@ def validate(c: Config) -> None:
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
     refusal = lora_refusal(c.rollout.sampler)
     _require(c.lora.r == 0 or refusal is None, refusal)
+
+
+def lookahead(c: Config) -> int:
+    """The steps the asynchronous generator samples ahead of the trainer: as many as keep every
+    batch within rollout.async.max_staleness optimizer steps of the weights it trains, when a
+    step takes train.epochs x train.minibatches of them and the generator's weights lag by up
+    to push_every - 1 more. 0: the synchronous step."""
+    a = c.rollout.async_
+    if a.max_staleness == 0:
+        return 0
+    return (a.max_staleness - a.push_every + 1) // (c.train.epochs * c.train.minibatches)
+
+
+def _validate_async(c: Config) -> None:
+    """rollout.async: its numbers, and what the generator process cannot do yet."""
+    a, ro, tr = c.rollout.async_, c.rollout, c.train
+    _require(a.max_staleness >= 0, f"rollout.async.max_staleness: must be >= 0, got {a.max_staleness}")
+    _require(a.push_every >= 1, f"rollout.async.push_every: must be >= 1, got {a.push_every}")
+    _require(a.threads >= 1, f"rollout.async.threads: must be >= 1, got {a.threads}")
+    _require(a.timeout > 0, f"rollout.async.timeout: must be > 0 seconds, got {a.timeout}")
+    if a.max_staleness == 0:
+        return
+    updates = tr.epochs * tr.minibatches
+    lag = f" and rollout.async.push_every adds {a.push_every - 1}" if a.push_every > 1 else ""
+    _require(
+        lookahead(c) >= 1,
+        f"rollout.async.max_staleness: {a.max_staleness} leaves the generator no step ahead: a step takes "
+        f"train.epochs x train.minibatches = {updates} optimizer steps{lag}; set it to at least {updates + a.push_every - 1}",
+    )
+    _require(
+        ro.sampler not in ("hf", "vllm"),
+        f"rollout.async: rollout.sampler: {ro.sampler} is not supported yet; the generator samples with the fast "
+        "sampler (fast or auto), whose log-probs stand for the sampling policy's",
+    )
+    _require(
+        tr.old_logprobs != "recompute" or c.loss.engine_correction != "none",
+        "train.old_logprobs: recompute with rollout.async anchors the ratio at the current weights, and only "
+        "loss.engine_correction (token_tis or sequence_mask) then corrects for the weights that sampled; set one, or use auto",
+    )
+    _require(
+        not (ro.tools or ro.environment is not None),
+        "rollout.async: multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
+    )
+    _require(c.lora.r == 0, "rollout.async: LoRA (lora.r > 0) is not supported yet")
 
 
 # ---- writing and documenting ----------------------------------------------------------------

@@ -59,7 +59,9 @@ from grpo.train.output_dir import check_resume_config, prepare_output, record_up
 from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
-from grpo.train.step import Engine, train_step
+from grpo.train.step import Engine
+from grpo.train.asynchronous import refuse_in_generator, rollouts_for
+from grpo.train.asynchronous import summary as async_summary
 from grpo.vllm import missing
 from grpo.vllm.decoder import close_shared_engine
 
@@ -230,6 +232,7 @@ def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) ->
         "time_per_step_s": times[len(times) // 2] if times else None,
         "peak_memory_mb": max((m["memory/peak_mb"] for m in metrics), default=None),
         "reward/final": sum(last) / len(last) if last else None,
+        **async_summary(metrics),  # rollout.async: staleness and drops
     }
 
 
@@ -304,6 +307,7 @@ def train(
 
     Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
+    refuse_in_generator()  # a script's unguarded call, run again where the generator imports it
     given: dict = {}  # what the arguments replace, before the config is validated
     if rewards is not None:
         given["rewards"] = [{"function": r} if isinstance(r, str) else r for r in rewards]  # a spec string: weight 1
@@ -439,6 +443,9 @@ def _run(
     bar = Progress(
         c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
     )
+    # Each step's batch: sampled here, or by a generator process ahead of the step
+    # (rollout.async), started from the weights just restored.
+    rollouts = rollouts_for(c, e, stream, rows, start)
     with Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -458,7 +465,7 @@ def _run(
                 batch_rows = stream.take(c.rollout.prompts_per_step)
                 ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
                 seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
-                result = train_step(e, [batch_rows[i] for i in ours], seeds, step=step)
+                result = rollouts.train_step(e, [batch_rows[i] for i in ours], seeds, step)
                 number = completed = step + 1
                 snapshot = None
                 metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
@@ -518,6 +525,7 @@ def _run(
                 print(f"grpo: {saved}", file=sys.stderr)
             raise
         finally:
+            rollouts.close()  # a generator's queue is discarded; a resume samples it again
             bar.close()
             sinks.close()
     checkpoints.save_final(out / "final")

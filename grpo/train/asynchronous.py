@@ -1,0 +1,317 @@
+"""Asynchronous rollouts (rollout.async.max_staleness = K >= 1): a generator process samples
+the next batches while the trainer trains this one.
+
+The process boundary. The generator is a worker process of our own (torch.multiprocessing,
+spawned: a fresh interpreter, nothing inherited but its arguments), on rollout.async.threads
+torch threads. It loads the policy from the run's model directory, builds the sampler the
+trainer would build (the same config, the same seed: each step draws from its own stream,
+`grpo.rollout.sampler`), and then serves two kinds of message from one queue, in order:
+`weights` (a version number and a CPU copy of the policy's state dict) and `sample` (a step,
+its rows, its per-prompt seeds). Each rollout goes back on CPU tensors with the version of the
+weights that drew it. Messages are handled in the order sent, so what the generator samples
+is decided by the trainer alone: the same weights and seeds give the same tokens and
+log-probs as the in-process sampler (a test compares them).
+
+Bounded staleness. The trainer keeps the generator `lookahead` steps ahead (`lookahead` in
+grpo.config: as many as K allows): after each update it sends the weights (every
+push_every optimizer steps) and the request for the step `lookahead` ahead. A batch whose
+weights lag the trainer's by more than K optimizer steps (which that schedule never makes,
+but a late generator or a changed schedule could) is dropped, counted in async/dropped, and
+sampled again with the current weights.
+
+The old log-probs of the ratio are the sampler's (`Rollout.sampled_logprobs`): the weights
+that drew a stale batch are gone from the trainer, and recomputing them would mean keeping K
+old copies of the policy and a forward pass over each batch; the fast sampler's log-probs
+are the sampling policy's own (exact on float32 weights, up to bf16 rounding under
+autocast). `Engine.old_logprobs_from_sampler` takes them for every stale batch; the KL is to
+the reference, as in a synchronous step.
+
+Faults. The trainer never waits silently: it polls the generator, and a generator that
+raised (its one-line error), died (its exit code) or gave no batch within
+rollout.async.timeout seconds stops the run with one line (the loop saves the last
+completed step). The generator ignores Ctrl-C (the trainer decides when to stop) and exits
+when the trainer goes away. A stop discards the queue: a resume starts a new generator from
+the checkpoint's weights and resamples the steps ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import queue
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpo.config import Config, RolloutConfig, lookahead
+from grpo.data import PromptStream
+from grpo.errors import UserError, first_line
+from grpo.infra.seed import prompt_seed
+from grpo.rollout import Rollout
+from grpo.train.step import Engine, StepResult, collect, learn, train_step
+
+__all__ = ["AsyncRollouts", "GeneratorSpec", "InProcess", "rollouts_for"]
+
+POLL_S = 0.5  # how often a waiting side checks that the other is still there
+NAME = "grpo-generator"  # the generator process's name
+
+
+def refuse_in_generator() -> None:
+    """A one-line UserError where training starts inside the generator process. A spawned
+    process imports the parent's main script again before it runs (as torch's DataLoader
+    workers do): a script that calls grpo.train at its top level, not under
+    `if __name__ == "__main__":`, would train again there."""
+    if multiprocessing.current_process().name == NAME:
+        raise UserError(
+            'rollout.async: the generator process imports the main script again: put its call of grpo.train under if __name__ == "__main__":'
+        )
+
+
+class InProcess:
+    """The synchronous step (K = 0): sample, then train, in this process; nothing to start or
+    stop. The null object of `AsyncRollouts`."""
+
+    def train_step(self, e: Engine, rows: list[dict], seeds: list[int] | None, step: int) -> StepResult:
+        return train_step(e, rows, seeds, step=step)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class GeneratorSpec:
+    """What the generator process needs to build its model and sampler (plain, picklable)."""
+
+    model: str  # the run's model directory or hub id (the weights are replaced by the trainer's)
+    dtype: str  # train.dtype
+    device: str  # the trainer's device
+    autocast: torch.dtype | None  # train.autocast, resolved
+    rollout: RolloutConfig
+    prompt_column: str
+    seed: int
+    threads: int
+
+
+def _generator(spec: GeneratorSpec, requests, results) -> None:
+    """The generator process: serve `weights` and `sample` messages until `stop` (or until
+    the trainer is gone); an error goes back as one line, and ends the process."""
+    from grpo.infra.hf import load_tokenizer
+    from grpo.rollout import Sampler
+    from grpo.train.models import load_causal_lm
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the trainer stops us
+    torch.set_num_threads(spec.threads)
+    parent = multiprocessing.parent_process()
+    try:
+        tokenizer = load_tokenizer(spec.model)
+        policy = load_causal_lm(spec.model, spec.dtype, device=spec.device)
+        sampler = Sampler.from_config(
+            tokenizer, spec.rollout, prompt_column=spec.prompt_column, autocast=spec.autocast, seed=spec.seed
+        )
+        sampler.hold_prepared = True  # a version's fused weights serve every batch it samples
+        version, idle, since = None, 0.0, time.perf_counter()
+        while True:
+            try:
+                message = requests.get(timeout=POLL_S)
+            except queue.Empty:
+                if parent is not None and not parent.is_alive():
+                    return  # the trainer is gone (killed): nobody to sample for
+                continue
+            if message[0] == "stop":
+                return
+            if message[0] == "weights":
+                _, version, weights = message
+                policy.load_state_dict(weights)
+                continue
+            _, step, rows, seeds = message
+            idle += time.perf_counter() - since  # waiting for a request and its weights
+            start = time.perf_counter()
+            rollout = sampler.sample(policy, rows, seeds, step=step, version=version)
+            if rollout.sampled_logprobs is None:
+                raise UserError(
+                    "rollout.async: the sampler chose transformers' generate (the model is not one the fast sampler "
+                    "supports), which returns no log-probs; the ratio of a stale batch needs the sampling policy's"
+                )
+            rollout.policy_version = version
+            seconds = {"generate": time.perf_counter() - start, "idle": idle}
+            results.put(("rollout", step, rollout.to("cpu"), seconds))
+            idle, since = 0.0, time.perf_counter()
+    except BaseException as err:  # anything: the trainer must hear of it, not wait for a batch
+        message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {first_line(err)}"
+        results.put(("error", message))
+
+
+class AsyncRollouts:
+    """The trainer's side of asynchronous rollouts: starts the generator with the policy's
+    current weights, keeps it `ahead` steps ahead (requests and weights after each update),
+    takes each step's batch from it, drops a batch staler than K and has it sampled again.
+    Every step's metrics gain async/staleness (the trained batch's), async/staleness_max (the
+    stalest batch received in the step, dropped ones included), async/dropped, the trainer's
+    async/queue_wait_s and async/push_s (copying and sending the weights), and the
+    generator's async/generator_wait_s (idle before it sampled the batch); time/generate is
+    the generator's sampling time and time/step the step's wall time."""
+
+    def __init__(self, c: Config, e: Engine, stream: PromptStream, rows: list[dict], start: int, *, ahead: int = 0):
+        if e.world.world_size > 1:
+            raise UserError("rollout.async: under torchrun (several processes) it is not supported yet")
+        a = c.rollout.async_
+        self.max_staleness, self.push_every, self.timeout = a.max_staleness, a.push_every, a.timeout
+        self.ahead = ahead or lookahead(c)  # `ahead`: a test's schedule, beyond what K allows
+        self.prompts_per_step, self.steps = c.rollout.prompts_per_step, c.train.steps
+        self.seed, self.seed_per_prompt = c.seed, c.rollout.seed_per_prompt
+        # The steps ahead take their rows from a stream of their own, at the trainer's position:
+        # the trainer's stream (and so its checkpoint) stays at the steps it trained.
+        self.rows_ahead = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+        self.rows_ahead.load_state_dict(stream.state_dict())
+        self.requested: dict[int, tuple[list[dict], list[int] | None]] = {}  # step -> its rows and seeds
+        self.ready: dict[int, tuple[Rollout, dict]] = {}  # batches received before their step
+        self.next_request, self.pushed = start, None  # the next step to request; the version the generator holds
+        spec = GeneratorSpec(
+            model=c.model,
+            dtype=c.train.dtype,
+            device=str(e.device),
+            autocast=e.compute_dtype,
+            rollout=c.rollout,
+            prompt_column=c.data.prompt_column,
+            seed=c.seed,
+            threads=a.threads,
+        )
+        context = torch.multiprocessing.get_context("spawn")
+        self.requests, self.results = context.Queue(), context.Queue()
+        self.process = context.Process(
+            target=_generator, args=(spec, self.requests, self.results), name=NAME, daemon=True
+        )
+        self.process.start()
+        self._push(e)
+        for _ in range(self.ahead + 1):  # this step and the `ahead` after it
+            self._request_next()
+
+    def _push(self, e: Engine) -> float:
+        """Send the policy's weights (a CPU copy: the trainer goes on changing its own); the
+        seconds it took."""
+        start = time.perf_counter()
+        weights = {k: v.detach().to("cpu", copy=True) for k, v in e.policy.state_dict().items()}
+        self.requests.put(("weights", e.version, weights))
+        self.pushed = e.version
+        return time.perf_counter() - start
+
+    def _request(self, step: int) -> None:
+        rows, seeds = self.requested[step]
+        self.requests.put(("sample", step, rows, seeds))
+
+    def _request_next(self) -> None:
+        """Request the next step's batch (its rows from the stream ahead), unless the run ends first."""
+        step = self.next_request
+        if step >= self.steps:
+            return
+        rows = self.rows_ahead.take(self.prompts_per_step)
+        seeds = [prompt_seed(self.seed, step, i) for i in range(len(rows))] if self.seed_per_prompt else None
+        self.requested[step] = (rows, seeds)
+        self._request(step)
+        self.next_request += 1
+
+    def _receive(self, deadline: float) -> tuple[int, Rollout, dict]:
+        """The generator's next batch; a one-line UserError when it failed, died, or sent
+        nothing before `deadline`."""
+        while True:
+            try:
+                message = self.results.get(timeout=max(min(POLL_S, deadline - time.monotonic()), 0.01))
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise UserError(
+                        f"rollout.async: the generator process died (exit code {self.process.exitcode}) "
+                        "without a word: killed, out of memory, or stopped as it started (its error is above)"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise UserError(
+                        f"rollout.async: the generator sent no batch in {self.timeout:g} s (rollout.async.timeout): "
+                        "it hangs, or samples slower than that"
+                    ) from None
+                continue
+            if message[0] == "error":
+                raise UserError(f"rollout.async: the generator failed: {message[1]}")
+            return message[1:]
+
+    def _take(self, e: Engine, step: int) -> tuple[Rollout, dict]:
+        """Step `step`'s batch, within K optimizer steps of the current weights, and what it
+        cost to get: stale batches are dropped and sampled again with the current weights."""
+        waited, dropped, stalest = 0.0, 0, 0
+        while True:
+            if step not in self.ready:
+                start = time.perf_counter()
+                deadline = time.monotonic() + self.timeout
+                while step not in self.ready:
+                    got, rollout, seconds = self._receive(deadline)
+                    self.ready[got] = (rollout, seconds)
+                waited += time.perf_counter() - start
+            rollout, seconds = self.ready.pop(step)
+            staleness = e.version - rollout.policy_version  # optimizer steps the sampling weights lag
+            stalest = max(stalest, staleness)
+            if staleness <= self.max_staleness:
+                break
+            dropped += 1
+            if self.pushed != e.version:
+                self._push(e)
+            self._request(step)  # the same rows and seeds, with the current weights
+        metrics = {
+            "async/staleness": staleness,
+            "async/staleness_max": stalest,
+            "async/dropped": dropped,
+            "async/queue_wait_s": waited,
+            "async/generator_wait_s": seconds["idle"],
+        }
+        return rollout, {**metrics, "time/generate": seconds["generate"]}
+
+    def train_step(self, e: Engine, rows: list[dict], seeds: list[int] | None, step: int) -> StepResult:
+        """One step on a batch the generator sampled: take it (waiting, dropping), score and
+        learn from it, then send the new weights (when due) and the next request."""
+        start = time.perf_counter()
+        assert self.requested[step] == (rows, seeds), "the batch requested ahead is not the step's"  # one stream
+        rollout, taken = self._take(e, step)
+        del self.requested[step]
+        collected = collect(e, rows, seeds, step, sampled=rollout)
+        metrics = learn(e, collected)
+        push = self._push(e) if e.version - self.pushed >= self.push_every else 0.0
+        self._request_next()
+        metrics.update(taken)
+        metrics.update({"async/push_s": push, "time/step": time.perf_counter() - start})
+        return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
+
+    def close(self) -> None:
+        """Stop the generator; what it sampled ahead is discarded (a resume samples it again)."""
+        if self.process.is_alive():
+            try:
+                self.requests.put(("stop",))
+            except (OSError, ValueError):
+                pass
+            self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        for q in (self.requests, self.results):
+            q.cancel_join_thread()  # nothing left to flush to a process that is gone
+            q.close()
+
+
+def rollouts_for(c: Config, e: Engine, stream: PromptStream, rows: list[dict], start: int) -> InProcess | AsyncRollouts:
+    """Where a run's batches come from: this process (K = 0), or a generator process."""
+    if c.rollout.async_.max_staleness == 0:
+        return InProcess()
+    return AsyncRollouts(c, e, stream, rows, start)
+
+
+def summary(metrics: list[dict]) -> dict:
+    """A run's staleness and drops, for summary.json (empty for a synchronous run)."""
+    if not metrics or "async/staleness" not in metrics[0]:
+        return {}
+    staleness = [m["async/staleness"] for m in metrics]
+    return {
+        "async": {
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": max(m["async/staleness_max"] for m in metrics),
+            "dropped": sum(m["async/dropped"] for m in metrics),
+            "queue_wait_s": math.fsum(m["async/queue_wait_s"] for m in metrics),
+        }
+    }

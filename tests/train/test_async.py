@@ -1,0 +1,211 @@
+"""Asynchronous rollouts (rollout.async, grpo.train.asynchronous): K = 0 is today's step; the
+generator process samples what the in-process sampler samples; a batch staler than K is
+dropped; the ratio's old log-probs are the sampling policy's; a K = 1 run learns; a dead or
+silent generator is one line; a stop and resume restart the generator from the checkpoint."""
+
+import copy
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import grpo
+from grpo.config import config_from_dict
+from grpo.data import PromptStream, load_rows
+from grpo.errors import Stopped, UserError
+from grpo.rewards import load_rewards
+from grpo.train.asynchronous import AsyncRollouts, GeneratorSpec, _generator
+from grpo.train.loop import build_engine
+from grpo.train.models import policy_logprobs
+from grpo.train.step import _passes, train_step
+from tests.train import rewards_for_tests
+from tests.train.test_learning import gain
+
+# What a step computes; times are measurements, not results.
+COMPUTED = ("reward/mean", "loss", "kl", "entropy", "grad_norm", "tokens/completion", "completion_length/mean")
+
+
+def engine_for(config):
+    c = config_from_dict(config)
+    torch.manual_seed(c.seed)
+    e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
+    rows = load_rows(c.data.path, prompt_column=c.data.prompt_column)
+    return c, e, rows, PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+
+
+def with_async(make_config, k=1, async_push_every=1, **rollout):
+    config = make_config(train={"steps": 6, "lr": 1e-2, "sample_every": 0})
+    config["rollout"].update(rollout, **{"async": {"max_staleness": k, "push_every": async_push_every}})
+    return config
+
+
+def test_k0_is_the_synchronous_step(make_config, tmp_path):
+    """max_staleness: 0 set explicitly runs exactly the step without the option (the pinned
+    trajectory of test_pinned.py covers the default), and logs no async metric."""
+    plain = make_config(train={"steps": 3, "sample_every": 0})
+    explicit = copy.deepcopy(plain)
+    explicit["rollout"]["async"] = {"max_staleness": 0}
+    explicit["output_dir"] = str(tmp_path / "explicit")
+    a = grpo.train(plain, progress=False).metrics
+    b = grpo.train(explicit, progress=False).metrics
+    assert [[m[k] for k in COMPUTED] for m in a] == [[m[k] for k in COMPUTED] for m in b]
+    assert not any(k.startswith("async/") for m in b for k in m)
+
+
+def test_the_generator_samples_what_the_in_process_sampler_samples(make_config):
+    """The same weights (moved away from the model on disk, which the generator loads first)
+    and the same step draw the same tokens and log-probs in the generator process."""
+    c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0, max_new_tokens=12))
+    with torch.no_grad():
+        for p in e.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch_rows = stream.take(c.rollout.prompts_per_step)
+    here = e.sampler.sample(e.policy, batch_rows, None, step=5, version=7)
+    spec = GeneratorSpec(c.model, c.train.dtype, "cpu", None, c.rollout, c.data.prompt_column, c.seed, threads=1)
+    context = torch.multiprocessing.get_context("spawn")
+    requests, results = context.Queue(), context.Queue()
+    process = context.Process(target=_generator, args=(spec, requests, results), daemon=True)
+    process.start()
+    try:
+        requests.put(("weights", 7, {k: v.detach().clone() for k, v in e.policy.state_dict().items()}))
+        requests.put(("sample", 5, batch_rows, None))
+        kind, step, there, seconds = results.get(timeout=120)
+        requests.put(("stop",))
+        process.join(timeout=30)
+    finally:
+        if process.is_alive():
+            process.kill()
+    assert (kind, step, there.policy_version) == ("rollout", 5, 7)
+    assert there.completions == here.completions and len(set(here.completions)) > 1
+    assert torch.equal(there.input_ids, here.input_ids)
+    assert torch.allclose(there.sampled_logprobs, here.sampled_logprobs, atol=1e-6)
+    assert seconds["generate"] > 0
+
+
+def run_steps(c, e, rows, stream, rollouts, steps):
+    metrics = []
+    try:
+        for step in range(steps):
+            metrics.append(rollouts.train_step(e, stream.take(c.rollout.prompts_per_step), None, step).metrics)
+    finally:
+        rollouts.close()
+    return metrics
+
+
+def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
+    """A schedule two steps ahead with K = 1 makes batches two optimizer steps stale: each is
+    dropped, counted and sampled again, and no step trains on one staler than K."""
+    c, e, rows, stream = engine_for(with_async(make_config, k=1))
+    metrics = run_steps(c, e, rows, stream, AsyncRollouts(c, e, stream, rows, 0, ahead=2), steps=5)
+    assert all(m["async/staleness"] <= 1 for m in metrics), [m["async/staleness"] for m in metrics]
+    assert sum(m["async/dropped"] for m in metrics) >= 2
+    assert max(m["async/staleness_max"] for m in metrics) == 2  # what was dropped, shown
+    assert [m["async/dropped"] > 0 for m in metrics] == [m["async/staleness_max"] > 1 for m in metrics]
+
+
+def test_push_every_sends_the_weights_every_nth_update_within_the_bound(make_config):
+    c, e, rows, stream = engine_for(with_async(make_config, k=2, async_push_every=2))
+    metrics = run_steps(c, e, rows, stream, AsyncRollouts(c, e, stream, rows, 0), steps=5)
+    assert [m["async/push_s"] > 0 for m in metrics] == [False, True, False, True, False]
+    assert [m["async/staleness"] for m in metrics] == [0, 1, 2, 1, 2]  # one step ahead, weights up to 1 behind
+    assert all(m["async/dropped"] == 0 for m in metrics)
+
+
+def test_the_old_logprobs_of_a_stale_batch_are_the_sampling_policys(make_config):
+    """After an update, the ratio's anchor for a batch the previous weights drew is those
+    weights' log-probs (the sampler's, no pass over the current weights)."""
+    c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0))
+    sampling_policy = copy.deepcopy(e.policy)
+    stale = e.sampler.sample(e.policy, stream.take(4), None, step=0, version=e.version)
+    train_step(e, stream.take(4), None, step=1)  # the policy moves on
+    assert e.version == stale.policy_version + 1
+    old = _passes(e, stale).old_logprobs
+    with torch.no_grad():
+        sampling = policy_logprobs(sampling_policy, stale, c.rollout.temperature)
+        current = policy_logprobs(e.policy, stale, c.rollout.temperature)
+    mask = stale.loss_mask.bool()
+    assert torch.allclose(old[mask], sampling[mask], atol=1e-4)
+    assert (old[mask] - current[mask]).abs().max() > 1e-2  # the update moved them: the test can tell
+
+
+def test_async_k1_learns_the_sevens_reward(make_config):
+    config = make_config(train={"steps": 40, "lr": 1e-3, "sample_every": 10})
+    config["rollout"]["async"] = {"max_staleness": 1}
+    result = grpo.train(config, progress=False)
+    m = result.metrics
+    assert gain(m) >= 0.25, [round(x["reward/mean"], 3) for x in m]
+    assert [x["async/staleness"] for x in m] == [0] + [1] * 39  # the first batch has nothing to lag
+    assert result.summary["async"]["dropped"] == 0 and result.summary["async"]["staleness_max"] == 1
+    assert any(x["clip_fraction"] > 0 for x in m)  # off-policy: the ratio leaves 1, unlike mu = 1 in sync
+
+
+def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path):
+    c, e, rows, stream = engine_for(with_async(make_config))
+    broken = copy.deepcopy(c)
+    broken.model = str(tmp_path / "no-such-model")  # the generator cannot load it
+    with pytest.raises(UserError, match=r"^rollout.async: the generator failed: model: ") as failed:
+        run_steps(broken, e, rows, stream, AsyncRollouts(broken, e, stream, rows, 0), steps=1)
+    assert "\n" not in str(failed.value)
+
+    patient = copy.deepcopy(c)
+    patient.rollout.async_.timeout = 60.0  # the death is told at once, not at the timeout
+    rollouts = AsyncRollouts(patient, e, stream, rows, 0)
+    os.kill(rollouts.process.pid, signal.SIGKILL)
+    with pytest.raises(UserError, match=r"the generator process died \(exit code -9\)"):
+        run_steps(patient, e, rows, stream, rollouts, steps=1)
+
+    silent = copy.deepcopy(c)
+    silent.rollout.async_.timeout = 0.5  # less than it takes to start
+    start = time.monotonic()
+    with pytest.raises(UserError, match=r"the generator sent no batch in 0.5 s \(rollout.async.timeout\)"):
+        run_steps(silent, e, rows, stream, AsyncRollouts(silent, e, stream, rows, 0), steps=1)
+    assert time.monotonic() - start < 30
+
+
+def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_config, monkeypatch):
+    """Ctrl-C in step 3 saves step 3; the resumed run's generator starts from its weights:
+    step 4's batch is theirs (staleness 0, nothing dropped), the queue of the stopped run gone."""
+    config = make_config(
+        train={"steps": 6, "lr": 1e-3, "sample_every": 0},
+        rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_signal"}],
+    )
+    config["rollout"]["async"] = {"max_staleness": 1}
+    monkeypatch.setenv("GRPO_TEST_SIGNAL_AT", "3")
+    monkeypatch.setitem(rewards_for_tests._calls, "n", 0)
+    with pytest.raises(Stopped, match="after step 3; checkpoint saved"):
+        grpo.train(config, progress=False)
+    monkeypatch.delenv("GRPO_TEST_SIGNAL_AT")
+    result = grpo.train(config, progress=False, resume=True)
+    m = result.metrics
+    assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6]
+    assert [x["async/staleness"] for x in m] == [0, 1, 1, 0, 1, 1]
+    assert all(x["async/dropped"] == 0 for x in m)
+
+
+@pytest.mark.parametrize(
+    "sections, message",
+    [
+        ({"train": {"epochs": 2}}, r"max_staleness: 1 leaves the generator no step ahead: .* at least 2$"),
+        ({"rollout": {"async": {"max_staleness": 1, "push_every": 2}}}, r"push_every adds 1; set it to at least 2"),
+        ({"rollout": {"sampler": "hf"}}, r"rollout.sampler: hf is not supported yet"),
+        ({"rollout": {"sampler": "vllm"}}, r"rollout.sampler: vllm is not supported yet"),
+        ({"rollout": {"tools": ["tests.rollout.tool_models:multiply"]}}, r"multi-turn rollouts .* not supported yet"),
+        ({"lora": {"r": 4}}, r"LoRA .* not supported yet"),
+        ({"train": {"old_logprobs": "recompute"}}, r"only loss.engine_correction .* then corrects"),
+    ],
+)
+def test_what_the_generator_cannot_do_is_refused_in_one_line(make_config, sections, message):
+    config = make_config(**{k: v for k, v in sections.items() if k != "rollout"})
+    config["rollout"]["async"] = {"max_staleness": 1}
+    config["rollout"].update(sections.get("rollout", {}))
+    with pytest.raises(UserError, match=message) as refused:
+        config_from_dict(config)
+    assert "\n" not in str(refused.value)
+
+
+def test_recompute_with_an_engine_correction_is_decoupled_ppo_and_allowed(make_config):
+    config = make_config(train={"old_logprobs": "recompute"}, loss={"engine_correction": "token_tis"})
+    config["rollout"]["async"] = {"max_staleness": 1}
+    assert config_from_dict(config).rollout.async_.max_staleness == 1
