@@ -1349,11 +1349,17 @@ def main(argv: list[str] | None = None) -> int:
         print(sweep_table(key, points, precision, args.sweep_steps))
         print()
 
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{dt.datetime.now():%Y-%m-%d-%H%M%S}.json"
+    write_results(results, args.results)
+    return 0
+
+
+def write_results(results: dict, folder: Path, prefix: str = "") -> Path:
+    """`results` into folder/<prefix><date-time>.json, the path printed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{prefix}{dt.datetime.now():%Y-%m-%d-%H%M%S}.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"results: {path}")
-    return 0
+    return path
 
 
 if __name__ == "__main__":
