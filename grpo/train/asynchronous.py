@@ -10,7 +10,9 @@ trainer would build (the same config, the same seed: each step draws from its ow
 its rows, its per-prompt seeds). Each rollout goes back on CPU tensors with the version of the
 weights that drew it. Messages are handled in the order sent, so what the generator samples
 is decided by the trainer alone: the same weights and seeds give the same tokens and
-log-probs as the in-process sampler (a test compares them).
+log-probs as the in-process sampler (a test compares them). With rollout.sampler: vllm
+(colocated) the vLLM engine is the generator's: built there, synced to each version's
+weights there, and none is built in the trainer.
 
 Bounded staleness. The trainer keeps the generator `lookahead` steps ahead (`lookahead` in
 grpo.config: as many as K allows): after each update it sends the weights (every
@@ -24,7 +26,8 @@ that drew a stale batch are gone from the trainer, and recomputing them would me
 old copies of the policy and a forward pass over each batch; the fast sampler's log-probs
 are the sampling policy's own (exact on float32 weights, up to bf16 rounding under
 autocast). `Engine.old_logprobs_from_sampler` takes them for every stale batch; the KL is to
-the reference, as in a synchronous step.
+the reference, as in a synchronous step. With vLLM they are the engine's: the ratio then
+carries the engine's mismatch as well as the staleness, and the clip bounds both.
 
 Faults. The trainer never waits silently: it polls the generator, and a generator that
 raised (its one-line error), died (its exit code) or gave no batch within
@@ -111,6 +114,7 @@ def _generator(spec: GeneratorSpec, requests, results) -> None:
             tokenizer, spec.rollout, prompt_column=spec.prompt_column, autocast=spec.autocast, seed=spec.seed
         )
         sampler.hold_prepared = True  # a version's fused weights serve every batch it samples
+        sampler.start(policy)  # rollout.sampler: vllm: the engine, in this process (none in the trainer's)
         version, idle, since = None, 0.0, time.perf_counter()
         while True:
             try:

@@ -179,7 +179,8 @@ def build_engine(
         rank=world.rank,
         tools=tools,
     )
-    sampler.start(policy)  # vLLM's engine, built once for the run: what it refuses is known before the first step
+    if not c.rollout.async_.max_staleness:  # asynchronous: the generator process builds its own
+        sampler.start(policy)  # vLLM's engine, built once for the run: what it refuses is known before the first step
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
