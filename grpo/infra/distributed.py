@@ -251,6 +251,10 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         raise UserError(
             f"reward_model_update.verifier: iterative reward-model training is not supported over several processes yet (this launch has {world_size}); run it in one process"
         )
+    if c.rollout.async_.max_staleness:
+        raise UserError(
+            f"rollout.async.max_staleness: asynchronous rollouts are not supported over several processes yet (this launch has {world_size}); run it in one process"
+        )
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

@@ -158,8 +158,7 @@ class AsyncRollouts:
     the generator's sampling time and time/step the step's wall time."""
 
     def __init__(self, c: Config, e: Engine, stream: PromptStream, rows: list[dict], start: int, *, ahead: int = 0):
-        if e.world.world_size > 1:
-            raise UserError("rollout.async: under torchrun (several processes) it is not supported yet")
+        assert e.world.world_size == 1, "refused at launch (grpo.infra.distributed.check_launch)"
         a = c.rollout.async_
         self.max_staleness, self.push_every, self.timeout = a.max_staleness, a.push_every, a.timeout
         self.ahead = ahead or lookahead(c)  # `ahead`: a test's schedule, beyond what K allows

@@ -256,6 +256,10 @@ def test_overwrite_under_torchrun_starts_afresh_in_every_process(make_config, tm
             "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes",
         ),
         ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),
+        (
+            {"rollout": {"async": {"max_staleness": 1}}},
+            "rollout.async.max_staleness: asynchronous rollouts are not supported over several processes yet",
+        ),
     ],
 )
 def test_a_bad_launch_stops_every_process_with_one_line(make_config, tmp_path, settings, message):
