@@ -6,7 +6,7 @@ spawned: a fresh interpreter, nothing inherited but its arguments), on rollout.a
 torch threads. It loads the policy from the run's model directory, builds the sampler the
 trainer would build (the same config, the same seed: each step draws from its own stream,
 `grpo.rollout.sampler`), and then serves two kinds of message from one queue, in order:
-`weights` (a version number and a CPU copy of the policy's state dict) and `sample` (a step,
+`weights` (a version number and a copy of the policy's state dict in shared memory) and `sample` (a step,
 its rows, its per-prompt seeds). Each rollout goes back on CPU tensors with the version of the
 weights that drew it. Messages are handled in the order sent, so what the generator samples
 is decided by the trainer alone: the same weights and seeds give the same tokens and
@@ -126,8 +126,8 @@ def _generator(spec: GeneratorSpec, requests, results) -> None:
             if message[0] == "stop":
                 return
             if message[0] == "weights":
-                _, version, weights = message
-                policy.load_state_dict(weights)
+                _, version, weights, aliases = message
+                policy.load_state_dict({**weights, **{name: weights[tied] for name, tied in aliases.items()}})
                 continue
             _, step, rows, seeds = message
             idle += time.perf_counter() - since  # waiting for a request and its weights
@@ -192,11 +192,20 @@ class AsyncRollouts:
             self._request_next()
 
     def _push(self, e: Engine) -> float:
-        """Send the policy's weights (a CPU copy: the trainer goes on changing its own); the
-        seconds it took."""
+        """Send the policy's weights; the seconds it took. Each tensor is copied once, straight
+        into shared memory (the trainer goes on changing its own; the queue then passes a
+        handle, not the bytes), and tied tensors (an embedding and its LM head) once for all
+        their names."""
         start = time.perf_counter()
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in e.policy.state_dict().items()}
-        self.requests.put(("weights", e.version, weights))
+        weights, aliases, first = {}, {}, {}
+        for name, tensor in e.policy.state_dict().items():
+            where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape, tensor.stride())
+            if where in first:
+                aliases[name] = first[where]
+                continue
+            first[where] = name
+            weights[name] = torch.empty_like(tensor, device="cpu").share_memory_().copy_(tensor.detach())
+        self.requests.put(("weights", e.version, weights, aliases))
         self.pushed = e.version
         return time.perf_counter() - start
 

@@ -69,7 +69,7 @@ def test_the_generator_samples_what_the_in_process_sampler_samples(make_config):
     process = context.Process(target=_generator, args=(spec, requests, results), daemon=True)
     process.start()
     try:
-        requests.put(("weights", 7, {k: v.detach().clone() for k, v in e.policy.state_dict().items()}))
+        requests.put(("weights", 7, {k: v.detach().clone() for k, v in e.policy.state_dict().items()}, {}))
         requests.put(("sample", 5, batch_rows, None))
         kind, step, there, seconds = results.get(timeout=120)
         requests.put(("stop",))
