@@ -55,7 +55,7 @@ from grpo.infra.seed import prompt_seed
 from grpo.rollout import Rollout
 from grpo.train.step import Engine, StepResult, collect, learn, train_step
 
-__all__ = ["AsyncRollouts", "GeneratorSpec", "InProcess", "rollouts_for"]
+__all__ = ["AsyncRollouts", "GeneratorSpec", "InProcess", "refuse_in_generator", "rollouts_for", "summary"]
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still there
 NAME = "grpo-generator"  # the generator process's name

@@ -166,12 +166,13 @@ def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path)
 
 def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_config, monkeypatch):
     """Ctrl-C in step 3 saves step 3; the resumed run's generator starts from its weights:
-    step 4's batch is theirs (staleness 0, nothing dropped), the queue of the stopped run gone."""
+    step 4's batch is theirs (staleness 0, nothing dropped), the queue of the stopped run gone.
+    With per-prompt seeds: the steps ahead get the seeds the loop gives them."""
     config = make_config(
         train={"steps": 6, "lr": 1e-3, "sample_every": 0},
         rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_signal"}],
     )
-    config["rollout"]["async"] = {"max_staleness": 1}
+    config["rollout"].update({"async": {"max_staleness": 1}, "seed_per_prompt": True})
     monkeypatch.setenv("GRPO_TEST_SIGNAL_AT", "3")
     monkeypatch.setitem(rewards_for_tests._calls, "n", 0)
     with pytest.raises(Stopped, match="after step 3; checkpoint saved"):
