@@ -210,3 +210,21 @@ def test_recompute_with_an_engine_correction_is_decoupled_ppo_and_allowed(make_c
     config = make_config(train={"old_logprobs": "recompute"}, loss={"engine_correction": "token_tis"})
     config["rollout"]["async"] = {"max_staleness": 1}
     assert config_from_dict(config).rollout.async_.max_staleness == 1
+
+
+def test_an_unguarded_script_is_told_to_guard_its_call(make_config, tmp_path):
+    """The generator process imports the main script again: a top-level grpo.train call is
+    refused there in one line, and the trainer reports the generator's end, no hang."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = with_async(make_config)
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import grpo\ngrpo.train({config!r}, progress=False)\n")
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0
+    assert 'put its call of grpo.train under if __name__ == "__main__":' in done.stderr
+    assert "rollout.async: the generator process died (exit code 1)" in done.stderr
