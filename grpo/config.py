@@ -182,7 +182,7 @@ class VllmConfig:
 class AsyncConfig:
     max_staleness: int = opt(
         0,
-        "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains (its staleness). 0: the synchronous step (sample, then train, one after the other). K >= 1: a generator in a worker process of its own samples the next batches while the trainer trains this one, (K - push_every + 1) // (train.epochs x train.minibatches) steps ahead; a batch older than K is dropped (async/dropped) and sampled again. The old log-probs of the ratio are the sampler's (docs/async.md). With rollout.sampler: vllm (colocated) the engine runs in the generator process.",
+        "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains (its staleness). 0: the synchronous step (sample, then train, one after the other). K >= 1: a generator in a worker process of its own samples the next batches while the trainer trains this one, (K - push_every + 1) // (train.epochs x train.minibatches) steps ahead; a batch older than K is dropped (async/dropped) and sampled again. The old log-probs of the ratio are the sampler's (docs/async.md). With rollout.sampler: vllm the engine runs in the generator process (colocated), or the generator is the client of the vLLM server (rollout.vllm.server): it pushes each version's weights to the server, checks them, and stamps each batch with the version the server confirmed.",
     )
     push_every: int = opt(
         1,
@@ -980,11 +980,6 @@ def _validate_async(c: Config) -> None:
         ro.sampler != "hf",
         "rollout.async: rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's "
         "ratio needs; use fast, auto or vllm",
-    )
-    _require(
-        not ro.vllm.server,
-        "rollout.async: with rollout.vllm.server it is not supported yet; without a server the vLLM engine runs in "
-        "the generator process",
     )
     _require(
         tr.old_logprobs != "recompute" or c.loss.engine_correction != "none",

@@ -14,6 +14,18 @@ log-probs as the in-process sampler (a test compares them). With rollout.sampler
 (colocated) the vLLM engine is the generator's: built there, synced to each version's
 weights there, and none is built in the trainer.
 
+With a vLLM server (rollout.vllm.server) the generator is the server's client (and the
+trainer none): the server is a process apart already, but pushing a version means writing
+its weights into the server's file and checking them (rollout.vllm.check_sync: a forward
+pass of the policy on our side), work that the generator does on its copy of the weights
+while the trainer trains, where a thread in the trainer would need a copy too and take the
+trainer's cores. Before it samples with a new version the generator pushes it and has it
+checked, and every generate request carries that push's token (grpo.vllm.client), which the
+server refuses if it holds other weights since: a batch is stamped with the version the
+server confirmed. A server that dies or refuses is the generator's one-line error; one that
+hangs is one line after rollout.vllm.timeout (the generator's request) or
+rollout.async.timeout (the trainer's wait), whichever is shorter.
+
 Bounded staleness. The trainer keeps the generator `lookahead` steps ahead (`lookahead` in
 grpo.config: as many as K allows): after each update it sends the weights (every
 push_every optimizer steps) and the request for the step `lookahead` ahead. A batch whose
@@ -27,7 +39,8 @@ old copies of the policy and a forward pass over each batch; the fast sampler's 
 are the sampling policy's own (exact on float32 weights, up to bf16 rounding under
 autocast). `Engine.old_logprobs_from_sampler` takes them for every stale batch; the KL is to
 the reference, as in a synchronous step. With vLLM they are the engine's: the ratio then
-carries the engine's mismatch as well as the staleness, and the clip bounds both.
+carries the engine's mismatch as well as the staleness, and the clip bounds both (the server's
+engine as the colocated one).
 
 Faults. The trainer never waits silently: it polls the generator, and a generator that
 raised (its one-line error), died (its exit code) or gave no batch within

@@ -191,7 +191,6 @@ def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_co
         ({"train": {"epochs": 2}}, r"max_staleness: 1 leaves the generator no step ahead: .* at least 2$"),
         ({"rollout": {"async": {"max_staleness": 1, "push_every": 2}}}, r"push_every adds 1; set it to at least 2"),
         ({"rollout": {"sampler": "hf"}}, r"rollout.sampler: hf \(transformers' generate\) returns no log-probs"),
-        ({"rollout": {"sampler": "vllm", "vllm": {"server": "localhost:8000"}}}, r"rollout.vllm.server it is not"),
         ({"rollout": {"tools": ["tests.rollout.tool_models:multiply"]}}, r"multi-turn rollouts .* not supported yet"),
         ({"lora": {"r": 4}}, r"LoRA .* not supported yet"),
         ({"train": {"old_logprobs": "recompute"}}, r"only loss.engine_correction .* then corrects"),
