@@ -1,8 +1,10 @@
-"""GRPO on one GPU with Qwen2.5-0.5B's shape: s/step, tokens/s, memory, where the time goes.
+"""GRPO on one GPU with Qwen2.5-0.5B's shape: s/step, tokens/s, memory, where the time goes,
+synchronous and asynchronous (rollout.async).
 
     PYTHONPATH=. python benchmarks/gpu_check.py [--shape qwen0.5b|tiny] [--steps 10]
         [--prompts 8] [--group-size 8] [--max-new-tokens 256] [--device auto]
-        [--samplers fast,hf,vllm] [--autocast bfloat16|off] [--vllm-gpu-memory-utilization F]
+        [--samplers fast,hf,vllm] [--staleness 0,1] [--autocast bfloat16|off]
+        [--vllm-gpu-memory-utilization F]
 
 Meant to be run by hand on a GPU machine with no hub and no package registry: it needs
 torch, transformers, yaml, tqdm and what grpo itself imports, and it builds everything it
@@ -28,7 +30,13 @@ Then it runs `grpo.train.train` once per sampler (`rollout.sampler: fast`, our K
 `hf`, transformers' generate, and `vllm`, a vLLM engine colocated in this process), in this
 process, one after the other (vllm last: its engine is built once and kept for the process,
 GPU memory included, so it would sit under the others' runs), a sampler that fails recorded
-with its error while the others still run: GRPO with
+with its error while the others still run. Each sampler runs once per `--staleness` value K
+(rollout.async.max_staleness; default 0 and 1): K = 0 is the synchronous step, K >= 1 the
+generator process sampling the next batch while the trainer trains this one (docs/async.md;
+on a GPU the generator shares the trainer's device, and with vllm its engine is the
+generator's), the asynchronous runs first (an engine they build goes with their generator
+process; a synchronous vllm run's stays). `hf` has no asynchronous run (transformers'
+generate returns no log-probs; recorded under `skipped`). GRPO with
 `--prompts` x `--group-size` completions a step, exactly `--max-new-tokens` tokens each (EOS
 is suppressed until then: rollout.min_new_tokens = max_new_tokens, so every step does the
 same work), weights, gradients and optimizer state in float32 with bfloat16 autocast
@@ -37,13 +45,16 @@ batch, `train.device` from `--device`, the package's defaults otherwise (with vl
 rollout.vllm's, `--vllm-gpu-memory-utilization` its share of the GPU; the engine samples in
 the autocast dtype and gets the policy's weights after every update, inside `time/generate`
 unless the decoder times them apart: keys `time/*` other than the four below are kept per
-step too, as are `rollout/mismatch*`).
+step too, as are `rollout/mismatch*` and `async/*`).
 
 It reads each step's metrics (`TrainResult.metrics`, grpo/train/step.py) and prints per
 sampler: the median over steps 2..N (step 1 pays for warm-up: kernels, allocator, caches) of
-`time/step`; completion tokens/s (`tokens/completion` / `time/generate`); the split of the
-step into sampling (`time/generate`), scoring (`time/score`) and the rest (`time/update`:
-reference log-probs and the update); and the memory: `memory/peak_mb` (the process's peak
+`time/step`; completion tokens/s of the sampler (`tokens/completion` / `time/generate`) and
+of the run (`tokens/completion` / `time/step`: what asynchrony is for); the split of the
+step into sampling (`time/generate`, the generator's own time in an asynchronous run, which
+overlaps the rest), scoring (`time/score`) and the rest (`time/update`: reference log-probs
+and the update); in an asynchronous run the trainer's wait for a batch
+(`async/queue_wait_s`) and the mean staleness; and the memory: `memory/peak_mb` (the process's peak
 RSS plus the peak CUDA allocation; the RSS part never goes down, so a later sampler's figure
 includes an earlier one's) and the CUDA peaks of that sampler's run alone (allocated and
 reserved; reset before each run). Everything, with the settings and the per-step metrics,
@@ -115,6 +126,7 @@ SHAPES = {
     ),
 }
 TIMES = ("time/step", "time/generate", "time/score", "time/update")
+ASYNC = ("async/queue_wait_s", "async/generator_wait_s", "async/push_s")  # medians, in an asynchronous run
 
 
 def reward(prompts, completions, **columns):
@@ -164,7 +176,7 @@ def write_prompts(path: Path) -> None:
             f.write(json.dumps({"prompt": "".join(rng.choice(ALPHABET) for _ in range(PROMPT_LENGTH))}) + "\n")
 
 
-def run_config(args, model_dir: Path, data: Path, output_dir: Path, sampler: str) -> dict:
+def run_config(args, model_dir: Path, data: Path, output_dir: Path, sampler: str, staleness: int = 0) -> dict:
     config = {
         "algorithm": "grpo",
         "model": str(model_dir),
@@ -179,6 +191,7 @@ def run_config(args, model_dir: Path, data: Path, output_dir: Path, sampler: str
             "min_new_tokens": args.max_new_tokens,
             "temperature": 1.0,
             "sampler": sampler,
+            "async": {"max_staleness": staleness},
         },
         "train": {
             "steps": args.steps,
@@ -202,12 +215,21 @@ def summarise(metrics: list[dict]) -> dict:
     row = {key: statistics.median([m[key] for m in timed]) for key in TIMES}
     row["tokens_per_step"] = statistics.median([m["tokens/completion"] for m in timed])
     row["completion_tokens_per_s"] = statistics.median([m["tokens/completion"] / m["time/generate"] for m in timed])
+    row["step_tokens_per_s"] = statistics.median([m["tokens/completion"] / m["time/step"] for m in timed])
+    for key in ASYNC:  # an asynchronous run's: the trainer's wait for its batch, the generator's for a request
+        if key in timed[0]:
+            row[key] = statistics.median([m[key] for m in timed])
+    if "async/staleness" in timed[0]:
+        row["async/staleness"] = statistics.fmean(m["async/staleness"] for m in timed)
+        row["async/dropped"] = sum(m["async/dropped"] for m in metrics)
     row["memory/peak_mb"] = max(m["memory/peak_mb"] for m in metrics)
     row["steps_timed"] = len(timed)
     return row
 
 
-def run(args, model_dir: Path, data: Path, work: Path, sampler: str, device: torch.device, progress: bool) -> dict:
+def run(
+    args, model_dir: Path, data: Path, work: Path, sampler: str, staleness: int, device: torch.device, progress: bool
+) -> dict:
     from grpo.train import train
 
     gc.collect()
@@ -215,21 +237,24 @@ def run(args, model_dir: Path, data: Path, work: Path, sampler: str, device: tor
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    result = train(run_config(args, model_dir, data, work / f"run-{sampler}", sampler), progress=progress)
+    config = run_config(args, model_dir, data, work / f"run-{sampler}-k{staleness}", sampler, staleness)
+    result = train(config, progress=progress)
     wall = time.perf_counter() - start
-    row = {"sampler": sampler, **summarise(result.metrics), "wall_s": wall}
+    row = {"sampler": sampler, "max_staleness": staleness, **summarise(result.metrics), "wall_s": wall}
     if device.type == "cuda":
         row["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         row["cuda_peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     keep = ("step", *TIMES, "tokens/completion", "memory/peak_mb", "reward/mean", "loss", "kl", "grad_norm")
     row["per_step"] = [
-        {k: v for k, v in m.items() if k in keep or k.startswith(("time/", "rollout/mismatch"))} for m in result.metrics
+        {k: v for k, v in m.items() if k in keep or k.startswith(("time/", "rollout/mismatch", "async/"))}
+        for m in result.metrics
     ]
     return row
 
 
 def table(rows: list[dict]) -> str:
-    head = ["sampler", "s/step", "gen tok/s", "generate", "score", "update", "peak MB", "CUDA peak MB"]
+    head = ["sampler", "K", "s/step", "step tok/s", "gen tok/s", "generate", "score", "update", "wait"]
+    head += ["peak MB", "CUDA peak MB"]
     lines = [head]
     for r in rows:
         step = r["time/step"]
@@ -242,15 +267,29 @@ def table(rows: list[dict]) -> str:
         lines.append(
             [
                 r["sampler"],
+                str(r["max_staleness"]),
                 f"{step:.3f}",
+                f"{r['step_tokens_per_s']:,.0f}",
                 f"{r['completion_tokens_per_s']:,.0f}",
                 *split,
+                f"{r['async/queue_wait_s']:.3f} s" if "async/queue_wait_s" in r else "-",
                 f"{r['memory/peak_mb']:,.0f}",
                 cuda,
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def speedups(rows: list[dict]) -> list[str]:
+    """Per sampler, each asynchronous run's step time against its synchronous run's."""
+    sync = {r["sampler"]: r for r in rows if r["max_staleness"] == 0}
+    return [
+        f"{r['sampler']} K={r['max_staleness']}: {sync[r['sampler']]['time/step'] / r['time/step']:.2f}x the "
+        f"synchronous step rate (staleness {r['async/staleness']:.2f}, {r['async/dropped']} dropped)"
+        for r in rows
+        if r["max_staleness"] > 0 and r["sampler"] in sync
+    ]
 
 
 def installed_version(*distributions: str) -> str | None:
@@ -287,6 +326,12 @@ def parse_args(argv):
         "--samplers", default="fast,hf,vllm", help="comma-separated rollout.sampler values (default fast,hf,vllm)"
     )
     p.add_argument(
+        "--staleness",
+        default="0,1",
+        help="comma-separated rollout.async.max_staleness values, a run of each sampler per value (default 0,1: "
+        "synchronous and one step ahead)",
+    )
+    p.add_argument(
         "--vllm-gpu-memory-utilization",
         type=float,
         default=None,
@@ -303,7 +348,28 @@ def parse_args(argv):
     if bad or not args.samplers:
         p.error(f"--samplers: expected a comma-separated list of {', '.join(NAMES)}; got {bad or 'nothing'}")
     args.samplers.sort(key=lambda s: s == "vllm")  # vllm last (see the module doc); the rest as given
+    try:
+        args.staleness = sorted({int(k) for k in args.staleness.split(",") if k.strip()}, reverse=True)
+    except ValueError:
+        args.staleness = []
+    if not args.staleness or min(args.staleness) < 0:
+        p.error("--staleness: expected a comma-separated list of integers >= 0 (rollout.async.max_staleness)")
     return args
+
+
+def runs(args) -> tuple[list[tuple[str, int]], list[dict]]:
+    """The (sampler, K) runs in order (per sampler, asynchronous first: see the module doc),
+    and those skipped with why."""
+    planned, skipped = [], []
+    for sampler in args.samplers:
+        for k in args.staleness:
+            if k > 0 and sampler == "hf":
+                skipped.append(
+                    {"sampler": sampler, "max_staleness": k, "why": "transformers' generate returns no log-probs"}
+                )
+                continue
+            planned.append((sampler, k))
+    return planned, skipped
 
 
 def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict:
@@ -329,21 +395,29 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
         write_prompts(work / "prompts.jsonl")
         print(f"model: {parameters:,} parameters, built and saved in {time.perf_counter() - built:.1f} s", flush=True)
         rows, failed = [], []
-        for sampler in args.samplers:
+        planned, skipped = runs(args)
+        for sampler, k in planned:
+            name = sampler if k == 0 else f"{sampler} (async K={k})"
             try:
-                rows.append(run(args, work / "model", work / "prompts.jsonl", work, sampler, device, progress))
-            except Exception as err:  # recorded; the other samplers still run
-                failed.append({"sampler": sampler, "error": f"{type(err).__name__}: {err}"})
-                print(f"{sampler}: failed: {failed[-1]['error']}", flush=True)
+                rows.append(run(args, work / "model", work / "prompts.jsonl", work, sampler, k, device, progress))
+            except Exception as err:  # recorded; the other runs still run
+                failed.append({"sampler": sampler, "max_staleness": k, "error": f"{type(err).__name__}: {err}"})
+                print(f"{name}: failed: {failed[-1]['error']}", flush=True)
                 continue
-            print(f"{sampler}: {rows[-1]['time/step']:.3f} s/step (run {rows[-1]['wall_s']:.1f} s)", flush=True)
+            print(f"{name}: {rows[-1]['time/step']:.3f} s/step (run {rows[-1]['wall_s']:.1f} s)", flush=True)
 
     print()
     print(table(rows))
     print(
-        f"(medians over steps 2..{args.steps}; tok/s = completion tokens / time/generate; "
+        f"(medians over steps 2..{args.steps}; gen tok/s = completion tokens / time/generate; "
         "update = reference log-probs + update; peak MB = peak RSS + peak CUDA allocation)"
     )
+    print(
+        "(K: rollout.async.max_staleness, 0 = synchronous; step tok/s = completion tokens / time/step; "
+        "wait = the trainer's wait for its batch; an asynchronous run's generate overlaps the update)"
+    )
+    for line in speedups(rows):
+        print(line)
     results = {
         "started": started.isoformat(timespec="seconds"),
         "settings": {
@@ -365,6 +439,7 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
         },
         "results": rows,
         "failed": failed,
+        "skipped": skipped,
     }
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else HERE / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""benchmarks/gpu_check.py, at the tiny shape on the CPU: both samplers run, every number is there."""
+"""benchmarks/gpu_check.py, at the tiny shape on the CPU: both samplers run, fast synchronous and
+asynchronous (hf has no asynchronous run), every number is there."""
 
 import json
 
@@ -31,7 +32,10 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     results = json.loads(path.read_text())
     assert results == json.loads(json.dumps(returned))
     rows = results["results"]
-    assert [r["sampler"] for r in rows] == ["fast", "hf"]
+    assert [(r["sampler"], r["max_staleness"]) for r in rows] == [("fast", 1), ("fast", 0), ("hf", 0)]
+    assert results["skipped"] == [
+        {"sampler": "hf", "max_staleness": 1, "why": "transformers' generate returns no log-probs"}
+    ]
     for r in rows:
         for key in ("time/step", "time/generate", "time/update", "completion_tokens_per_s", "memory/peak_mb", "wall_s"):
             assert r[key] > 0, (r["sampler"], key)
@@ -39,12 +43,20 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
         assert r["steps_timed"] == 1  # step 1 is warm-up
         assert r["tokens_per_step"] == PROMPTS * GROUP * TOKENS  # EOS suppressed: every completion is full length
         assert [s["step"] for s in r["per_step"]] == [1, 2]
+        assert r["step_tokens_per_s"] > 0
+    stepped_ahead, synchronous = rows[0], rows[1]
+    assert (
+        stepped_ahead["async/staleness"] == 1 and stepped_ahead["async/dropped"] == 0
+    )  # step 2 trained step 1's weights' batch
+    assert stepped_ahead["async/queue_wait_s"] >= 0 and stepped_ahead["per_step"][1]["async/staleness"] == 1
+    assert not any(k.startswith("async/") for k in synchronous)
     assert results["settings"]["device"] == "cpu" and results["failed"] == []
 
     printed = capsys.readouterr().out
-    table = printed[printed.index("sampler  s/step") :]
+    table = printed[printed.index("sampler  K  s/step") :]
     for r in rows:
         assert f"{r['sampler']}  " in table and f"{r['time/step']:.3f}" in table
+    assert "fast K=1: " in printed and "x the synchronous step rate (staleness 1.00, 0 dropped)" in printed
     assert f"results: {path}" in printed
 
 
@@ -53,6 +65,12 @@ def test_reward_and_vocabulary():
     chars = gpu_check.vocabulary(gpu_check.SHAPES["qwen0.5b"]["vocab_size"])
     assert len(set(chars)) == len(chars) == 151936 - 4
     assert chars.startswith(gpu_check.ALPHABET)
+
+
+def test_staleness_runs_asynchronous_first_and_hf_only_synchronous():
+    planned, skipped = gpu_check.runs(gpu_check.parse_args(["--samplers", "hf,fast", "--staleness", "0,2,1"]))
+    assert planned == [("hf", 0), ("fast", 2), ("fast", 1), ("fast", 0)]
+    assert [(s["sampler"], s["max_staleness"]) for s in skipped] == [("hf", 2), ("hf", 1)]
 
 
 def test_vllm_runs_last():

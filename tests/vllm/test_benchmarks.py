@@ -42,7 +42,9 @@ def test_gpu_check_with_vllm_on_cpu(tmp_path, monkeypatch):
         vllm_decoder.close_shared_engine()  # the engine the run built stays for the process otherwise
     assert results["failed"] == []
     rows = results["results"]
-    assert [r["sampler"] for r in rows] == ["fast", "vllm"]  # vllm last, whatever the order asked
+    # vllm last, whatever the order asked; each sampler asynchronous (K = 1, the default's) first
+    assert [(r["sampler"], r["max_staleness"]) for r in rows] == [("fast", 1), ("fast", 0), ("vllm", 1), ("vllm", 0)]
     for r in rows:
         assert r["tokens_per_step"] == 2 * 4 * TOKENS, r["sampler"]  # EOS suppressed in both
         assert r["completion_tokens_per_s"] > 0 and r["time/update"] > 0
+        assert r["step_tokens_per_s"] > 0 and r.get("async/staleness", 1) == 1
