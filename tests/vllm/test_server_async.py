@@ -1,9 +1,10 @@
 """Asynchronous rollouts with a vLLM server (rollout.vllm.server with rollout.async.max_staleness
-1): the generator process is the server's client. Each batch is drawn by the weights of the
-version it carries (pushed and checked before it sampled); a batch older than K is dropped and
-sampled again; a K = 1 run learns, one push per version; a server killed mid-run stops the run
-in one line with its last step saved. A `grpo vllm-serve` subprocess (started once for the
-module) holds a tiny tied Qwen2, as in test_server.py."""
+1): the generator process is the server's client. No server is one line before the first
+step; each batch is drawn by the weights of the version it carries (pushed and checked
+before it sampled); a batch older than K is dropped and sampled again; a K = 1 run learns,
+one push per version; a server that hangs or is killed mid-run stops the run in one line
+with its last step saved. A `grpo vllm-serve` subprocess (started once for the module) holds
+a tiny tied Qwen2, as in test_server.py."""
 
 import copy
 import json
@@ -25,7 +26,7 @@ from tests.train.rewards_for_tests import sevens
 from tests.train.test_async import engine_for
 from tests.train.test_learning import gain
 from tests.vllm.models import save
-from tests.vllm.test_server import Server
+from tests.vllm.test_server import Server, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -65,6 +66,17 @@ def async_config(make_config, model_dir, address, *, steps=30, lr=1e-3, **rollou
     config["model"] = model_dir
     config["rollout"].update(sampler="vllm", vllm={"server": address}, **{"async": {"max_staleness": 1}}, **rollout)
     return config
+
+
+def test_no_server_is_one_line_before_the_first_step(make_config, model_dir):
+    address = f"127.0.0.1:{free_port()}"
+    config = async_config(make_config, model_dir, address, steps=2)
+    with pytest.raises(UserError) as err:
+        grpo.train(config, progress=False)
+    message = str(err.value)
+    assert message.startswith(f"rollout.async: the generator failed: no vLLM server answers at {address}"), message
+    assert "\n" not in message
+    assert not (Path(config["output_dir"]) / "metrics.jsonl").read_text()
 
 
 def test_each_batch_is_drawn_by_the_version_it_carries_and_one_older_than_k_is_dropped(make_config, model_dir, server):
