@@ -991,6 +991,13 @@ def _validate_async(c: Config) -> None:
         "rollout.async: multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
     )
     _require(c.lora.r == 0, "rollout.async: LoRA (lora.r > 0) is not supported yet")
+    # The generator owns the server's weights; iterative RL's sampler, in the trainer, would
+    # push its own between iterations, and the server would then refuse the generator's requests.
+    _require(
+        not (ro.vllm.server and c.reward_model_update.verifier is not None),
+        "rollout.async with rollout.vllm.server: iterative RL (reward_model_update.verifier) would push the "
+        "trainer's weights into the generator's server between iterations; not supported yet",
+    )
 
 
 # ---- writing and documenting ----------------------------------------------------------------

@@ -193,6 +193,13 @@ def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_co
         ({"rollout": {"sampler": "hf"}}, r"rollout.sampler: hf \(transformers' generate\) returns no log-probs"),
         ({"rollout": {"tools": ["tests.rollout.tool_models:multiply"]}}, r"multi-turn rollouts .* not supported yet"),
         ({"lora": {"r": 4}}, r"LoRA .* not supported yet"),
+        (
+            {
+                "rollout": {"sampler": "vllm", "vllm": {"server": "127.0.0.1:8000"}},
+                "reward_model_update": {"verifier": "tests.train.rewards_for_tests:sevens"},
+            },
+            r"^rollout.async with rollout.vllm.server: iterative RL .* not supported yet$",
+        ),
         ({"train": {"old_logprobs": "recompute"}}, r"only loss.engine_correction .* then corrects"),
     ],
 )
