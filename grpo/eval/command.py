@@ -61,7 +61,7 @@ class EvalConfig:
     k: str | None = opt(None, "Comma-separated k to report, each <= n. Default: the powers of 2 up to n.")
     task: str | None = opt(
         None,
-        "The task that checks answers: a built-in name (arithmetic, reasoning_gym) or 'pkg.module:name' naming a "
+        "The task that checks answers: a built-in name (arithmetic, multiply, reasoning_gym) or 'pkg.module:name' naming a "
         "grpo.tasks.Task. Default: the task of --data 'TASK:N', reasoning_gym for --data 'reasoning_gym:...', "
         f"else {DEFAULT_TASK}.",
     )

@@ -40,6 +40,8 @@ __all__ = ["TASKS", "Task", "load_task"]
 # Built-in name -> the spec it stands for.
 TASKS: dict[str, str] = {
     "arithmetic": "grpo.tasks.arithmetic:task",
+    # Multiplication with a multiply(a, b) tool: the multi-turn task of `grpo demo --tools`.
+    "multiply": "grpo.tasks.multiply:task",
     # Checks rows of a reasoning_gym:NAME data path with that task's scorer (the gym extra).
     "reasoning_gym": "grpo.tasks.reasoning_gym:task",
 }

@@ -238,7 +238,7 @@ def bad_files(tmp_path):
         (["--data", "tests.tasks.user_task:task:x"], "--data: expected 'TASK:N' with N a positive integer"),
         (
             ["--data", "algebra:3"],
-            "--data: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')",
+            "--data: unknown task 'algebra' (built-ins: arithmetic, multiply, reasoning_gym; or give 'pkg.module:name')",
         ),
         (["--data", "tests.tasks.user_task:verify_only:3"], "--data: task 'avoid (verify only)' generates no rows"),
         (
@@ -251,7 +251,7 @@ def bad_files(tmp_path):
         (["--task", "tests.tasks.user_task:task"], "task 'avoid' cannot score any row of --data"),
         (
             ["--task", "algebra"],
-            "--task: unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')",
+            "--task: unknown task 'algebra' (built-ins: arithmetic, multiply, reasoning_gym; or give 'pkg.module:name')",
         ),
         (
             ["--task", "tests.tasks.user_task:not_a_task"],

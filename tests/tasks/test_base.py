@@ -17,7 +17,11 @@ def one_line_error(call, *args, **kwargs) -> str:
 
 
 def test_the_builtin_task_is_a_spec_like_a_users():
-    assert TASKS == {"arithmetic": "grpo.tasks.arithmetic:task", "reasoning_gym": "grpo.tasks.reasoning_gym:task"}
+    assert TASKS == {
+        "arithmetic": "grpo.tasks.arithmetic:task",
+        "multiply": "grpo.tasks.multiply:task",
+        "reasoning_gym": "grpo.tasks.reasoning_gym:task",
+    }
     assert load_task("arithmetic") is load_task("grpo.tasks.arithmetic:task") is arithmetic.task
     task = arithmetic.task
     assert (task.verifier, task.extract_answer, task.rows, task.step_verifier, task.threshold) == (
@@ -42,10 +46,13 @@ def test_a_users_task_by_object_or_by_function():
     [
         (
             "arithmetc",
-            "unknown task 'arithmetc'; did you mean 'arithmetic'? (built-ins: arithmetic, reasoning_gym; "
+            "unknown task 'arithmetc'; did you mean 'arithmetic'? (built-ins: arithmetic, multiply, reasoning_gym; "
             "or give 'pkg.module:name')",
         ),
-        ("algebra", "unknown task 'algebra' (built-ins: arithmetic, reasoning_gym; or give 'pkg.module:name')"),
+        (
+            "algebra",
+            "unknown task 'algebra' (built-ins: arithmetic, multiply, reasoning_gym; or give 'pkg.module:name')",
+        ),
         (
             "tests.tasks.no_such_module:task",
             "task 'tests.tasks.no_such_module:task': cannot import module "
