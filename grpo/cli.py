@@ -26,6 +26,7 @@ from typing import Any, Literal
 from grpo import __version__
 from grpo.config import REQUIRED, field_default
 from grpo.demo import QUICK, DemoConfig
+from grpo.demo_tools import ToolsDemoConfig
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
 from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
@@ -255,6 +256,13 @@ arm's pass@1, maj@16 and pass@64 (means, each seed's, the spread), the reward mo
 score against the true accuracy per step (the hacking curve), and says from the numbers
 whether each finding was reproduced: process at least level with outcome; the second
 iteration above the first in every seed.
+
+--tools runs the multi-turn demo instead (its own budget; --seed, --seeds, --steps, --quick
+and --output apply): a tiny model is warmed up with grpo sft on conversations that call a
+multiply(a, b) tool only some of the time, on 2-digit multiplication it cannot do in its
+head; GRPO then trains it with the tool, the task's verifier the only reward, over --seeds
+seeds (default 3). The report gives pass@k and maj@k with and without the tool, base against
+GRPO, and the share of samples that called the tool with the right operands.
 """
 
 COMPARE_HELP = """\
@@ -467,11 +475,33 @@ def _demo(args: argparse.Namespace) -> int:
     from grpo.demo import demo, quick
 
     hf_logging.disable_progress_bar()
+    if args.tools:
+        return _tools_demo(args)
     config = _config_from(DemoConfig, args)
     if args.quick:  # the smoke budget; --steps still says how many steps
         config = dataclasses.replace(quick(config), steps=args.steps or QUICK["steps"])
-    summary = demo(args.output, config, progress=not args.quiet, overwrite=args.overwrite)
-    print(json.dumps({"report": str(Path(args.output) / "report.md"), "time_s": round(summary["time_s"], 1)}))
+    output = args.output or "runs/demo"
+    summary = demo(output, config, progress=not args.quiet, overwrite=args.overwrite)
+    print(json.dumps({"report": str(Path(output) / "report.md"), "time_s": round(summary["time_s"], 1)}))
+    return 0
+
+
+def _tools_demo(args: argparse.Namespace) -> int:
+    """`grpo demo --tools`: the multi-turn demo (grpo.demo_tools); --seed, --seeds, --steps
+    and --quick apply, the main demo's other flags do not."""
+    from grpo.demo_tools import quick, tools_demo
+
+    others = [name for name in ("full", "equal_tokens", "neural_rm") if getattr(args, name)]
+    if others or args.full_seeds != DemoConfig.full_seeds:
+        raise UserError(f"demo --tools: --{(others or ['full_seeds'])[0].replace('_', '-')} is the main demo's flag")
+    config = ToolsDemoConfig(seed=args.seed)
+    if args.quick:
+        config = quick(config)
+    given = {name: getattr(args, name) for name in ("seeds", "steps") if getattr(args, name) is not None}
+    config = dataclasses.replace(config, **given)
+    output = args.output or "runs/demo-tools"
+    summary = tools_demo(output, config, progress=not args.quiet, overwrite=args.overwrite)
+    print(json.dumps({"report": str(Path(output) / "report.md"), "time_s": round(summary["time_s"], 1)}))
     return 0
 
 
@@ -681,15 +711,21 @@ def _add_demo(commands) -> None:
     demo = _command(
         commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (minutes on a laptop CPU)", DEMO_HELP
     )
-    demo.add_argument("--output", default="runs/demo", help="where the report goes (default: %(default)s)")
+    demo.add_argument("--output", help="where the report goes (default: runs/demo; runs/demo-tools with --tools)")
     flag = functools.partial(_field_flag, demo, DemoConfig)
     flag("seed")
     flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
-    flag("seeds", type=positive_int)
+    flag("seeds", type=positive_int, unset=True, shown=f"{DemoConfig.seeds}; {ToolsDemoConfig.seeds} with --tools")
     flag("full")
     flag("full_seeds", type=positive_int)
     flag("equal_tokens")
     flag("neural_rm")
+    demo.add_argument(
+        "--tools",
+        action="store_true",
+        help="instead, the multi-turn demo: a tiny model learns with GRPO to use a multiply(a, b) tool "
+        "(base vs GRPO, with the tool and without; --output defaults to runs/demo-tools)",
+    )
     demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
     demo.add_argument("--quiet", action="store_true", help="no progress output")
@@ -711,7 +747,7 @@ def _add_compare(commands) -> None:
         default=None,
         metavar="SPEC",
         help="measure accuracy (pass@1) and maj@n with this task's verifier: a built-in name "
-        "(arithmetic, reasoning_gym) or 'pkg.module:name' naming a grpo.tasks.Task",
+        "(arithmetic, multiply, reasoning_gym) or 'pkg.module:name' naming a grpo.tasks.Task",
     )
     compare.add_argument(
         "--eval-data",

@@ -374,6 +374,24 @@ def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> tuple[dict[st
     return done, failed
 
 
+def fresh_output(output: str | Path, overwrite: bool, command: str) -> Path:
+    """The demo's output directory, created empty: an earlier demo's output there (a directory
+    holding data/ and base/) is replaced only with `overwrite`, anything else never."""
+    out = Path(output)
+    if out.exists() and any(out.iterdir()):
+        earlier_demo = (out / "data").is_dir() and (out / "base").is_dir()
+        if not (overwrite and earlier_demo):
+            hint = (
+                "pass --overwrite to replace it"
+                if earlier_demo
+                else "it is not an earlier demo's output; choose another --output"
+            )
+            raise UserError(f"{command}: '{out}' is not empty; {hint}")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def demo(
     output: str | Path = "runs/demo",
     config: DemoConfig | None = None,
@@ -398,18 +416,7 @@ def demo(
         raise UserError(
             f"demo: rm_iterations must be distinct counts between 1 and steps ({c.steps}), got {c.rm_iterations}"
         )
-    out = Path(output)
-    if out.exists() and any(out.iterdir()):
-        earlier_demo = (out / "data").is_dir() and (out / "base").is_dir()
-        if not (overwrite and earlier_demo):
-            hint = (
-                "pass --overwrite to replace it"
-                if earlier_demo
-                else "it is not an earlier demo's output; choose another --output"
-            )
-            raise UserError(f"demo: '{out}' is not empty; {hint}")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_output(output, overwrite, "demo")
     started = time.perf_counter()
     say = print if progress else (lambda *a, **k: None)
     stages = 5 + (1 if c.neural_rm or c.full else 0)

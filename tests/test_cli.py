@@ -11,6 +11,7 @@ import grpo.demo
 from grpo.cli import build_parser, main
 from grpo.config import REQUIRED, Config, field_default
 from grpo.demo import QUICK, DemoConfig
+from grpo.demo_tools import ToolsDemoConfig
 from grpo.eval.command import EvalConfig
 from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.train.sft import FineTuneConfig, SFTConfig
@@ -88,7 +89,16 @@ def shown(value):
 def test_every_config_field_has_its_doc():
     """One style: every field of every config is an opt(default, doc) field."""
     undocumented = []
-    for config in (Config, SFTConfig, FineTuneConfig, EvalConfig, RewardTrainConfig, RewardEvalConfig, DemoConfig):
+    for config in (
+        Config,
+        SFTConfig,
+        FineTuneConfig,
+        EvalConfig,
+        RewardTrainConfig,
+        RewardEvalConfig,
+        DemoConfig,
+        ToolsDemoConfig,
+    ):
         for f in dataclasses.fields(config):
             doc = f.metadata.get("doc", "")
             if not doc.strip() or not doc.rstrip().endswith((".", ")")):
@@ -112,7 +122,8 @@ def test_flags_take_their_default_and_help_from_the_config_fields(path):
             if default is REQUIRED:
                 assert action.required or action.default is None, action.dest
                 continue
-            if len(configs) == 1 and action.dest != "steps":  # demo's --steps: the budget says (--quick)
+            # demo's --steps: the budget says (--quick); its --seeds: --tools has its own default
+            if len(configs) == 1 and action.dest not in ("steps", "seeds"):
                 assert action.default == default, action.dest
             else:
                 assert action.default is None, action.dest  # the mode's config fills it in
