@@ -124,11 +124,21 @@ class FastDecoder:
 
         return self.weights is not None and self.weights.embed.dtype == torch.float32 and not self.params.reshapes
 
-    def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
+    def decode(self, prompt_ids, prompt_mask, counts, generators, params=None, keep=False):
+        """`fast.decode`; with `keep`, also the rows' `fast.Kept` cache, for `extend`."""
         from grpo.rollout import fast
 
         p = params or self.params
-        return fast.decode(self.policy, prompt_ids, prompt_mask, counts, p, weights=self.weights, generators=generators)
+        return fast.decode(
+            self.policy, prompt_ids, prompt_mask, counts, p, weights=self.weights, generators=generators, keep=keep
+        )
+
+    def extend(self, kept, blocks, counts, generators, params=None):
+        """`fast.extend`: rows whose context `kept` holds the start of go on with `blocks`
+        (a multi-turn rollout's next turn: only the new tokens are run, not the context again)."""
+        from grpo.rollout import fast
+
+        return fast.extend(self.policy, kept, blocks, params or self.params, self.weights, counts, generators)
 
 
 def generation_config(p: SamplingParams):

@@ -18,9 +18,11 @@ leaves them out of every loss and statistic through that one mask. The sampler's
 are 0 on them. Once per sampler, `check_rendering` compares a conversation with the tokens
 the chat template renders it to, and warns in one line where they differ.
 
-A first version, on every decoder behind the seam (`Decoder.decode`): each turn is one
-decoding call per batch of rows, its prompt the row's prompt and completion so far; the
-fast loop's KV cache is not kept across turns (each turn computes its prefix again). Rows
+On every decoder behind the seam (`Decoder.decode`): each turn is one decoding call per
+batch of rows, its prompt the row's prompt and completion so far. The fast loop keeps each
+row's KV cache from one turn to the next (`KEEP_CACHE`, `fast.extend`): a later turn runs
+only the end of the row's last turn and its tool messages, then samples; the other decoders
+compute each turn's whole context again. Rows
 with the same context and random stream (a prompt's G rows at the first turn) share one
 prompt in a call. A turn asks for at most the most tokens any of its rows has left; each
 row keeps what fits its own budget (a sample's prefix is a sample). Sampling options apply
@@ -80,6 +82,7 @@ class Trajectory:
     messages: list[dict] = field(default_factory=list)  # the completion as chat messages
     as_written: list[dict] = field(default_factory=list)  # the same, each model turn as the text it sampled
     rounds: int = 0  # turns whose tool calls ran
+    kept: tuple | None = None  # (fast.Kept, its row): the fast loop's cache of its context, from its last turn
 
     @property
     def context(self) -> list[int]:
@@ -106,22 +109,63 @@ def _calls(rows: list[Trajectory], size: int, per_prompt: bool) -> list[list[Tra
     return [call for call in calls if call]
 
 
+# Whether the fast loop keeps each rollout's KV cache from one turn to the next, so that a turn
+# runs only its new tokens (the end of the last turn, the tool messages) before it samples;
+# False: every turn computes its whole context again, as the other decoders do (the tokens
+# drawn are the same, the log-probs within float rounding: tests compare the two).
+KEEP_CACHE = True
+
+
+def _keeps_cache(decoder, params) -> bool:
+    """Whether this turn's calls keep their cache: the fast loop's, without the repetition
+    penalty (whose seen tokens would be the whole context's)."""
+    return KEEP_CACHE and getattr(decoder, "extend", None) is not None and params.repetition_penalty == 1.0
+
+
+def _cached(chunk: list[Trajectory]):
+    """The fast loop's cache of the chunk's rows, from their last turn, in one (`fast.Kept.join`)."""
+    from grpo.rollout.fast import Kept
+
+    parts, run = [], []
+    for row in chunk:
+        if run and row.kept[0] is not run[0][0]:
+            parts.append(run[0][0].select([index for _, index in run]))
+            run = []
+        run.append(row.kept)
+    parts.append(run[0][0].select([index for _, index in run]))
+    return Kept.join(parts)
+
+
 def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device) -> list[tuple]:
     """Each row's next turn as the decoder draws it: (token ids, their log-probs or None),
     from calls of at most generation_batch_size rows; consecutive rows with the same
-    context and stream share one prompt of a call (a prompt's G rows, at the first turn)."""
-    drawn = []
+    context and stream share one prompt of a call (a prompt's G rows, at the first turn).
+    The fast loop keeps each row's cache for its next turn (`KEEP_CACHE`): a later turn runs
+    only the tokens its cache does not hold."""
+    drawn, limit = [], sampler.tools.max_calls
     for chunk in _calls(rows, sampler.batch_size or len(rows), per_prompt):
+        # Kept for a next turn only where one of the chunk's rows may have one.
+        keeps = _keeps_cache(decoder, params) and (limit is None or any(row.rounds < limit for row in chunk))
         groups: list[list[Trajectory]] = []
         for row in chunk:
             if groups and groups[-1][0].context == row.context and groups[-1][0].stream is row.stream:
                 groups[-1].append(row)
             else:
                 groups.append([row])
-        ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
         counts = torch.tensor([len(group) for group in groups], device=device)
         streams = [group[0].stream for group in groups] if per_prompt else [chunk[0].stream]
-        out, logprobs = decoder.decode(ids, mask, counts, streams, params=params)
+        if _keeps_cache(decoder, params) and all(row.kept is not None for row in chunk):
+            kept = _cached(chunk)
+            blocks = [row.context[cached:] for row, cached in zip(chunk, kept.cached.tolist())]
+            out, logprobs, kept = decoder.extend(kept, blocks, counts, streams, params=params)
+        elif keeps:
+            ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+            out, logprobs, kept = decoder.decode(ids, mask, counts, streams, params=params, keep=True)
+        else:
+            ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+            out, logprobs = decoder.decode(ids, mask, counts, streams, params=params)
+        for k, row in enumerate(chunk):
+            row.kept = (kept, k) if keeps else None
         drawn += [(out[k].tolist(), None if logprobs is None else logprobs[k].tolist()) for k in range(len(out))]
     return drawn
 

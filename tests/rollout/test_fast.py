@@ -496,3 +496,52 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
         assert torch.equal(got, expected)
     with pytest.raises(RuntimeError, match="nan"):
         fast._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), [(0, 2, None)])
+
+
+@pytest.mark.parametrize("compact_at", [None, 0.0, 0.25])
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("qwen3", 2)])
+def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads, compact_at, monkeypatch):
+    """`decode(keep=True)` then `extend` with new tokens per row (a multi-turn rollout's next
+    turn: the end of its last turn, a tool's message) draws the tokens, and the log-probs to
+    float rounding, that `decode` draws on each row's whole context from the same stream;
+    rows end the first call at very different lengths (and leave the cache, `compact_at`)."""
+    from grpo.rollout.params import SamplingParams
+    from grpo.rollout.turns import _left_pad
+
+    monkeypatch.setattr(fast, "COMPACT_AT", compact_at)
+    model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
+    weights = fast.fuse_weights(model, torch.float32)
+    p = SamplingParams.of(TOKENIZER, max_new_tokens=16, temperature=1.2)
+    prompts = [TOKENIZER(row["prompt"], add_special_tokens=False)["input_ids"] for row in ROWS]
+    ids, mask = _left_pad(prompts, p.pad_token_id, "cpu")
+    counts = torch.full((len(prompts),), 3)
+    first, _, kept = fast.decode(model, ids, mask, counts, p, weights=weights, keep=True)
+    lengths = [row.index(EOS) + 1 if EOS in row else len(row) for row in first.tolist()]
+    assert max(lengths) >= 3 * min(lengths)  # rows leave the first call at very different lengths
+    # Each row goes on with the end of its turn and a few new tokens of its own.
+    rows = [prompt for prompt in prompts for _ in range(3)]
+    contexts = [r + t[:n] for r, t, n in zip(rows, first.tolist(), lengths)]
+    extra = [TOKENIZER(" 12"[: 1 + i % 3] + "ab", add_special_tokens=False)["input_ids"] for i in range(len(rows))]
+    blocks = [(c + e)[int(cached) :] for c, e, cached in zip(contexts, extra, kept.cached)]
+    assert all(len(block) > len(e) for block, e in zip(blocks, extra))  # the EOS (or more) runs again
+    ones = torch.ones(len(rows), dtype=torch.long)
+    for seeded in (False, True):
+        generators = [torch.Generator().manual_seed(7)] if seeded else None
+        torch.manual_seed(5)
+        tokens, logprobs, again = fast.extend(model, kept, blocks, p, weights, ones, generators)
+        whole_ids, whole_mask = _left_pad([c + e for c, e in zip(contexts, extra)], p.pad_token_id, "cpu")
+        generators = [torch.Generator().manual_seed(7)] if seeded else None
+        torch.manual_seed(5)
+        expected, expected_logprobs = fast.decode(
+            model, whole_ids, whole_mask, ones, p, weights=weights, generators=generators
+        )
+        assert torch.equal(tokens, expected)
+        torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-5)
+        assert torch.equal(
+            again.cached,
+            kept.cached
+            + torch.tensor([len(b) for b in blocks])
+            + torch.tensor(
+                [min(row.index(EOS) if EOS in row else len(row), tokens.shape[1] - 1) for row in tokens.tolist()]
+            ),
+        )

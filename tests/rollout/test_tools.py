@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import config_from_dict, config_to_dict
 from grpo.errors import UserError
+from grpo.rollout import turns
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
@@ -225,8 +226,11 @@ def sampler_for(tokenizer, tools, backend="fast", group_size=2, max_new_tokens=2
 
 def spy_on(sampler, model):
     """Record what the decoder is given and returns: (context, sampled tokens up to and
-    including EOS) per row of every call."""
+    including EOS) per row of every call. Every turn is a whole-context call: the fast loop's
+    kept cache is off for this decoder (its `extend` gets no context to record; a test below
+    checks that it samples what these calls sample)."""
     decoder = sampler.decoder(model, 1)
+    decoder.extend = None
     real, records = decoder.decode, []
     eos = sampler.tokenizer.eos_token_id
 
@@ -302,6 +306,39 @@ def test_completion_tokens_are_the_sampled_ones_and_the_tool_messages(tool_lm, b
         torch.testing.assert_close(rollout.sampled_logprobs[actions], scored[actions], rtol=0, atol=1e-4)
     else:
         assert rollout.sampled_logprobs is None
+
+
+@pytest.mark.parametrize("batch_size, seeds", [(0, None), (4, None), (3, [11, 12])])
+def test_the_fast_loop_s_kept_cache_samples_what_recomputing_each_turn_samples(tool_lm, monkeypatch, batch_size, seeds):
+    """With its cache kept across turns (turns.KEEP_CACHE), a later turn runs only its new
+    tokens: the same tokens drawn as when every turn computes its whole context again (the
+    path of the other decoders), the log-probs within float rounding; in calls of all rows,
+    of a few (rows of several calls joined in the next turn), and with a seed per prompt."""
+    tok, model = tool_lm
+    rows = [{"prompt": MULTIPLY_PROMPT}, {"prompt": [{"role": "user", "content": "What is 6 times 7?"}]}]
+    extended = []
+
+    def sample(keep: bool):
+        monkeypatch.setattr(turns, "KEEP_CACHE", keep)
+        sampler = sampler_for(tok, [multiply, async_add], group_size=3, max_new_tokens=200)
+        sampler.batch_size, sampler.params = batch_size, dataclasses.replace(sampler.params, temperature=1.5)
+        decoder = sampler.decoder(model, 1)
+        real = decoder.extend
+        decoder.extend = lambda *args, **kwargs: extended.append(len(args[1])) or real(*args, **kwargs)
+        return sampler.sample(model, rows, seeds=seeds)
+
+    kept = sample(True)
+    assert extended and sum(extended) >= 2  # later turns ran on the kept cache
+    count = len(extended)
+    recomputed = sample(False)
+    assert len(extended) == count  # and not with it off
+    assert len({tuple(r) for r in kept.loss_mask.tolist()}) > 1  # the rows differ: a real test
+    assert torch.equal(kept.completion_ids, recomputed.completion_ids)
+    assert torch.equal(kept.loss_mask, recomputed.loss_mask) and kept.messages == recomputed.messages
+    torch.testing.assert_close(kept.sampled_logprobs, recomputed.sampled_logprobs, rtol=0, atol=1e-5)
+    actions = kept.loss_mask.bool()  # and they are the trainer's, as the recomputing path's are
+    scored = policy_logprobs(model, kept, 1.5)
+    torch.testing.assert_close(kept.sampled_logprobs[actions], scored[actions], rtol=0, atol=1e-4)
 
 
 def test_fast_and_generate_sample_the_same_multi_turn_rollouts(tool_lm):
