@@ -714,7 +714,12 @@ def _add_demo(commands) -> None:
     demo.add_argument("--output", help="where the report goes (default: runs/demo; runs/demo-tools with --tools)")
     flag = functools.partial(_field_flag, demo, DemoConfig)
     flag("seed")
-    flag("steps", type=positive_int, unset=True, shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick")
+    flag(
+        "steps",
+        type=positive_int,
+        unset=True,
+        shown=f"{DemoConfig.steps}; {QUICK['steps']} with --quick; {ToolsDemoConfig.steps} with --tools",
+    )
     flag("seeds", type=positive_int, unset=True, shown=f"{DemoConfig.seeds}; {ToolsDemoConfig.seeds} with --tools")
     flag("full")
     flag("full_seeds", type=positive_int)
