@@ -23,7 +23,7 @@ import json
 import typing
 from pathlib import Path
 
-from grpo.demo import DemoConfig, _Job, _evaluate, _rm_config, _train_all, _train_reward_model
+from grpo.demo import DemoConfig, Job, _evaluate, _rm_config, train_all, _train_reward_model
 from grpo.eval.runner import task_verifier
 from grpo.tasks import arithmetic, load_task
 from grpo.train.sft import SFTConfig, sft
@@ -107,8 +107,8 @@ def main() -> None:
                 config["output_dir"] = str(work / "runs" / key)
                 named.append((name, seed, iterations, key))
                 if not (work / "runs" / key / "summary.json").exists():
-                    jobs[key] = _Job(f"runs/{key}", f"{name}, seed {seed}, {iterations} iteration(s)", config)
-    _train_all(list(jobs.values()), work, args.parallel, print)
+                    jobs[key] = Job(f"runs/{key}", f"{name}, seed {seed}, {iterations} iteration(s)", config)
+    train_all(list(jobs.values()), work, args.parallel, print)
 
     eval_config = dataclasses.replace(base_config, n=args.eval_n, ks=[1, args.eval_n])
     print(

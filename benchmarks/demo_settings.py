@@ -48,7 +48,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # evaluations beside nothing else: one thread, as each training run
-    from grpo.demo import DemoConfig, _evaluate, _Job, _train_all, _train_config
+    from grpo.demo import DemoConfig, _evaluate, Job, train_all, _train_config
     from grpo.eval.runner import task_verifier
     from grpo.tasks import arithmetic, load_task
     from grpo.train.sft import SFTConfig, sft
@@ -94,8 +94,8 @@ def main() -> None:
         return x
 
     seeds = range(a.first_seed, a.first_seed + a.seeds)
-    jobs = [_Job(f"{name}/seed-{s}", f"seed {s}", config(s)) for s in seeds]
-    runs, _ = _train_all(jobs, work, 2, print)
+    jobs = [Job(f"{name}/seed-{s}", f"seed {s}", config(s)) for s in seeds]
+    runs, _ = train_all(jobs, work, 2, print)
     per_seed = [numbers(work / name / f"seed-{s}" / "final") for s in seeds]
     for s, r in zip(seeds, per_seed):
         print(f"seed {s}: pass@1 {r[0]:.3f} maj@16 {r[1]:.3f} pass@{c.n} {r[2]:.3f}", flush=True)

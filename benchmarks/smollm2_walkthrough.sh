@@ -47,28 +47,25 @@ $PY - "$OUT" "$((t1 - t0))" "$((t2 - t1))" "$((t3 - t2))" <<'PYTHON'
 import json, subprocess, sys
 from pathlib import Path
 from grpo.infra.logging import read_metrics
+from examples.smollm2.tasks import KINDS, kind
 out, times = Path(sys.argv[1]), [int(t) for t in sys.argv[2:]]
 cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-kind = "AVX-512" if "avx512f" in cpu else "AVX2" if "avx2" in cpu else "other"
-print(f"host: {kind}; wall time: base eval {times[0]} s, GRPO {times[1]} s, GRPO eval {times[2]} s, total {sum(times) / 60:.1f} min")
+vector = "AVX-512" if "avx512f" in cpu else "AVX2" if "avx2" in cpu else "other"
+print(f"host: {vector}; wall time: base eval {times[0]} s, GRPO {times[1]} s, GRPO eval {times[2]} s, total {sum(times) / 60:.1f} min")
 metrics = read_metrics(out / "grpo" / "metrics.jsonl")
 rewards = [m["reward/mean"] for m in metrics]
 lengths = [m["completion_length/mean"] for m in metrics]
 tens = [f"{i + 1}-{min(i + 10, len(rewards))}: {sum(rewards[i:i + 10]) / len(rewards[i:i + 10]):.2f}" for i in range(0, len(rewards), 10)]
 print("training reward by tens of steps: " + ", ".join(tens))
 print(f"completion length: {lengths[0]:.1f} tokens at step 1, {sum(lengths[-5:]) / len(lengths[-5:]):.1f} over the last 5 steps")
-def kind_of(prompt):
-    text = prompt[-1]["content"]
-    return "x" if "times" in text else "+2" if any(len(w.strip("?")) == 2 for w in text.split()[2:]) else "+1"
-names = {"+1": "one-digit sums", "x": "one-digit products", "+2": "two-digit sums"}
 for name in ("base", "grpo"):
     result = json.loads((out / f"eval-{name}.json").read_text())
     p1, p8, m8 = result["pass@k"]["1"], result["pass@k"]["8"], result["maj@k"]["8"]
     lo, hi = result["pass@k_ci"]["1"]
     mlo, mhi = result["maj@k_ci"]["8"]
     line = f"{name:5s} pass@1 {100 * p1:.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  maj@8 {100 * m8:.1f}% [{100 * mlo:.1f}-{100 * mhi:.1f}]  pass@8 {100 * p8:.1f}%"
-    for k in ("+1", "x", "+2"):
-        rows = [p for p in result["per_prompt"] if kind_of(p["prompt"]) == k]
-        line += f" | {names[k]} ({len(rows)}) pass@1 {100 * sum(p['correct'] for p in rows) / (8 * len(rows)):.1f}%"
+    for k, label in KINDS.items():
+        rows = [p for p in result["per_prompt"] if kind(p["prompt"]) == k]
+        line += f" | {label} ({len(rows)}) pass@1 {100 * sum(p['correct'] for p in rows) / (8 * len(rows)):.1f}%"
     print(line)
 PYTHON

@@ -334,13 +334,13 @@ def _process_config(c: DemoConfig, output_dir: Path, base: str, data: str, seed:
 
 
 @dataclass
-class _Job:
+class Job:
     name: str  # its directory under the output: "grpo/seed-0", "grpo-rm", ...
     label: str  # for the progress line
     config: dict
 
 
-def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> tuple[dict[str, dict], dict[str, str]]:
+def train_all(jobs: list[Job], out: Path, parallel: int, say) -> tuple[dict[str, dict], dict[str, str]]:
     """Train every job in its own process, `parallel` at a time (each on one thread when more
     than one); ({name: the run's summary with its metrics}, {name: why it failed}). A line per
     finished run. A failed run does not stop the others: what they measured is kept."""
@@ -348,7 +348,7 @@ def _train_all(jobs: list[_Job], out: Path, parallel: int, say) -> tuple[dict[st
 
     threads = 1 if parallel > 1 else None
 
-    def train(job: _Job) -> dict:
+    def train(job: Job) -> dict:
         path = out / f"{job.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         return train_in_child(job.config, path, progress=False, threads=threads)
@@ -445,7 +445,7 @@ def demo(
         label = ARMS[arm]
         for seed in seeds:
             config = _train_config(c, out / arm / f"seed-{seed}", base, train_data, arm, rule, seed)
-            jobs.append(_Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
+            jobs.append(Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
     skipped_rm, rm_info = None if c.neural_rm or c.full else "not asked (--neural-rm or --full)", None
     if skipped_rm is None:  # full needs it: iterative RL's arms run on it
         say(f"[3/{stages}] A neural reward model from the base's own samples (for GRPO driven by it alone)")
@@ -463,7 +463,7 @@ def demo(
     extra_seeds = _seeds(c.seed, min(c.full_seeds, c.seeds) if c.full else 1)
     for name, (label, make) in extra.items():
         for seed in extra_seeds:
-            jobs.append(_Job(f"{name}/seed-{seed}", f"{label}, seed {seed}", make(out / name / f"seed-{seed}", seed)))
+            jobs.append(Job(f"{name}/seed-{seed}", f"{label}, seed {seed}", make(out / name / f"seed-{seed}", seed)))
     # Longest first, so that runs side by side finish together: PPO with equal tokens (its
     # critic and its G times the prompts), the reward model's arms (its scoring, and the
     # updates of iterative RL), GRPO, process supervision, PPO with equal prompts.
@@ -478,7 +478,7 @@ def demo(
         )
         + "".join(f"; {label} {len(extra_seeds)} seed(s)" for label, _ in extra.values())
     )
-    runs, failed = _train_all(jobs, out, c.parallel, say)
+    runs, failed = train_all(jobs, out, c.parallel, say)
     lost = [name for name in failed if name.split("/")[0] in ARMS]  # the main comparison cannot be made without it
     if lost:
         raise UserError(
@@ -627,31 +627,14 @@ def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
     """An arm's entry: each number the mean over seeds; the intervals over problems, of each
     problem's value averaged over seeds; the spread (lowest and highest seed) beside it; and
     every seed's own numbers under per_seed."""
-    from grpo.eval.runner import mean_ci
+    from grpo.eval.runner import over_seeds
 
     per_seed = [
         {"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)} for seed, run, result in done
     ]
     mean = lambda values: sum(values) / len(values)  # noqa: E731
-    metrics = ("pass@k", "maj@k")
-    # Each problem's values averaged over seeds: the intervals over problems and the lengths' means.
-    averaged = {
-        "per_prompt": [
-            {
-                m: {k: mean([result["per_prompt"][i][m][k] for _, _, result in done]) for k in per_seed[0][m]}
-                for m in metrics
-            }
-            for i in range(len(rows))
-        ]
-    }
-    entry: dict = {}
-    for metric in metrics:
-        ks = list(per_seed[0][metric])
-        entry[metric] = {k: mean([s[metric][k] for s in per_seed]) for k in ks}
-        entry[f"{metric}_range"] = {
-            k: [min(s[metric][k] for s in per_seed), max(s[metric][k] for s in per_seed)] for k in ks
-        }
-        entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged["per_prompt"]])[1] for k in ks}
+    entry = over_seeds([result for _, _, result in done])
+    averaged = {"per_prompt": entry.pop("per_prompt")}  # each problem's values averaged over seeds
     for key in ("no_answer", "peak_memory_mb", "time_s", "generated_tokens", "time_per_step_s"):
         entry[key] = mean([s[key] for s in per_seed])
     for key in ("models", "parameters", "steps", "prompts"):

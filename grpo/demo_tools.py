@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grpo.config import opt
-from grpo.demo import _Job, _train_all, fresh_output
+from grpo.demo import Job, fresh_output, train_all
 from grpo.errors import UserError
-from grpo.eval.report import _host
+from grpo.eval.report import host_line
 from grpo.infra.host import describe_host
 from grpo.tasks import multiply
 
@@ -148,36 +148,25 @@ def evaluate_with_tools(model_dir: str | Path, rows: list[dict], c: ToolsDemoCon
     return report
 
 
+def _public(result: dict) -> dict:
+    return {key: result[key] for key in ("pass@k", "maj@k", "pass@k_ci", "maj@k_ci", "tool_use", "no_answer")}
+
+
 def _over_seeds(results: list[dict]) -> dict:
     """One arm's entry from its seeds' evaluations: each number the mean over seeds, its
     lowest and highest seed, and intervals over problems of the seed-averaged values."""
-    from grpo.eval.runner import mean_ci
+    from grpo.eval.runner import over_seeds
 
     mean = lambda values: sum(values) / len(values)  # noqa: E731
-    entry: dict = {}
-    for metric in ("pass@k", "maj@k"):
-        ks = list(results[0][metric])
-        entry[metric] = {k: mean([r[metric][k] for r in results]) for k in ks}
-        entry[f"{metric}_range"] = {
-            k: [min(r[metric][k] for r in results), max(r[metric][k] for r in results)] for k in ks
-        }
-        problems = range(len(results[0]["per_prompt"]))
-        entry[f"{metric}_ci"] = {
-            k: mean_ci([mean([r["per_prompt"][i][metric][k] for r in results]) for i in problems])[1] for k in ks
-        }
+    entry = over_seeds(results)
+    del entry["per_prompt"]
     entry["tool_use"] = {use: mean([r["tool_use"][use] for r in results]) for use in USES}
     entry["tool_use_range"] = {
         use: [min(r["tool_use"][use] for r in results), max(r["tool_use"][use] for r in results)] for use in USES
     }
     entry["no_answer"] = mean([r["no_answer"] for r in results])
-    entry["per_seed"] = [
-        {key: r[key] for key in ("pass@k", "maj@k", "pass@k_ci", "maj@k_ci", "tool_use", "no_answer")} for r in results
-    ]
+    entry["per_seed"] = [_public(r) for r in results]
     return entry
-
-
-def _public(result: dict) -> dict:
-    return {key: result[key] for key in ("pass@k", "maj@k", "pass@k_ci", "maj@k_ci", "tool_use", "no_answer")}
 
 
 def tools_demo(
@@ -233,14 +222,14 @@ def tools_demo(
         f"[3/5] GRPO with the tool: {len(seeds)} run(s) of {c.steps} steps x {c.prompts_per_step} prompts x G={c.group_size}"
     )
     jobs = [
-        _Job(
+        Job(
             f"grpo/seed-{seed}",
             f"GRPO, seed {seed}",
             _train_config(c, out / "grpo" / f"seed-{seed}", str(base), str(data / "train.jsonl"), seed),
         )
         for seed in seeds
     ]
-    runs, failed = _train_all(jobs, out, c.parallel, say)
+    runs, failed = train_all(jobs, out, c.parallel, say)
     if failed:
         name = next(iter(failed))
         raise UserError(
@@ -310,7 +299,7 @@ def write_report(path: Path, s: dict) -> None:
     lines = [
         "# A tiny model learns to use its tool: GRPO on multiplication with multiply(a, b)\n",
         f"Written by `grpo demo --tools` from what it measured ({s['time_s'] / 60:.1f} minutes on this machine"
-        f"{_host(s.get('host'))}). "
+        f"{host_line(s.get('host'))}). "
         f"{c['digits']}-digit multiplication; {c['eval_prompts']} held-out problems x {c['n']} samples at "
         f"temperature {c['temperature']}. GRPO: {seeds} seed(s), {c['steps']} steps x {c['prompts_per_step']} "
         f"prompts x G={c['group_size']}, reward: the task's verifier alone. A GRPO number is the mean over seeds "

@@ -34,13 +34,7 @@ def test_the_rows_are_chat_prompts_with_answers_the_same_on_every_call():
         a, op, b = user["content"].removeprefix("What is ").removesuffix("?").split(" ")
         assert int(row["answer"]) == (int(a) * int(b) if op == "times" else int(a) + int(b))
 
-    def kind(row):
-        a, op, b = row["prompt"][1]["content"].removeprefix("What is ").removesuffix("?").split(" ")
-        return "product" if op == "times" else "two-digit sum" if len(a) == 2 else "one-digit sum"
-
-    counts = {
-        k: sum(kind(r) == k for r in tasks.rows(300, seed=0)) for k in ("product", "two-digit sum", "one-digit sum")
-    }
+    counts = {k: sum(tasks.kind(r["prompt"]) == k for r in tasks.rows(300, seed=0)) for k in tasks.KINDS}
     assert min(counts.values()) > 60  # a third each, roughly
 
 

@@ -40,6 +40,15 @@ def question(rng: random.Random) -> tuple[str, int]:
     return (f"What is {a} + {b}?", a + b) if kind == 0 else (f"What is {a} times {b}?", a * b)
 
 
+KINDS = {"sum1": "one-digit sums", "product": "one-digit products", "sum2": "two-digit sums"}
+
+
+def kind(prompt: list[dict]) -> str:
+    """Which of KINDS a chat prompt of `rows` asks."""
+    a, op, _ = prompt[-1]["content"].removeprefix("What is ").removesuffix("?").split(" ")
+    return "product" if op == "times" else "sum2" if len(a) == 2 else "sum1"
+
+
 def rows(count: int, seed: int) -> list[dict]:
     """`count` rows: a chat prompt (system, user) and the `answer` column, as a string."""
     rng = random.Random(seed)

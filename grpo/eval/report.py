@@ -84,7 +84,7 @@ def _versus(a: dict, b: dict, metric: str, k: int) -> str:
     return f"{_pct(ma)} against {_pct(mb)} ({_delta(ma, mb)}): {word} it ({where})"
 
 
-def _host(host: dict | None) -> str:
+def host_line(host: dict | None) -> str:
     """', an AMD EPYC (avx2, avx512f), 2 CPUs': the machine, whose kind moves times and float results."""
     if not host:
         return ""
@@ -136,7 +136,7 @@ def write_report(path: Path, s: dict) -> None:
     add("# GRPO on a laptop: Maj@K vs Pass@K, and GRPO vs PPO\n")
     add(
         "This report is written by `grpo demo` (`make demo`) from the numbers it measured in "
-        f"this run ({s['time_s'] / 60:.1f} minutes on this machine{_host(s.get('host'))}). Nothing here was downloaded: "
+        f"this run ({s['time_s'] / 60:.1f} minutes on this machine{host_line(s.get('host'))}). Nothing here was downloaded: "
         f"the model was built from a config and trained here. Every RL arm ran {seeds} time(s), "
         f"seeds {c['seed']} to {c['seed'] + seeds - 1}: a number is the mean over seeds, [low–high] the lowest "
         "and highest seed, and the shaded bands of the plots 95% intervals over problems.\n"

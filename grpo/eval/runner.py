@@ -57,6 +57,7 @@ __all__ = [
     "Verifier",
     "evaluate",
     "measure",
+    "over_seeds",
     "reward_verifier",
     "sample_completions",
     "task_verifier",
@@ -337,6 +338,28 @@ def mean_ci(values: list[float]) -> tuple[float, list[float]]:
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (p - 1)) if p > 1 else 0.0
     half = Z_95 * std / math.sqrt(p)
     return mean, [max(0.0, mean - half), min(1.0, mean + half)]
+
+
+def over_seeds(results: list[dict], metrics: Sequence[str] = ("pass@k", "maj@k")) -> dict:
+    """Several seeds' `measure` results for one setting, as one: for each metric, the mean
+    over seeds (`metric`), its lowest and highest seed (`metric_range`), and 95% intervals
+    over problems of each problem's value averaged over seeds (`metric_ci`); those averaged
+    per-problem values under `per_prompt` (for breakdowns by problem)."""
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    averaged = [
+        {m: {k: mean([r["per_prompt"][i][m][k] for r in results]) for k in results[0][m]} for m in metrics}
+        for i in range(len(results[0]["per_prompt"]))
+    ]
+    entry: dict = {}
+    for metric in metrics:
+        ks = list(results[0][metric])
+        entry[metric] = {k: mean([r[metric][k] for r in results]) for k in ks}
+        entry[f"{metric}_range"] = {
+            k: [min(r[metric][k] for r in results), max(r[metric][k] for r in results)] for k in ks
+        }
+        entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged])[1] for k in ks}
+    entry["per_prompt"] = averaged
+    return entry
 
 
 def measure(

@@ -426,17 +426,17 @@ class Kept:
         if len(parts) == 1:
             return parts[0]
         width = max(part.valid.shape[1] for part in parts)
-
-        def widened(t: Tensor, dim: int, value) -> Tensor:
-            pad = [0, 0] * (t.dim() - 1 - dim) + [0, width - t.shape[dim]]
-            return F.pad(t, pad, value=value)
-
         return Kept(
-            torch.cat([widened(part.keys, 3, 0.0) for part in parts], 1),
-            torch.cat([widened(part.values, 3, 0.0) for part in parts], 1),
-            torch.cat([widened(part.valid, 1, False) for part in parts], 0),
+            torch.cat([_widen(part.keys, 3, width) for part in parts], 1),
+            torch.cat([_widen(part.values, 3, width) for part in parts], 1),
+            torch.cat([_widen(part.valid, 1, width, False) for part in parts], 0),
             torch.cat([part.cached for part in parts], 0),
         )
+
+
+def _widen(t: Tensor, dim: int, width: int, value=0.0) -> Tensor:
+    """`t` padded at the end of `dim` with `value` to `width` (cache slots: masked, never read)."""
+    return F.pad(t, [0, 0] * (t.dim() - 1 - dim) + [0, width - t.shape[dim]], value=value)
 
 
 def _segments(counts: Tensor, generators: Sequence[torch.Generator | None] | None) -> Segments:
@@ -694,12 +694,8 @@ def _sample(
         parts = [*left_cache, (held_rows, cache.keys, cache.values, width)]
         order = torch.cat([rows for rows, _, _, _ in parts])  # the row of each part's rows, in turn
         back = torch.empty_like(order).index_copy_(0, order, torch.arange(n, device=device))  # row -> its place
-
-        def widened(t: Tensor, slots: int) -> Tensor:
-            return F.pad(t[:, :, :, :slots], (0, 0, 0, width - slots))
-
-        keys = torch.cat([widened(k, slots) for _, k, _, slots in parts], 1)[:, back]
-        values = torch.cat([widened(v, slots) for _, _, v, slots in parts], 1)[:, back]
+        keys = torch.cat([_widen(k[:, :, :, :slots], 3, width) for _, k, _, slots in parts], 1)[:, back]
+        values = torch.cat([_widen(v[:, :, :, :slots], 3, width) for _, _, v, slots in parts], 1)[:, back]
         ran = torch.cat([torch.full_like(rows, slots - filled) for rows, _, _, slots in parts])[back]
     in_cache = torch.minimum(lengths, ran)  # (N,) the row's drawn tokens its cache holds
     drawn = torch.arange(generated - 1, device=device)[None] < in_cache[:, None]  # (N, generated - 1)

@@ -66,7 +66,7 @@ from grpo.data import PromptStream
 from grpo.errors import UserError, first_line
 from grpo.infra.seed import prompt_seed
 from grpo.rollout import Rollout
-from grpo.train.step import Engine, StepResult, collect, learn, train_step
+from grpo.train.step import Engine, StepResult, train_step
 
 __all__ = ["AsyncRollouts", "GeneratorSpec", "InProcess", "refuse_in_generator", "rollouts_for", "summary"]
 
@@ -296,13 +296,12 @@ class AsyncRollouts:
         assert self.requested[step] == (rows, seeds), "the batch requested ahead is not the step's"  # one stream
         rollout, taken = self._take(e, step)
         del self.requested[step]
-        collected = collect(e, rows, seeds, step, sampled=rollout)
-        metrics = learn(e, collected)
+        result = train_step(e, rows, seeds, step, sampled=rollout)
         push = self._push(e) if e.version - self.pushed >= self.push_every else 0.0
         self._request_next()
-        metrics.update(taken)
-        metrics.update({"async/push_s": push, "time/step": time.perf_counter() - start})
-        return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
+        result.metrics.update(taken)
+        result.metrics.update({"async/push_s": push, "time/step": time.perf_counter() - start})
+        return result
 
     def close(self) -> None:
         """Stop the generator; what it sampled ahead is discarded (a resume samples it again)."""

@@ -160,14 +160,17 @@ def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
-def train_step(e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0) -> StepResult:
+def train_step(
+    e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0, sampled: Rollout | None = None
+) -> StepResult:
     """One step on `rows` (this process's share of prompts_per_step data rows): collect
     (sample, each row's completions from its own seed when `seeds` are given; score;
     filter), then learn from it (passes, baseline, update). Every statistic over the batch
     (counts, reward scaling, whitening, the metrics) is one over all processes' rows.
     `step`: the steps done before this one (what reward functions see as
-    trainer_state.global_step)."""
-    collected = collect(e, rows, seeds, step)
+    trainer_state.global_step). `sampled`: the rows' rollout drawn elsewhere (a generator
+    process, grpo.train.asynchronous), as `collect` takes it."""
+    collected = collect(e, rows, seeds, step, sampled=sampled)
     metrics = learn(e, collected)
     return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
 
