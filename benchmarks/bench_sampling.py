@@ -11,10 +11,14 @@ G=8 completions, up to 256 new tokens, temperature 1, from the same seed, with:
    `generate` makes it (torch.multinomial over all 32 rows each step,
    `fast.SKIP_FINISHED_DRAWS` off): the loop before the levers below;
 3. + finished rows leave the LM head at once and the KV cache in batches (`fast.COMPACT_AT`);
-4. + the finished rows' share of each step's draw is skipped, not drawn (`fast._draw`): today.
+4. + the finished rows' share of each step's draw is skipped, not drawn (`fast._draw`): today;
+5. today's loop with `rollout.draw: fast` (one uniform per row looked up in the
+   distribution's cumulative sum in place of multinomial's exponential per vocabulary entry,
+   and for fewer than 12 rows the LM head as W @ x^T): the same distribution, other tokens.
 
-Every variant must draw the same tokens (the script checks it and says so); the table gives
-the median seconds over `--repeats` runs of each. Run it on an idle machine.
+Variants 1-4 must draw the same tokens (the script checks it and says so); the fifth draws
+others, so the table also gives each variant's milliseconds per completion token. The
+median seconds over `--repeats` runs of each. Run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -61,41 +65,52 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(built["model_dir"]).eval()
     rows = [json.loads(line) for line in Path(built["prompts"]).read_text().splitlines()[:4]]
     today = fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS
-    variants = [  # name, backend, fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS
-        ("generate (rollout.sampler: hf)", "hf", *today),
-        ("our loop, every row to the end, draw over every row", "fast", None, False),
-        ("+ finished rows leave the head and the KV cache", "fast", today[0], False),
-        ("+ finished rows' draws skipped (today)", "fast", *today),
+    variants = [  # name, backend, fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS, rollout.draw
+        ("generate (rollout.sampler: hf)", "hf", *today, "generate"),
+        ("our loop, every row to the end, draw over every row", "fast", None, False, "generate"),
+        ("+ finished rows leave the head and the KV cache", "fast", today[0], False, "generate"),
+        ("+ finished rows' draws skipped (today)", "fast", *today, "generate"),
+        ("today, rollout.draw: fast (other tokens)", "fast", *today, "fast"),
     ]
     times = {name: [] for name, *_ in variants}
-    tokens = {}
+    tokens, counts = {}, {}
     try:
         for _ in range(args.repeats):
-            for name, backend, compact_at, skip in variants:
+            for name, backend, compact_at, skip, draw in variants:
                 fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS = compact_at, skip
-                sampler = Sampler(tokenizer, prompt_column="prompt", group_size=8, max_new_tokens=256, backend=backend)
+                sampler = Sampler(
+                    tokenizer, prompt_column="prompt", group_size=8, max_new_tokens=256, backend=backend, draw=draw
+                )
                 torch.manual_seed(0)
                 start = time.perf_counter()
                 rollout = sampler.sample(model, rows)
                 times[name].append(time.perf_counter() - start)
                 tokens.setdefault(name, rollout.input_ids)
+                lengths = rollout.completion_mask.sum(1)
+                counts[name] = (int(lengths.sum()), float(lengths.mean()), int(lengths.max()))
                 print(f"{name}: {times[name][-1]:.2f} s", flush=True)
     finally:
         fast.COMPACT_AT, fast.SKIP_FINISHED_DRAWS = today
-    lengths = rollout.completion_mask.sum(1)
     reference = tokens[variants[0][0]]
-    same = all(torch.equal(t, reference) for t in tokens.values())
+    same = all(torch.equal(tokens[name], reference) for name, *_, draw in variants if draw == "generate")
+    total, mean, longest = counts[variants[0][0]]
     print(
-        f"\n32 completions, {int(lengths.sum())} tokens; lengths mean {float(lengths.mean()):.1f}, max {int(lengths.max())} "
+        f"\n32 completions, {total} tokens; lengths mean {mean:.1f}, max {longest} "
         f"(decoding steps); torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    print(f"every variant drew the same tokens: {'yes' if same else 'NO'}\n")
-    print("| sampling one step | median s | vs generate |")
-    print("|---|---|---|")
+    print(f"every variant of generate's draw drew the same tokens: {'yes' if same else 'NO'}\n")
+    print(
+        "| sampling one step | median s | vs generate | tokens (mean / max length) | ms per token | per token vs generate |"
+    )
+    print("|---|---|---|---|---|---|")
     base = statistics.median(times[variants[0][0]])
     for name, *_ in variants:
         t = statistics.median(times[name])
-        print(f"| {name} | {t:.2f} | {t / base:.2f} |")
+        n, mean, longest = counts[name]
+        print(
+            f"| {name} | {t:.2f} | {t / base:.2f} | {n} ({mean:.1f} / {longest}) | {1000 * t / n:.2f} | "
+            f"{(t / n) / (base / total):.2f} |"
+        )
     return 0 if same else 1
 
 

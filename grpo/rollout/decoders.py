@@ -193,6 +193,14 @@ class HFDecoder:
     in_auto = True
 
     def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
+        if (
+            params.draw != "generate"
+        ):  # rollout.sampler: auto fell back to hf (a model or a LoRA policy fast cannot decode)
+            raise UserError(
+                f"rollout.draw: {params.draw} is the fast loop's draw, and this run samples with transformers' "
+                "generate (rollout.sampler: hf; auto picks it where the fast loop cannot decode the policy); "
+                "set rollout.draw: generate"
+            )
         self.params, self.autocast = params, autocast
         self.config = generation_config(params)
         self.policy = None

@@ -259,9 +259,11 @@ def _forward(
     start: int,
     mask: Tensor | None,
     heads: Tensor | None = None,
+    few_rows_layout: bool = False,
 ) -> Tensor:
     """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits
-    (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V)."""
+    (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V).
+    `few_rows_layout`: the matmuls in the layout fastest for a few rows (`_linear`; rollout.draw: fast)."""
     b, s = ids.shape
     q_width, kv_width = w.heads * w.head_dim, w.kv_heads * w.head_dim
     end = start + s
@@ -269,7 +271,7 @@ def _forward(
     h = F.embedding(ids, w.embed)  # (B, S, H)
     for i, layer in enumerate(w.layers):
         x = _rms_norm(h, layer.norm_attn, w.eps)
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
+        qkv = _linear(x, layer.qkv, layer.qkv_bias, few_rows_layout)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
         # RoPE in float32 whatever the weights' dtype (more accurate in bf16); attention in the
         # cache's dtype (`cache_dtype`: float32 on a CPU, the compute dtype on a GPU).
         qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
@@ -293,12 +295,37 @@ def _forward(
             attn = F.scaled_dot_product_attention(
                 q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa, scale=1.0
             )  # (B, heads, S, D)
-        h = h + F.linear(attn.transpose(1, 2).reshape(b, s, q_width).to(h.dtype), layer.out, layer.out_bias)
+        h = h + _linear(
+            attn.transpose(1, 2).reshape(b, s, q_width).to(h.dtype), layer.out, layer.out_bias, few_rows_layout
+        )
         x = _rms_norm(h, layer.norm_mlp, w.eps)
-        gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, -1)
-        h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        gate, up = _linear(x, layer.gate_up, layer.gate_up_bias, few_rows_layout).chunk(2, -1)
+        h = h + _linear(F.silu(gate) * up, layer.down, layer.down_bias, few_rows_layout)
     last = h[:, -1] if heads is None else h[heads, -1]
-    return F.linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias)  # (B or len(heads), V)
+    return _linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias, few_rows_layout)  # (B or len(heads), V)
+
+
+# Below this many rows, rollout.draw: fast computes each matmul of the loop as W @ x^T. On a
+# CPU, MKL runs x @ W^T (F.linear) for a few rows several times slower than W @ x^T when the
+# weights come from memory, not from cache: ~30 ms against 5-10 ms for 2-8 rows of a
+# 151,936 x 256 head; SmolLM2's 30 layers for one token, 46 against 37 ms at 8 rows, 62
+# against 16 at 2; its 49,152 x 576 head, 19.6 against 8.5 ms at 8 rows (2026-12-02,
+# AVX-512 EPYC, 2 threads). From about 12 rows up both take the same kernel, and the same
+# time. The two differ in float rounding, so not under rollout.draw: generate, whose tokens
+# are generate's bit for bit.
+FEW_ROWS = 12
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, few_rows_layout: bool) -> Tensor:
+    """F.linear(x, weight, bias), as W @ x^T where `few_rows_layout` and x has fewer than
+    FEW_ROWS rows (all dimensions but the last) on a CPU."""
+    rows = x.numel() // x.shape[-1]
+    if not (few_rows_layout and rows < FEW_ROWS and x.device.type == "cpu"):
+        return F.linear(x, weight, bias)
+    out = torch.mm(weight, x.reshape(rows, x.shape[-1]).T).T.contiguous()
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def process(logits: Tensor, step: int, p: SamplingParams, eos: Tensor | None, seen: Tensor | None = None) -> Tensor:
@@ -368,6 +395,48 @@ def _cpu_draw(probs: Tensor, rows: list[int], start: int, stop: int, generator: 
         at, i = rows[j] + 1, j + 1
     _skip((stop - at) * vocab, generator)
     return out
+
+
+_CDF_BLOCK = 128  # vocabulary entries per block of the two-level lookup (`_inverse_cdf_draw`)
+
+
+def _inverse_cdf_draw(probs: Tensor, rows: Tensor, segments: Segments) -> Tensor:
+    """rollout.draw: fast. The (L,) tokens of the unfinished `rows` (ascending; `probs`
+    (L, V) their distributions, softmax outputs, not necessarily normalised), each drawn by
+    inverting its cumulative distribution at one float64 uniform u: token v is drawn when
+    cdf[v - 1] <= u * total < cdf[v], a probability of p_v / total up to float64 rounding.
+    Each segment's generator gives one uniform per row it covers, finished rows included, so
+    a row's draw does not depend on which others have ended.
+
+    The lookup has two levels, so that no running sum goes over the whole vocabulary (a
+    cumulative sum is a serial loop, ~5 ns an entry): the float64 sums of blocks of
+    `_CDF_BLOCK` entries (one vectorised pass), their cumulative sum, the block u falls in,
+    then the cumulative sum inside that block alone. One pass over each row's probabilities
+    where multinomial's draw takes an exponential per vocabulary entry. Other tokens than
+    `generate` draws, from the same distribution."""
+    n, vocab = probs.shape
+    width = -(-vocab // _CDF_BLOCK) * _CDF_BLOCK
+    blocks = (F.pad(probs, (0, width - vocab)) if width != vocab else probs).view(n, -1, _CDF_BLOCK)
+    cdf = blocks.sum(-1, dtype=torch.float64).cumsum_(-1)  # (L, blocks)
+    total = cdf[:, -1]
+    if not bool(torch.isfinite(total).all()):  # what torch.multinomial refuses
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if not bool((total > 0).all()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    uniforms = [
+        torch.rand(stop - start, dtype=torch.float64, generator=g, device=probs.device) for start, stop, g in segments
+    ]
+    u = torch.cat(uniforms)[rows]  # (L,) the unfinished rows' own
+    below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # noqa: E731
+    # Kept below the last cumulative value, so that the entry found has a probability > 0
+    # (cdf[v] > target >= cdf[v - 1]); float64 rounding of a sum taken two ways could
+    # otherwise put it one past the end.
+    target = torch.minimum(u * total, below(total))
+    block = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)  # (L,)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)[:, None]).squeeze(1), 0.0)
+    inside = blocks[torch.arange(n, device=probs.device), block].to(torch.float64).cumsum_(-1)  # (L, _CDF_BLOCK)
+    rest = torch.minimum(target - before, below(inside[:, -1]))
+    return block * _CDF_BLOCK + torch.searchsorted(inside, rest[:, None], right=True).squeeze(1)
 
 
 # Where a step's draw takes its random numbers: (first row, row past the last, generator) per
@@ -535,7 +604,16 @@ def _decode(
     cache = _Cache(w, b, total)
     causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()
     mask = (causal & (valid[:, None, :] | torch.eye(prompt_len, dtype=torch.bool, device=device)))[:, None]
-    logits = _forward(w, prompt_ids, cos[positions][:, None], sin[positions][:, None], cache, 0, mask)
+    logits = _forward(
+        w,
+        prompt_ids,
+        cos[positions][:, None],
+        sin[positions][:, None],
+        cache,
+        0,
+        mask,
+        few_rows_layout=p.draw == "fast",
+    )
 
     # The G completions of a prompt continue from the same prefix.
     cache.repeat(counts, prompt_len)
@@ -577,7 +655,9 @@ def _extend(
     causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
     own = causal & (fresh[:, None, :] | torch.eye(s, dtype=torch.bool, device=device))  # (R, S, S)
     mask = torch.cat([kept.valid[:, None, :].expand(r, s, width), own], 2)[:, None]  # (R, 1, S, W + S)
-    logits = _forward(w, ids, cos[positions][:, None], sin[positions][:, None], cache, width, mask).float()
+    logits = _forward(
+        w, ids, cos[positions][:, None], sin[positions][:, None], cache, width, mask, few_rows_layout=p.draw == "fast"
+    ).float()
     valid = torch.cat([kept.valid, fresh], 1)  # (R, W + S)
     return _sample(w, cache, logits, cos, sin, valid, kept.cached + lengths, width + s, p, segments, None, True)
 
@@ -623,14 +703,15 @@ def _sample(
     held, pick = n, None
     # (N, V) off the CPU (or with SKIP_FINISHED_DRAWS off): each row's last distribution, for
     # a draw over all rows; None: the finished rows' draws are skipped (`_draw`).
-    full_batch = device.type != "cpu" or not SKIP_FINISHED_DRAWS
+    fast_draw = p.draw == "fast"
+    full_batch = (device.type != "cpu" or not SKIP_FINISHED_DRAWS) and not fast_draw
     everyone = None
     generated = 0
     for step in range(p.max_new_tokens):
         probs = F.softmax(process(logits, step, p, eos, seen), dim=-1)
         if full_batch and everyone is None:
             everyone = probs.clone()
-        tokens = _draw(probs, rows, segments, everyone)
+        tokens = _inverse_cdf_draw(probs, rows, segments) if fast_draw else _draw(probs, rows, segments, everyone)
         # The drawn token's probability, already computed: a gather, no pass over the vocabulary.
         logprobs = probs.gather(1, tokens[:, None]).squeeze(1).log_()  # (len(rows),)
         if eos is not None:
@@ -674,6 +755,7 @@ def _sample(
             at,
             step_mask,
             heads=pick,
+            few_rows_layout=fast_draw,
         ).float()
     out, out_logprobs = out[:, :generated], out_logprobs[:, :generated]
     if not keep:

@@ -2,7 +2,8 @@
 
 Every decoder (`grpo.rollout.decoders`) is handed the same object; the rollout config's
 fields of the same names document each option (`grpo.config.RolloutConfig`). An option is
-added here and there, and mapped to `generate` in `decoders.generation_config`: nowhere else.
+added here and there, and mapped to `generate` in `decoders.generation_config`: nowhere else
+(except the fast loop's own, `FAST_ONLY`).
 Plain data, no torch: `grpo.config` reads this package without loading it.
 """
 
@@ -24,6 +25,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off
+    draw: str = "generate"  # generate: generate's tokens bit for bit; fast: the same distribution, drawn faster (fast loop only)
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -55,3 +57,5 @@ class SamplingParams:
 
 # The sampling options: the fields a rollout config sets (under the same names).
 OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name not in _TOKENS)
+# Those only the fast loop reads (`generate` has no such option; the others refuse a value but the default).
+FAST_ONLY = ("draw",)

@@ -411,9 +411,9 @@ def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, mo
     calls = []  # (rows through the layers, rows through the head) per forward
     forward = fast._forward
 
-    def counting(w, ids, *args, heads=None):
+    def counting(w, ids, *args, heads=None, **options):
         calls.append((ids.shape[0], ids.shape[0] if heads is None else len(heads)))
-        return forward(w, ids, *args, heads=heads)
+        return forward(w, ids, *args, heads=heads, **options)
 
     monkeypatch.setattr(fast, "_forward", counting)
     rollout, _, _ = sample_compacting(model, compact_at=compact_at)
