@@ -1348,6 +1348,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, points, precision in sweeps:
         print(sweep_table(key, points, precision, args.sweep_steps))
         print()
+    if args.ours_set:  # what ours ran with beyond its defaults, beside every number above
+        print("ours ran with --ours-set " + " ".join(args.ours_set) + " (not its defaults)\n")
 
     write_results(results, args.results)
     return 0
