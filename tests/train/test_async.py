@@ -54,10 +54,12 @@ def test_k0_is_the_synchronous_step(make_config, tmp_path):
     assert not any(k.startswith("async/") for m in b for k in m)
 
 
-def test_the_generator_samples_what_the_in_process_sampler_samples(make_config):
+@pytest.mark.parametrize("draw", ["generate", "fast"])
+def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, draw):
     """The same weights (moved away from the model on disk, which the generator loads first)
-    and the same step draw the same tokens and log-probs in the generator process."""
-    c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0, max_new_tokens=12))
+    and the same step draw the same tokens and log-probs in the generator process, with
+    either rollout.draw."""
+    c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0, max_new_tokens=12, draw=draw))
     with torch.no_grad():
         for p in e.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
