@@ -182,7 +182,7 @@ def test_only_the_fast_loop_draws_this_way(tmp_path, tiny_model):
         auto.sample(gpt2, ROWS)
 
 
-def test_grpo_learns_with_the_inverse_cdf_draw(make_config):
+def test_grpo_learns_with_the_fast_draw(make_config):
     from tests.train.test_learning import gain
 
     config = make_config(rollout={"draw": "fast"}, train={"steps": 40, "lr": 1e-3, "sample_every": 10})
