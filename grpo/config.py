@@ -29,7 +29,7 @@ import yaml
 
 from grpo.errors import UserError
 from grpo.rollout.decoders import NAMES as DECODERS
-from grpo.rollout.decoders import lora_refusal
+from grpo.rollout.decoders import fast_only_refusal, lora_refusal
 from grpo.vllm import split_address, unsupported
 
 __all__ = [
@@ -858,10 +858,8 @@ def validate(c: Config) -> None:
         v.check_tolerance is None or v.check_tolerance > 0,
         f"rollout.vllm.check_tolerance: must be > 0 or null, got {v.check_tolerance}",
     )
-    _require(
-        ro.draw == "generate" or ro.sampler in ("auto", "fast"),
-        f"rollout.draw: fast is the fast loop's draw; rollout.sampler: {ro.sampler} draws its own way (use fast or auto, or draw: generate)",
-    )
+    refused = fast_only_refusal(ro, ro.sampler)  # auto: known once the model is (the Sampler says then)
+    _require(refused is None, refused)
     if ro.sampler == "vllm":
         refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
         _require(refused is None, refused)

@@ -627,7 +627,7 @@ def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
     """An arm's entry: each number the mean over seeds; the intervals over problems, of each
     problem's value averaged over seeds; the spread (lowest and highest seed) beside it; and
     every seed's own numbers under per_seed."""
-    from grpo.eval.runner import over_seeds
+    from grpo.eval.metrics import over_seeds
 
     per_seed = [
         {"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)} for seed, run, result in done

@@ -155,7 +155,7 @@ def _public(result: dict) -> dict:
 def _over_seeds(results: list[dict]) -> dict:
     """One arm's entry from its seeds' evaluations: each number the mean over seeds, its
     lowest and highest seed, and intervals over problems of the seed-averaged values."""
-    from grpo.eval.runner import over_seeds
+    from grpo.eval.metrics import over_seeds
 
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     entry = over_seeds(results)

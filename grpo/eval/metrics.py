@@ -8,6 +8,9 @@ Both are exact expectations over the C(n, k) ways of choosing k of a prompt's n 
   over prompts). Ties among m answers score 1/m for each correct one, i.e. a uniformly
   random pick among the tied answers. Samples with no answer (None) never win a vote while
   any answer was drawn; k unanswered samples score 0.
+
+Beside them, what the reports put around those numbers: `mean_ci` (a mean over problems with
+its normal 95% interval) and `over_seeds` (several seeds' results of one setting as one).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["pass_at_k", "maj_at_k"]
+__all__ = ["pass_at_k", "maj_at_k", "mean_ci", "over_seeds"]
+
+Z_95 = 1.96  # two-sided 95% quantile of the standard normal
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -103,3 +108,34 @@ def maj_at_k(answers: Sequence[Hashable | None], correct, k: int) -> float:
             filled = sum(w_none[x] * ways[rest - x, :] for x in range(min(n_none, rest) + 1))
             total += weights[counts[answer]][v] * float((filled / (1 + ties)).sum())
     return total / float(_binomial_weights(n, p)[k])
+
+
+def mean_ci(values: list[float]) -> tuple[float, list[float]]:
+    """Mean and its normal 95% interval mean +- 1.96 * s / sqrt(P), clipped to [0, 1]."""
+    p = len(values)
+    mean = sum(values) / p
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (p - 1)) if p > 1 else 0.0
+    half = Z_95 * std / math.sqrt(p)
+    return mean, [max(0.0, mean - half), min(1.0, mean + half)]
+
+
+def over_seeds(results: list[dict], metrics: Sequence[str] = ("pass@k", "maj@k")) -> dict:
+    """Several seeds' `measure` results for one setting, as one: for each metric, the mean
+    over seeds (`metric`), its lowest and highest seed (`metric_range`), and 95% intervals
+    over problems of each problem's value averaged over seeds (`metric_ci`); those averaged
+    per-problem values under `per_prompt` (for breakdowns by problem)."""
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    averaged = [
+        {m: {k: mean([r["per_prompt"][i][m][k] for r in results]) for k in results[0][m]} for m in metrics}
+        for i in range(len(results[0]["per_prompt"]))
+    ]
+    entry: dict = {}
+    for metric in metrics:
+        ks = list(results[0][metric])
+        entry[metric] = {k: mean([r[metric][k] for r in results]) for k in ks}
+        entry[f"{metric}_range"] = {
+            k: [min(r[metric][k] for r in results), max(r[metric][k] for r in results)] for k in ks
+        }
+        entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged])[1] for k in ks}
+    entry["per_prompt"] = averaged
+    return entry

@@ -31,7 +31,6 @@ Choices beyond the plain description:
 
 from __future__ import annotations
 
-import math
 import numbers
 import sys
 import time
@@ -45,7 +44,7 @@ from typing import Any
 from torch import Tensor
 
 from grpo.errors import UserError
-from grpo.eval.metrics import maj_at_k, pass_at_k
+from grpo.eval.metrics import maj_at_k, mean_ci, over_seeds, pass_at_k  # noqa: F401 (mean_ci, over_seeds: re-exported)
 from grpo.infra.imports import describe, one_line
 from grpo.infra.progress import Progress
 from grpo.rewards import contain
@@ -57,13 +56,10 @@ __all__ = [
     "Verifier",
     "evaluate",
     "measure",
-    "over_seeds",
     "reward_verifier",
     "sample_completions",
     "task_verifier",
 ]
-
-Z_95 = 1.96  # two-sided 95% quantile of the standard normal
 
 
 @dataclass
@@ -329,37 +325,6 @@ def _maj_at_ks(answers: list[Hashable | None], flags: list[bool], ks: list[int])
     profile = tuple(sorted((count, answer in right) for answer, count in counts.items()))
     n_none = len(answers) - sum(counts.values())
     return {k: _maj_of_profile(profile, n_none, k) for k in ks}
-
-
-def mean_ci(values: list[float]) -> tuple[float, list[float]]:
-    """Mean and its normal 95% interval mean +- 1.96 * s / sqrt(P), clipped to [0, 1]."""
-    p = len(values)
-    mean = sum(values) / p
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (p - 1)) if p > 1 else 0.0
-    half = Z_95 * std / math.sqrt(p)
-    return mean, [max(0.0, mean - half), min(1.0, mean + half)]
-
-
-def over_seeds(results: list[dict], metrics: Sequence[str] = ("pass@k", "maj@k")) -> dict:
-    """Several seeds' `measure` results for one setting, as one: for each metric, the mean
-    over seeds (`metric`), its lowest and highest seed (`metric_range`), and 95% intervals
-    over problems of each problem's value averaged over seeds (`metric_ci`); those averaged
-    per-problem values under `per_prompt` (for breakdowns by problem)."""
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
-    averaged = [
-        {m: {k: mean([r["per_prompt"][i][m][k] for r in results]) for k in results[0][m]} for m in metrics}
-        for i in range(len(results[0]["per_prompt"]))
-    ]
-    entry: dict = {}
-    for metric in metrics:
-        ks = list(results[0][metric])
-        entry[metric] = {k: mean([r[metric][k] for r in results]) for k in ks}
-        entry[f"{metric}_range"] = {
-            k: [min(r[metric][k] for r in results), max(r[metric][k] for r in results)] for k in ks
-        }
-        entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged])[1] for k in ks}
-    entry["per_prompt"] = averaged
-    return entry
 
 
 def measure(

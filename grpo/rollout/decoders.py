@@ -24,12 +24,13 @@ Nothing here imports torch until a decoder runs: `grpo.config` reads the names
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from grpo.errors import UserError
-from grpo.rollout.params import SamplingParams
+from grpo.rollout.params import FAST_ONLY, SamplingParams
 from grpo.vllm.decoder import VllmDecoder
 
 if TYPE_CHECKING:
@@ -193,14 +194,6 @@ class HFDecoder:
     in_auto = True
 
     def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
-        if (
-            params.draw != "generate"
-        ):  # rollout.sampler: auto fell back to hf (a model or a LoRA policy fast cannot decode)
-            raise UserError(
-                f"rollout.draw: {params.draw} is the fast loop's draw, and this run samples with transformers' "
-                "generate (rollout.sampler: hf; auto picks it where the fast loop cannot decode the policy); "
-                "set rollout.draw: generate"
-            )
         self.params, self.autocast = params, autocast
         self.config = generation_config(params)
         self.policy = None
@@ -243,6 +236,7 @@ class HFDecoder:
 DECODERS: dict[str, type[Decoder]] = {"fast": FastDecoder, "hf": HFDecoder, "vllm": VllmDecoder}
 AUTO = "auto"
 NAMES = (AUTO, *DECODERS)  # rollout.sampler's values
+_FAST_ONLY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.name in FAST_ONLY}
 
 
 def _either(names: Sequence[str]) -> str:
@@ -269,6 +263,22 @@ def choose(name: str, model, total_length: int, options: dict[str, dict] | None 
             f"rollout.sampler: {name} cannot decode this model: {reason}; use {_either([n for n in NAMES if n != name])}"
         )
     return name
+
+
+def fast_only_refusal(options, sampler: str) -> str | None:
+    """The one-line error for an option only the fast loop reads (`params.FAST_ONLY`) set away
+    from its default in `options` (a SamplingParams or a rollout config) when decoder
+    `sampler` samples (a name, or a label such as "auto (which chose hf)"); None if it may."""
+    if sampler in ("fast", AUTO):
+        return None
+    for name in FAST_ONLY:
+        value, default = getattr(options, name), _FAST_ONLY_DEFAULTS[name]
+        if value != default:
+            return (
+                f"rollout.{name}: {value} is the fast loop's {name}; rollout.sampler: {sampler} draws its own way; "
+                f"set rollout.{name}: {default} (or sample with the fast loop)"
+            )
+    return None
 
 
 def lora_refusal(name: str) -> str | None:

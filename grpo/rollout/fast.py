@@ -419,9 +419,9 @@ def _inverse_cdf_draw(probs: Tensor, rows: Tensor, segments: Segments) -> Tensor
     blocks = (F.pad(probs, (0, width - vocab)) if width != vocab else probs).view(n, -1, _CDF_BLOCK)
     cdf = blocks.sum(-1, dtype=torch.float64).cumsum_(-1)  # (L, blocks)
     total = cdf[:, -1]
-    if not bool(torch.isfinite(total).all()):  # what torch.multinomial refuses
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    if not bool((total > 0).all()):
+    if not bool((torch.isfinite(total) & (total > 0)).all()):  # what torch.multinomial refuses; one sync a step
+        if not bool(torch.isfinite(total).all()):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
     uniforms = [
         torch.rand(stop - start, dtype=torch.float64, generator=g, device=probs.device) for start, stop, g in segments

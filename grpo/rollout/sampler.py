@@ -190,6 +190,10 @@ class Sampler:
     def decoder(self, model, prompt_length: int) -> Decoder:
         name = self.decoder_name(model, prompt_length)
         if name not in self.decoders:
+            chosen = name if self.backend == name else f"{self.backend} (which chose {name} for this policy)"
+            refused = None if name == "fast" else decoders.fast_only_refusal(self.params, chosen)
+            if refused is not None:
+                raise UserError(refused)
             options = self.decoder_options.get(name, {})
             self.decoders[name] = decoders.DECODERS[name](self.params, self.autocast, **options)
         return self.decoders[name]
