@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Callable
 
 from grpo.config import opt
 from grpo.errors import UserError
-from grpo.infra.child import train_in_child
+from grpo.infra.child import run_starter, train_in_child
 from grpo.infra.host import describe_host
 from grpo.eval.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
@@ -343,19 +343,21 @@ class Job:
 def train_all(jobs: list[Job], out: Path, parallel: int, say) -> tuple[dict[str, dict], dict[str, str]]:
     """Train every job in its own process, `parallel` at a time (each on one thread when more
     than one); ({name: the run's summary with its metrics}, {name: why it failed}). A line per
-    finished run. A failed run does not stop the others: what they measured is kept."""
+    finished run. A failed run does not stop the others: what they measured is kept. The runs
+    fork from one helper that has imported torch and transformers once (`run_starter`)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     threads = 1 if parallel > 1 else None
+    models = list(dict.fromkeys(str(job.config["model"]) for job in jobs))
 
     def train(job: Job) -> dict:
         path = out / f"{job.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        return train_in_child(job.config, path, progress=False, threads=threads)
+        return train_in_child(job.config, path, progress=False, threads=threads, starter=starter)
 
     done: dict[str, dict] = {}
     failed: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    with run_starter(threads, models) as starter, ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = {pool.submit(train, job): job for job in jobs}
         for future in as_completed(futures):
             job = futures[future]
@@ -487,8 +489,15 @@ def demo(
     # An extra arm with a failed seed is left out whole (the report says why): its seeds are the others'.
     extra = {name: entry for name, entry in extra.items() if not any(f.startswith(f"{name}/") for f in failed)}
 
-    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
-    evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
+    measured = {name: run.pop("evaluation") for name, run in runs.items() if "evaluation" in run}
+    done_already = " (each as its training ended)" if len(measured) == len(runs) else ""
+    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models{done_already}")
+    evaluated = {
+        name: measured[name]
+        if name in measured
+        else _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress)
+        for name in runs
+    }
     for name, run in runs.items():
         updates = out / name / "reward_model_updates.jsonl"
         if updates.exists():
