@@ -359,20 +359,25 @@ def train_all(jobs: list[Job], out: Path, parallel: int, say) -> tuple[dict[str,
     failed: dict[str, str] = {}
     with run_starter(threads, models) as starter, ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = {pool.submit(train, job): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                run = done[job.name] = future.result()
-            except UserError as err:
-                failed[job.name] = str(err)
-                say(f"      {job.label}: FAILED ({err})")
-                continue
-            rewards = [m["reward/mean"] for m in run["metrics"]]
-            head, tail = rewards[: max(1, len(rewards) // 10)], rewards[-max(1, len(rewards) // 10) :]
-            say(
-                f"      {job.label}: {run['time_s']:.0f} s, mean reward {sum(head) / len(head):.3f} -> "
-                f"{sum(tail) / len(tail):.3f} ({len(done) + len(failed)}/{len(jobs)})"
-            )
+        try:
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    run = done[job.name] = future.result()
+                except UserError as err:
+                    failed[job.name] = str(err)
+                    say(f"      {job.label}: FAILED ({err})")
+                    continue
+                rewards = [m["reward/mean"] for m in run["metrics"]]
+                head, tail = rewards[: max(1, len(rewards) // 10)], rewards[-max(1, len(rewards) // 10) :]
+                say(
+                    f"      {job.label}: {run['time_s']:.0f} s, mean reward {sum(head) / len(head):.3f} -> "
+                    f"{sum(tail) / len(tail):.3f} ({len(done) + len(failed)}/{len(jobs)})"
+                )
+        except BaseException:  # Ctrl-C: no queued run starts; the running ones got it too and save their last step
+            for future in futures:
+                future.cancel()
+            raise
     return done, failed
 
 

@@ -484,3 +484,27 @@ def test_report_without_ppo_at_equal_tokens_says_why(tmp_path):
     assert "## Result 2: GRPO against PPO, at equal prompts\n" in text
     assert "(not run here: the costliest arm, it comes with `--full` or `--equal-tokens`)" in text
     assert "At equal generated tokens" not in text
+
+
+def test_a_stop_starts_no_queued_run(tmp_path, monkeypatch):
+    """Ctrl-C while the runs train (here: as the first run's line is printed): the running
+    ones get it themselves (and save their last step); none still queued starts after it."""
+    import time
+
+    import grpo.demo as demo_module
+
+    started = []
+
+    def train(config, path, **kwargs):
+        started.append(Path(path).stem)
+        time.sleep(0.0 if not started[1:] else 0.5)  # the first ends at once; the next runs on a while
+        return {"time_s": 0.0, "metrics": [{"reward/mean": 0.0}]}
+
+    def say(line):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo_module, "train_in_child", train)
+    jobs = [demo_module.Job(f"grpo/seed-{i}", f"seed {i}", {"model": "m"}) for i in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        demo_module.train_all(jobs, tmp_path, parallel=1, say=say)
+    assert started[0] == "seed-0" and "seed-2" not in started and "seed-3" not in started
