@@ -161,6 +161,8 @@ def _preload(models: list[str]) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     for path in models:  # the classes that load this model (their modules import on first use)
+        if not Path(path).is_dir():  # a hub name: nothing is looked up, let alone downloaded, here
+            continue
         try:
             from transformers import AutoConfig, AutoTokenizer
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -172,14 +174,16 @@ def _preload(models: list[str]) -> None:
             pass
 
 
-def _child(request: dict, channel: tuple[int, int]) -> None:
-    """In the forked child: never returns."""
+def _child(request: dict, channel: tuple[int, int], interrupt) -> None:
+    """In the forked child: never returns. `interrupt`: the SIGINT handling the helper was
+    started with (the caller's: ignored in a script's background job), the child's again."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
         for fd in channel:
             os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if interrupt is not None:
+            signal.signal(signal.SIGINT, interrupt)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
@@ -228,7 +232,7 @@ def serve(models: list[str]) -> None:
     _preload(models)
     # Ctrl-C reaches the whole process group: the children handle it (a run saves and stops);
     # the helper stays to report how they ended.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()  # SIGCHLD writes here, so that the loop reaps at once
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -273,7 +277,7 @@ def serve(models: list[str]) -> None:
                 out.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(request, (wake_r, wake_w))
+                    _child(request, (wake_r, wake_w), interrupt)
                 children[pid] = request["id"]
                 say({"id": request["id"], "pid": pid})
         reap()

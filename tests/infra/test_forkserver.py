@@ -20,7 +20,12 @@ pytestmark = pytest.mark.skipif(not forkserver.available(), reason="the fork ser
 
 @pytest.fixture(scope="module")
 def server():
-    with forkserver.ForkServer(env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}) as s:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal
+    try:
+        s = forkserver.ForkServer(env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with s:
         yield s
 
 
@@ -102,3 +107,17 @@ def test_a_dead_server_raises_instead_of_hanging():
     with pytest.raises(forkserver.ServerGone):
         s.call("time:sleep", [0])
     s.close()
+
+
+def test_the_child_handles_ctrl_c_as_the_caller_does(server):
+    """A run forked from the helper stops on Ctrl-C where its caller would (KeyboardInterrupt:
+    130), and ignores it where its caller ignores it (a script's background job), as a new
+    interpreter started by that caller would."""
+    assert server.call("signal:raise_signal", [signal.SIGINT]) == 130
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ignoring = forkserver.ForkServer()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with ignoring:
+        assert ignoring.call("signal:raise_signal", [signal.SIGINT]) == 0
