@@ -1,9 +1,9 @@
 """`grpo` commands started by forking a process that has already imported what they import.
 
 A training run started as `python -m grpo.cli train ...` spends its first seconds importing
-torch and transformers (about 3.5 s of a 6.6 s one-step run of the demo's tiny model on this
-project's 2-core machines; benchmarks/README.md, "Starting a training run"). The demo trains
-ten such runs; a ForkServer pays for the imports once: a helper process (`python -m
+torch and transformers and loading (5.2-6.3 s of a 5.7-7.0 s one-step run of the demo's tiny
+model on this project's 2-core machines; benchmarks/README.md, "`bench_run_start.py`"). The
+demo trains ten such runs; a ForkServer pays for the imports once: a helper process (`python -m
 grpo.infra.forkserver`) imports torch, transformers, grpo's training modules and, given a
 model, the classes that load it, and then forks one child per command. Each child is a new
 process as before (its own peak memory, its own exit status, its own signal handling, the
