@@ -494,15 +494,8 @@ def demo(
     # An extra arm with a failed seed is left out whole (the report says why): its seeds are the others'.
     extra = {name: entry for name, entry in extra.items() if not any(f.startswith(f"{name}/") for f in failed)}
 
-    measured = {name: run.pop("evaluation") for name, run in runs.items() if "evaluation" in run}
-    done_already = " (each as its training ended)" if len(measured) == len(runs) else ""
-    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models{done_already}")
-    evaluated = {
-        name: measured[name]
-        if name in measured
-        else _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress)
-        for name in runs
-    }
+    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
+    evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
     for name, run in runs.items():
         updates = out / name / "reward_model_updates.jsonl"
         if updates.exists():

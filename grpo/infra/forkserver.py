@@ -13,13 +13,13 @@ and its output where the caller says.
 Nothing in the helper runs a tensor operation before it forks: OpenMP's threads start in a
 child, at its first parallel region, never in a process that forks. The thread settings are
 the helper's environment (`env`, read when torch and numpy load), so every child of one
-helper has the same ones; `Launcher` starts one helper per setting.
+helper has the same ones; `grpo.infra.child.run_starter` starts one helper per setting.
 
 The protocol, one JSON object per line: the caller writes `{"id", "call", "args", "stdout",
-"stderr", "cwd"}` (`call`: "module:function", called with `args`; "grpo.cli:main" with an
-argv runs a command) (the two paths, or null: the helper's own) to the helper's standard input;
-the helper writes `{"id", "pid"}` when it has forked and `{"id", "code"}` when that child
-has exited (a negative code: killed by that signal, as subprocess reports it). At the end
+"stderr", "cwd"}` to the helper's standard input (`call`: "module:function", called with
+`args`, "grpo.cli:main" with an argv runs a command; `stdout`, `stderr`: paths, or null for
+the helper's own); the helper writes `{"id", "code"}` when that child has exited (a
+negative code: killed by that signal, as subprocess reports it). At the end
 of its standard input (the caller closed it, or died) the helper stops its live children
 with SIGTERM (a `grpo train` saves its last step on it), waits for them and exits.
 
@@ -71,7 +71,7 @@ class ForkServer:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, bufsize=1
         )
         self._lock = threading.Lock()
-        self._waiting: dict[int, dict] = {}  # id -> {"event", "pid", "code"}
+        self._waiting: dict[int, dict] = {}  # id -> {"event", "code"}
         self._next = 0
         self._gone = False
         self._reader = threading.Thread(target=self._read, name="grpo-forkserver-reader", daemon=True)
@@ -87,11 +87,7 @@ class ForkServer:
                     continue
                 with self._lock:
                     entry = self._waiting.get(key)
-                if entry is None:
-                    continue
-                if "pid" in message:
-                    entry["pid"] = message["pid"]
-                if "code" in message:
+                if entry is not None and "code" in message:
                     entry["code"] = message["code"]
                     entry["event"].set()
         finally:
@@ -117,7 +113,7 @@ class ForkServer:
             if self._gone:
                 raise ServerGone(f"the helper process that starts runs has exited (code {self._process.poll()})")
             key, self._next = self._next, self._next + 1
-            self._waiting[key] = entry = {"event": event, "pid": None, "code": None}
+            self._waiting[key] = entry = {"event": event, "code": None}
             request = dict(id=key, call=target, args=list(args), cwd=os.getcwd())
             request.update(
                 stdout=None if stdout is None else str(stdout), stderr=None if stderr is None else str(stderr)
@@ -279,7 +275,6 @@ def serve(models: list[str]) -> None:
                 if pid == 0:
                     _child(request, (wake_r, wake_w), interrupt)
                 children[pid] = request["id"]
-                say({"id": request["id"], "pid": pid})
         reap()
     for pid in children:  # the caller is done or gone: stop what still runs
         try:

@@ -4,7 +4,6 @@ no way a child or the server ends leaves a caller waiting."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from grpo.errors import UserError
 from grpo.infra import forkserver
-from grpo.infra.child import run_starter, train_in_child
+from grpo.infra.child import child_env, run_starter, train_in_child
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="the fork server runs on Linux only")
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(not forkserver.available(), reason="the fork ser
 def server():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal
     try:
-        s = forkserver.ForkServer(env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        s = forkserver.ForkServer(env=child_env(1))
     finally:
         signal.signal(signal.SIGINT, previous)
     with s:
