@@ -71,17 +71,28 @@ def enable_checkpointing(model) -> bool:
             file=sys.stderr,
         )
         return False
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+    _no_dropout(model)
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the older name is deprecated there
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return True
+
+
+def _no_dropout(model) -> None:
+    """Every dropout of `model` at probability 0, so that training mode computes what eval mode
+    does: the nn.Dropout modules, and the probabilities that layers keep as floats and pass to
+    `F.dropout(..., training=self.training)` themselves (OPT's `dropout`, `activation_dropout`
+    and `layerdrop`, attention_dropout in most). Otherwise the policy's checkpointed forward
+    would drop activations, and the backward's recomputation, which runs after the model is back
+    in eval mode, would save other tensors than the forward did (torch's CheckpointError)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if "drop" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 @contextlib.contextmanager
@@ -144,7 +155,7 @@ def completion_hidden(model, batch: Rollout, share_prompts: bool = True) -> Tens
 def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor:
     """(N, T, ...) `read(output)` of the passes at the positions that predict completion tokens:
     the logits, or the head's input."""
-    groups = prompt_groups(batch) if share_prompts else None
+    groups = prompt_groups(batch) if share_prompts and may_share_prompts(model) else None
     if groups is not None:
         out = _shared_prompt_positions(model, batch, *groups, read)
         if out is not None:
@@ -230,8 +241,9 @@ class _CheckpointedLayers:
     GradientCheckpointingLayer with gradient_checkpointing on, the model in training mode and
     gradients on), and what the shared prompt needs of them."""
 
-    def __init__(self, layers: list[nn.Module]):
+    def __init__(self, layers: list[nn.Module], model_level: list[nn.Module]):
         self.layers = layers
+        self.model_level = model_level  # modules with a gradient_checkpointing flag of their own
 
     def new_cache(self, model, kind: str = _SET):
         """An empty DynamicCache for the model, its layers of `kind` (`_turn`); None where that
@@ -260,14 +272,21 @@ class _CheckpointedLayers:
     @contextlib.contextmanager
     def handed_a_cache(self):
         """Checkpointed, and handed the cache (transformers drops it otherwise, since a layer
-        that appends to it would append twice)."""
+        that appends to it would append twice). Some models (GPT-2) drop it one level up, in
+        the loop over their layers, when their own `gradient_checkpointing` flag is on: that
+        flag checkpoints nothing there (the layers' flags do), so it is off for the duration."""
+        outer = [m for m in self.model_level if m.gradient_checkpointing is True]
         for layer in self.layers:
             layer._can_checkpoint_with_cache = True
+        for module in outer:
+            module.gradient_checkpointing = False
         try:
             yield
         finally:
             for layer in self.layers:
                 del layer._can_checkpoint_with_cache  # the class's value again
+            for module in outer:
+                module.gradient_checkpointing = True
 
 
 def _checkpointed_layers(model) -> _CheckpointedLayers | None:
@@ -277,12 +296,11 @@ def _checkpointed_layers(model) -> _CheckpointedLayers | None:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:  # an older transformers: no layer takes a cache under checkpointing
         return None
-    layers = [
-        m
-        for m in model.modules()
-        if isinstance(m, GradientCheckpointingLayer) and getattr(m, "gradient_checkpointing", False) is True
-    ]  # the model's own flag of that name checkpoints nothing
-    return _CheckpointedLayers(layers) if layers else None
+    layers, model_level = [], []
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            (layers if isinstance(m, GradientCheckpointingLayer) else model_level).append(m)
+    return _CheckpointedLayers(layers, model_level) if layers else None
 
 
 def _turn(cache, kind: str) -> bool:
@@ -489,6 +507,101 @@ def policy_logprobs(
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
     sampler's temperature and repetition penalty (see `completion_logprobs`)."""
     return completion_logprobs(model, batch, temperature, repetition_penalty, chunked_head=chunked_head)[0]
+
+
+# ---- which layouts serve a model: decided once, before the first step ----------------------
+
+_LAYOUTS = "_grpo_shares_prompts"  # the attribute decide_layouts keeps its verdicts in
+
+
+def may_share_prompts(model) -> bool:
+    """Whether `model`'s passes may run a group's prompt once (`decide_layouts`' verdict for the
+    mode it is in: checkpointed or not). A model never asked may (what the tests build)."""
+    verdicts = getattr(model, _LAYOUTS, None)
+    return True if verdicts is None else verdicts[_checkpointed_layers(model) is not None]
+
+
+def decide_layouts(model, checkpointing: bool) -> bool:
+    """Decide, once and before any step, which forward layouts serve `model`, by running each on
+    a small batch of its own against the plain forward (every row in full, eval mode, the full
+    logits): checkpointing (training mode, recomputed in the backward) and the shared prompt,
+    with and without checkpointing, must give its log-probs to float rounding, and the backward
+    must run. A layout that does not is not taken (the verdicts are kept on the model, so that a
+    copy of it, the frozen reference, inherits them). Returns whether checkpointing stays on
+    (with a warning when it goes: more activation memory, the same numbers)."""
+    tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
+    batch = _probe_batch(model)
+    with torch.no_grad():
+        plain = completion_logprobs(model, batch, 1.0, share_prompts=False, chunked_head=False)[0]
+
+    def serves(share: bool, checkpointed: bool) -> bool:
+        embedded = []  # the input embeddings of each pass: where the probe's backward stops
+        handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: embedded.append(out))
+        try:
+            with activation_checkpointing(model, checkpointed), torch.enable_grad():
+                logprobs = completion_logprobs(model, batch, 1.0, share_prompts=share, chunked_head=False)[0]
+            if checkpointed:  # the recomputation runs in the backward, after the forward's mode is gone
+                _backward(model, logprobs, embedded)
+        except Exception:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
+            return False
+        finally:
+            handle.remove()
+        return bool(((logprobs.detach() - plain).abs() * batch.loss_mask).max() <= tolerance)
+
+    setattr(model, _LAYOUTS, {False: True, True: True})  # unprobed while probing: each layout as asked
+    if checkpointing and not serves(share=False, checkpointed=True):
+        print(
+            f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} computes other log-probs in "
+            "training mode than in eval mode; training without checkpointing (more activation memory)",
+            file=sys.stderr,
+        )
+        _disable_checkpointing(model)
+        checkpointing = False
+    verdicts = {False: serves(share=True, checkpointed=False)}
+    verdicts[True] = checkpointing and serves(share=True, checkpointed=True)
+    setattr(model, _LAYOUTS, verdicts)
+    return checkpointing
+
+
+def _probe_batch(model) -> Rollout:
+    """Two prompts of different lengths (one left-padded), two completions each (one ending
+    early): what a step's batch holds, in 14 token columns."""
+    vocab = model.get_input_embeddings().num_embeddings
+    device = next(model.parameters()).device
+    ids = (torch.arange(4 * 7).view(4, 7) * 7 + 5).remainder(vocab)  # (N, P + T)
+    attention = torch.ones(4, 7, dtype=torch.long)
+    attention[2:, 0] = 0  # the second prompt is one token shorter
+    completion = torch.ones(4, 3)
+    completion[1, 2] = completion[3, 1:] = 0
+    attention[:, 4:] = completion.long()
+    ids[2:, :4] = ids[2, :4]  # the rows of a group share their prompt
+    ids[:2, :4] = ids[0, :4]
+    ids = ids.masked_fill(attention == 0, 0)
+    return Rollout(
+        input_ids=ids.to(device),
+        attention_mask=attention.to(device),
+        completion_mask=completion.to(device),
+        prompts=[""] * 4,
+        completions=[""] * 4,
+        rows=[{}] * 4,
+        group_size=2,
+    )
+
+
+def _backward(model, logprobs: Tensor, embedded: list[Tensor]) -> None:
+    """Run the backward of `logprobs.sum()` through every layer (a checkpointed layer recomputes
+    there), to the input embeddings when they take a gradient, else to the trainable weights
+    (LoRA's, small): nothing is stored in any `.grad`."""
+    inputs = [e for e in embedded if e.requires_grad] or [p for p in model.parameters() if p.requires_grad]
+    if inputs:
+        torch.autograd.grad(logprobs.sum(), inputs, allow_unused=True)
+
+
+def _disable_checkpointing(model) -> None:
+    if hasattr(model, "activation_checkpointing_disable"):  # transformers >= 5.x
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
 
 
 # ---- the reference ----------------------------------------------------------------------------
