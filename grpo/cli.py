@@ -569,12 +569,12 @@ def _add_train(commands) -> None:
     resume.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in output_dir from its newest intact checkpoint (a folder with no completed step starts afresh)",
+        help="continue the run in output_dir from its newest intact checkpoint (a folder with none starts afresh, its logged steps kept in previous/)",
     )
     resume.add_argument(
         "--overwrite",
         action="store_true",
-        help="start afresh in output_dir: remove the files an earlier run wrote there (checkpoints, logs, final/)",
+        help="start afresh in output_dir: the files an earlier run wrote there (checkpoints, logs, final/) go once the new run starts",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=_train)

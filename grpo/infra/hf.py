@@ -39,11 +39,8 @@ def torch_dtype(name, key: str):
     return getattr(torch, name)
 
 
-def load_tokenizer(path: str, key: str = "model"):
-    """AutoTokenizer.from_pretrained(path), with a pad token (the EOS when it has none); every
-    failure is a one-line UserError that starts with `key` (the config key or option)."""
-    from transformers import AutoTokenizer
-
+def _check_local(path: str, key: str) -> None:
+    """A one-line UserError for a directory that is missing or holds no model."""
     # Hub ids never start with '/', '.' or '~': such a path can only be a missing directory,
     # which the hub client would otherwise report as a malformed repository id.
     local = Path(path).expanduser()
@@ -51,6 +48,26 @@ def load_tokenizer(path: str, key: str = "model"):
         raise UserError(f"{key}: no such directory '{path}'")
     if local.is_dir() and not (local / "config.json").is_file():
         raise UserError(f"{key}: '{path}' holds no Hugging Face model (no config.json)")
+
+
+def model_config(path: str, key: str = "model"):
+    """The model's `PretrainedConfig` (config.json alone, no weights): a cheap check that `path`
+    names a model, made before a run touches its output_dir. Failures as load_tokenizer's."""
+    from transformers import AutoConfig
+
+    _check_local(path, key)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as err:  # OSError, ValueError, ... from the hub client or the file
+        raise UserError(f"{key}: cannot read a model config from '{path}' ({first_line(err)})") from None
+
+
+def load_tokenizer(path: str, key: str = "model"):
+    """AutoTokenizer.from_pretrained(path), with a pad token (the EOS when it has none); every
+    failure is a one-line UserError that starts with `key` (the config key or option)."""
+    from transformers import AutoTokenizer
+
+    _check_local(path, key)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # OSError, ValueError, ... from the hub client or the files

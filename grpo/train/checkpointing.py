@@ -183,7 +183,7 @@ def kept(output_dir: Path, fix: str = "fix the cause") -> str:
     """After a failure: the checkpoint a resume would continue from, and what to run."""
     checkpoints = list_checkpoints(output_dir)
     if not checkpoints:
-        return f"no checkpoint was saved yet: {fix} and start again with --overwrite"
+        return f"no checkpoint was saved yet: {fix} and start again with --resume (the logged steps are kept aside)"
     step = int(checkpoints[-1].name.removeprefix("step-"))
     return f"the checkpoint of step {step} is kept: {fix} and continue with --resume"
 

@@ -5,11 +5,12 @@ for iteration in 1..I:              reference <- policy
                                     score; advantages; mu epochs of updates
     (iterative RL, with a verifier: the reward model trains on the policy's new samples)
 
-Everything is validated before any model is loaded: the config, the reward functions, the
-data. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
-`output_dir`, and `resume=True` continues from the newest checkpoint so that the metrics
-are those of a run never interrupted. Beside the loop: `grpo.train.checkpointing` (the
-checkpoints, both formats), `grpo.train.output_dir` (which folder a run may use, what a
+Everything is validated before any model is loaded and before output_dir is touched: the
+config, the reward functions, tools and environment, the data, the models' configs. A run
+writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into `output_dir`,
+and `resume=True` continues from the newest checkpoint so that the metrics are those of a
+run never interrupted. Beside the loop: `grpo.train.checkpointing` (the checkpoints, both
+formats, and when they are due), `grpo.train.output_dir` (which folder a run may use, what a
 resume may change, the logs) and `grpo.train.signals` (Ctrl-C and SIGTERM).
 """
 
@@ -30,7 +31,6 @@ from grpo.config import Config, as_tree, config_from_dict, config_to_dict, load_
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
-from grpo.infra.lock import DirectoryLock, NoLock
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
@@ -39,7 +39,7 @@ from grpo.infra.seed import prompt_seed, seed_everything
 from grpo.rewards import WeightedReward, load_rewards
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
-from grpo.infra.hf import load_tokenizer
+from grpo.infra.hf import load_tokenizer, model_config
 from grpo.rollout import Sampler, check_context
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
@@ -56,7 +56,7 @@ from grpo.train.models import (
 from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
-from grpo.train.output_dir import check_resume_config, prepare_output, record_update, rewind_logs, write_samples
+from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
 from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
@@ -103,6 +103,17 @@ def resolve_functions(c: Config) -> dict[int, WeightedReward]:
     options = [{"timeout": r.timeout, "on_timeout": r.on_timeout, "isolate": r.isolate} for _, r in entries]
     resolved = load_rewards([(r.function, r.weight) for _, r in entries], options=options)
     return {i: w for (i, _), w in zip(entries, resolved)}
+
+
+def check_models(c: Config) -> None:
+    """Every model the run loads exists (its config read, no weights), and prompts of
+    rollout.max_prompt_length fit the policy's positions: found before output_dir is touched."""
+    check_context(model_config(c.model), c.rollout.max_prompt_length, c.rollout.max_new_tokens)
+    if c.loss.baseline == "critic" and c.value.model:
+        model_config(c.value.model, "value.model")
+    for r in c.rewards:
+        if r.model is not None:
+            model_config(r.model, "reward model")
 
 
 def load_reward_models(
@@ -338,18 +349,12 @@ def _train(
     c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False
 ) -> TrainResult:
     out = Path(c.output_dir)
-    metrics_path = out / "metrics.jsonl"
-    lock = DirectoryLock(out) if world.is_main else NoLock()
+    folder = OutputFolder(out, main=world.is_main)
 
     def inputs():
         """Everything that can be wrong with the input, found before any model is loaded
-        (in every process: one that fails stops them all)."""
-        if out.exists() and not out.is_dir():
-            raise UserError(f"output_dir '{out}' is a file, not a directory")
-        lock.acquire()  # before anything in the folder is read, let alone removed
-        resumable = prepare_output(
-            out, resume=resume, overwrite=overwrite, clear=world.is_main, metrics_path=metrics_path
-        )
+        (in every process: one that fails stops them all). The config's mistakes come first,
+        then the folder's: nothing in output_dir is touched before the config is known good."""
         functions = resolve_functions(c)
         toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
         if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
@@ -366,6 +371,8 @@ def _train(
         )
         if toolbox is not None:
             toolbox.check_prompts(rows, c.data.prompt_column)
+        check_models(c)
+        resumable = folder.claim(resume=resume, overwrite=overwrite)
         state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
         if state is not None:
             check_resume_config(c, state)
@@ -390,7 +397,7 @@ def _train(
     try:
         functions, verifier, rows, state, toolbox = world.checked(inputs)
         opened = world.checked(lambda: dashboards(state))
-        return _run(c, world, device, functions, verifier, rows, state, opened, progress, toolbox)
+        return _run(c, world, device, folder, functions, verifier, rows, state, opened, progress, toolbox)
     except (UserError, Stopped, KeyboardInterrupt):
         raise
     except Exception as err:
@@ -400,13 +407,14 @@ def _train(
         raise UserError(f"{full} [{kept(out, 'free space')}]") from err
     finally:
         opened.close()  # when the run stopped before its loop (which closes them)
-        lock.release()
+        folder.release()  # a run that never started leaves the folder as it found it
 
 
 def _run(
     c: Config,
     world: World,
     device: torch.device,
+    folder: OutputFolder,
     functions,
     verifier,
     rows,
@@ -428,7 +436,7 @@ def _run(
     if world.world_size > 1:
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
     if world.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        folder.start()  # the models are built: --overwrite's earlier run goes
         write_atomic(out / "config.yaml", yaml.safe_dump(config_to_dict(c), sort_keys=False))
 
     start = 0

@@ -2,29 +2,36 @@
 resume, --overwrite), what a resume may change, and the logs beside metrics.jsonl.
 
 One run per folder: a folder that holds a run (logged steps or a checkpoint) is continued
-with --resume or emptied with --overwrite, never mixed into. --overwrite removes the files
-in `RUN_FILES` and nothing else. A resume rewinds the logs to the checkpoint it continues
-from, so that what the stopped run logged after it is redone once, not twice.
+with --resume or emptied with --overwrite, never mixed into. A run claims the folder only
+once its config is checked, and --overwrite sets the earlier run's files (`RUN_FILES`, and
+nothing else) aside in `.overwritten/` until the new run is known to start (its models are
+built): a run that fails before that puts them back, and removes a folder it created. A
+resume rewinds the logs to the checkpoint it continues from, so that what the stopped run
+logged after it is redone once, not twice; with no checkpoint to continue (a disk that
+filled before the first), it starts afresh and keeps the logged steps in `previous/`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 from grpo.config import Config, config_to_dict
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
 from grpo.infra.checkpoint import list_checkpoints
+from grpo.infra.lock import LOCK_FILE, DirectoryLock, NoLock
 from grpo.infra.logging import JsonlSink, read_metrics, truncate_metrics
 from grpo.infra.space import writing
 
 __all__ = [
     "RESUME_FIXED",
     "RUN_FILES",
+    "OutputFolder",
     "check_resume_config",
-    "prepare_output",
     "record_update",
     "rewind_logs",
     "write_samples",
@@ -55,7 +62,9 @@ RESUME_FIXED = (
     "lora.alpha",
     "lora.target_modules",
 )
-# Files a run writes into output_dir (what --overwrite removes; nothing else is touched).
+# Files a run writes into output_dir (what --overwrite removes; nothing else is touched),
+# and the logs a --resume with no checkpoint set aside (`previous`, `previous-2`, ...).
+PREVIOUS = "previous"
 RUN_FILES = (
     "config.yaml",
     "metrics.jsonl",
@@ -68,36 +77,136 @@ RUN_FILES = (
     "wandb",
     "wandb_run_id",
     "reward_model",
+    PREVIOUS,
 )
+ASIDE = ".overwritten"  # --overwrite: the earlier run's files, until the new run is known to start
+DISCARDED = ".overwritten.discard"  # ... and once it is, while they are removed
 
 
-def prepare_output(out: Path, *, resume: bool, overwrite: bool, clear: bool, metrics_path: Path) -> bool:
-    """Check output_dir (with `overwrite`, the process that holds the lock, `clear`, empties
-    it of an earlier run's files); whether there is a checkpoint to resume."""
-    if overwrite:
-        if not clear:
-            return False
-        for name in RUN_FILES:
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-        return False
-    completed = read_metrics(metrics_path)
-    has_checkpoint = bool(list_checkpoints(out))
-    if resume:
-        if not has_checkpoint and completed:
-            raise UserError(
-                f"--resume: output_dir '{out}' has {len(completed)} logged step(s) but no checkpoint to continue "
-                "from; pass --overwrite to start afresh"
+class OutputFolder:
+    """output_dir as a run holds it: locked by process 0 (the only process that touches it),
+    claimed once the config is checked, and left as it was found by a run that never started."""
+
+    def __init__(self, out: Path, *, main: bool):
+        self.out, self.main = Path(out), main
+        self.lock = DirectoryLock(self.out) if main else NoLock()
+        self.created: list[Path] = []  # the folders this run made (removed again if it never starts)
+        self.held = self.started = False
+
+    def claim(self, *, resume: bool, overwrite: bool) -> bool:
+        """Lock the folder and check it against --resume / --overwrite (setting an earlier
+        run's files aside); whether there is a checkpoint to resume."""
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise UserError(f"output_dir '{out}' is a file, not a directory")
+        if self.main:
+            self.created = [p for p in (out, *out.parents) if not p.exists()]
+        self.lock.acquire()  # before anything in the folder is read, let alone moved
+        self.held = True
+        if not self.main:
+            return resume and bool(list_checkpoints(out))  # process 0 alone reads the logs and moves files
+        _recover(out)  # what a run killed before it started left set aside
+        return _prepare(out, resume=resume, overwrite=overwrite)
+
+    def start(self) -> None:
+        """The run is known to start (its models are built): the earlier run that --overwrite
+        set aside goes now. Process 0, before the run writes its first file."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if (self.out / ASIDE).exists():
+            (self.out / ASIDE).rename(self.out / DISCARDED)
+            shutil.rmtree(self.out / DISCARDED)
+        self.started = True
+
+    def release(self) -> None:
+        """Unlock. A run that never started leaves the folder as it found it: the files
+        --overwrite set aside put back, and a folder it created removed (its lock file too)."""
+        try:
+            if self.main and self.held and not self.started:
+                _recover(self.out)  # failing, the next run on the folder does it
+                if self.created:
+                    _remove_created(self.out, self.created)
+        except OSError as err:
+            print(
+                f"grpo: warning: output_dir '{self.out}' is not as the run found it ({first_line(err)})",
+                file=sys.stderr,
             )
-        return has_checkpoint  # nothing done yet: --resume starts from the beginning
-    if completed or has_checkpoint:
+        finally:
+            self.lock.release()
+
+
+def _entries(out: Path, previous: bool = True) -> list[Path]:
+    """The run's files present in `out` (with `previous`, also the logs set aside there)."""
+    names = [*RUN_FILES, *sorted(p.name for p in out.glob(f"{PREVIOUS}-*"))] if previous else RUN_FILES[:-1]
+    return [out / name for name in names if (out / name).exists()]
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _move(paths: list[Path], folder: Path) -> None:
+    if paths:
+        folder.mkdir()
+        for path in paths:
+            path.rename(folder / path.name)
+
+
+def _remove_created(out: Path, created: list[Path]) -> None:
+    """Remove the folder a run made, and those above it that it made, with what it wrote there
+    (a dashboard's first files, say); one that holds anything else stays."""
+    _remove(_entries(out))
+    (out / LOCK_FILE).unlink(missing_ok=True)  # while still locked: no other run holds it
+    for folder in created:  # the innermost first
+        if any(folder.iterdir()):
+            break
+        folder.rmdir()
+
+
+def _recover(out: Path) -> None:
+    """Put back the earlier run that --overwrite set aside for a run that did not start (this
+    one, or one killed as it started), removing what that run wrote in its place."""
+    if (out / DISCARDED).exists():  # a run killed while it removed them: it had started
+        shutil.rmtree(out / DISCARDED)
+    aside = out / ASIDE
+    if aside.is_dir():
+        _remove(_entries(out))
+        for path in aside.iterdir():
+            path.rename(out / path.name)
+        aside.rmdir()
+
+
+def _prepare(out: Path, *, resume: bool, overwrite: bool) -> bool:
+    """What the run does with the folder's earlier run; whether there is a checkpoint to resume."""
+    if overwrite:
+        _move(_entries(out), out / ASIDE)
+        return False
+    steps = len(read_metrics(out / "metrics.jsonl"))
+    if list_checkpoints(out):
+        if resume:
+            return True
         raise UserError(
             f"output_dir '{out}' already holds a run; pass --resume to continue it, --overwrite to start "
             "afresh, or choose another output_dir"
         )
+    if not steps:
+        return False  # nothing done yet: a new run, and --resume starts from the beginning
+    if not resume:
+        raise UserError(
+            f"output_dir '{out}' holds {steps} logged step(s) but no checkpoint; pass --resume to start afresh "
+            f"keeping them in {PREVIOUS}/, --overwrite to start afresh without them, or choose another output_dir"
+        )
+    previous = out / PREVIOUS
+    for n in itertools.count(2):  # an earlier start afresh's logs stay where they are
+        if not previous.exists():
+            break
+        previous = out / f"{PREVIOUS}-{n}"
+    _move(_entries(out, previous=False), previous)
+    print(
+        f"grpo: warning: --resume: output_dir '{out}' has {steps} logged step(s) but no checkpoint to continue "
+        f"from; starting afresh, their logs kept in {previous}",
+        file=sys.stderr,
+    )
     return False
 
 

@@ -9,6 +9,7 @@ completed step with the metrics of a run never interrupted.
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -243,6 +244,8 @@ def test_resume_refuses_a_config_that_changes_what_the_checkpoint_holds(finished
     from grpo.cli import main
 
     out, path = copy_of(finished, tmp_path, "changed")
+    (tmp_path / "other").mkdir()  # another model (its config is read before the folder is)
+    shutil.copy(out / "final" / "config.json", tmp_path / "other")
     code = main(
         [
             "train",
