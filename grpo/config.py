@@ -299,7 +299,7 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "Also save a resumable checkpoint every N steps (0 = by time only).")
     checkpoint_minutes: float = opt(
         10.0,
-        "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.",
+        "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only); the first after the first step that ends a minute into the run, so that an early fault (a full disk) leaves one to resume (docs/resume.md). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.",
     )
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
     max_unscored_steps: int = opt(

@@ -3,8 +3,13 @@
 `Checkpointer` knows the two formats (grpo.infra.checkpoint writes and reads them): one
 process saves every state dict whole in `state.pt`; several processes (FSDP2) save the
 trained models and the optimizer as shards (torch.distributed.checkpoint), each its own
-random state, and process 0 what they share. The loop only says when: after a step that is
-due, after a failure (`save_after_failure`), at the end (`save_final`).
+random state, and process 0 what they share. The loop asks when (`due`) and saves: after a step that is due, after a failure
+(`save_after_failure`), at the end (`save_final`).
+
+A run saves every train.checkpoint_every steps and every train.checkpoint_minutes, but the
+first of its time-based checkpoints comes after the first step that ends a minute into the
+run (`FIRST_CHECKPOINT_MINUTES`): a disk that fills in its first minutes leaves a checkpoint
+to resume from, and a disk too small for one is found after a minute rather than ten.
 
 A checkpoint of step N is the state after N completed steps. When step N+1 fails before it
 changed any weight, the random and data state taken as it began (`snapshot`) stand in for
@@ -17,6 +22,7 @@ place (grpo.infra.checkpoint), so that `--resume` continues from that one; `kept
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from torch import nn
@@ -29,7 +35,11 @@ from grpo.infra.seed import rng_state, set_rng_state
 from grpo.infra.space import writing
 from grpo.train.step import Engine
 
-__all__ = ["Checkpointer", "kept", "unwrapped_architecture"]
+__all__ = ["FIRST_CHECKPOINT_MINUTES", "Checkpointer", "kept", "unwrapped_architecture"]
+
+# The first time-based checkpoint of a run (or of a resumed one) comes this early at the
+# latest: one more save a run, after which train.checkpoint_minutes sets the pace.
+FIRST_CHECKPOINT_MINUTES = 1.0
 
 
 class Checkpointer:
@@ -41,6 +51,22 @@ class Checkpointer:
         self.e, self.c, self.stream, self.updater = e, c, stream, updater
         self.output_dir = Path(c.output_dir)
         self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
+        self.saved_at: float | None = None  # when this process last saved one (time.monotonic)
+        self.began = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is due after `step` completed steps: the last step, every
+        train.checkpoint_every steps, and train.checkpoint_minutes after the last save (the
+        first after FIRST_CHECKPOINT_MINUTES at most)."""
+        t = self.c.train
+        first = self.saved_at is None
+        minutes = min(t.checkpoint_minutes, FIRST_CHECKPOINT_MINUTES) if first else t.checkpoint_minutes
+        since = time.monotonic() - (self.began if first else self.saved_at)
+        return (
+            step == t.steps
+            or bool(t.checkpoint_every and step % t.checkpoint_every == 0)
+            or bool(minutes and since >= 60 * minutes)
+        )
 
     def snapshot(self) -> dict:
         """What a checkpoint of the steps completed so far needs, should the next step fail
@@ -83,6 +109,7 @@ class Checkpointer:
             local = {"rng": snapshot["rng"]}
             save_sharded_checkpoint(e.world, self.output_dir, step, common, local, sharded, keep=keep)
         self.unsaved = None
+        self.saved_at = time.monotonic()
 
     def restore(self, state: dict) -> int:
         """Load a checkpoint's state (grpo.infra.checkpoint.load_latest_checkpoint's) into the

@@ -20,7 +20,6 @@ import json
 import math
 import random
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -448,7 +447,7 @@ def _run(
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
     share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
-    saved_at, unscored = time.monotonic(), 0
+    unscored = 0
     completed, last_metrics = start, None  # steps done (saved or to be saved), and the last one's metrics
 
     # On a terminal a progress bar; redirected to a file or a cluster's log, one plain line
@@ -493,16 +492,11 @@ def _run(
                         f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)",
                         file=sys.stderr,
                     )
-                due = (
-                    number == c.train.steps
-                    or (c.train.checkpoint_every and number % c.train.checkpoint_every == 0)
-                    or (c.train.checkpoint_minutes and time.monotonic() - saved_at >= 60 * c.train.checkpoint_minutes)
-                )
                 # Saving and stopping are collective: every process does both at the same step.
-                stop, due = world.max(torch.tensor([signals.received or 0, int(bool(due))])).tolist()
+                due = checkpoints.due(number)
+                stop, due = world.max(torch.tensor([signals.received or 0, int(due)])).tolist()
                 if due or stop or give_up:
                     checkpoints.save(number, iteration, metrics=metrics)
-                    saved_at = time.monotonic()
                 if stop:
                     raise Stopped(
                         f"stopped by {Signals.name(stop)} after step {number}; "

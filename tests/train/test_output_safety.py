@@ -18,8 +18,11 @@ import pytest
 import yaml
 
 from grpo.cli import main
+from grpo.config import config_from_dict
 from grpo.infra import checkpoint
 from grpo.infra.checkpoint import list_checkpoints
+from grpo.train import checkpointing
+from grpo.train.checkpointing import Checkpointer
 from grpo.train.output_dir import ASIDE
 from tests.infra.test_space import Filling
 from tests.train.test_faults import config_for as faulty_config
@@ -221,3 +224,27 @@ def test_a_disk_full_before_the_first_checkpoint_is_no_dead_end(
     assert [m["step"] for m in results(out)] == [1, 2] and (out / "final" / "config.json").exists()
     kept = (out / "previous" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in kept] == [1, 2]
+
+
+def test_the_first_time_based_checkpoint_comes_within_a_minute(make_config, monkeypatch):
+    """With train.checkpoint_minutes 10 (the default) the first checkpoint is due a minute into
+    the run, the next ten minutes after it; with 0 (by steps only) none is due by time."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(checkpointing.time, "monotonic", lambda: clock["now"])
+    config = config_from_dict(make_config(train={"steps": 1000}))
+    due = Checkpointer(None, config, None, None)
+    assert config.train.checkpoint_minutes == 10 and checkpointing.FIRST_CHECKPOINT_MINUTES == 1
+    clock["now"] = 59.0
+    assert not due.due(1)
+    clock["now"] = 60.0
+    assert due.due(2)
+    due.saved_at = 60.0  # as a save sets it
+    clock["now"] = 60.0 + 599
+    assert not due.due(3)
+    clock["now"] = 60.0 + 600
+    assert due.due(4) and due.due(1000)
+    by_steps = Checkpointer(
+        None, config_from_dict(make_config(train={"steps": 1000, "checkpoint_minutes": 0})), None, None
+    )
+    clock["now"] = 1e6
+    assert not by_steps.due(1) and by_steps.due(1000)
