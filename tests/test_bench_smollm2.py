@@ -204,6 +204,7 @@ def eos_prone(tmp_path_factory):
     return model, path
 
 
+@pytest.mark.slow
 def test_the_converted_model_trains_on_chat_prompts(eos_prone, tmp_path):
     """The real model's path end to end, on the cut-down copy: a directory converted from a
     GGUF (byte-level BPE, ChatML template, pad = EOS, tied embeddings) trains with GRPO on

@@ -17,6 +17,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.mark.slow
 def test_generation_side_by_side(tmp_path, cache, capsys):
     argv = ["--shape", "tiny", "--samplers", "hf,fast", "--parts", "generate", "--lengths", "natural,fixed"]
     argv += ["--max-new-tokens", str(TOKENS), "--repeats", "2", "--cache-dir", str(cache)]
@@ -43,6 +44,7 @@ def test_generation_side_by_side(tmp_path, cache, capsys):
     assert f"| {hf:.2f} |" in printed.split("| hf | fixed |")[1].splitlines()[0]
 
 
+@pytest.mark.slow
 def test_a_failing_sampler_is_recorded_and_the_run_goes_on(tmp_path, cache, monkeypatch, capsys):
     real = bench_vllm.run_generation
 

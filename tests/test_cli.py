@@ -27,6 +27,7 @@ def test_version_and_help(capsys):
     assert "GRPO" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_console_command_is_installed():
     command = str(Path(sys.executable).parent / "grpo")  # the entry point pip wrote
     out = subprocess.run([command, "--help"], capture_output=True, text=True, check=True)
@@ -37,6 +38,7 @@ def test_console_command_is_installed():
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_python_dash_m_grpo_is_the_command():
     """torchrun launches modules: `torchrun ... -m grpo train CONFIG` needs `python -m grpo`."""
     out = subprocess.run([sys.executable, "-m", "grpo", "train", "--help"], capture_output=True, text=True)

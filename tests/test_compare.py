@@ -66,6 +66,7 @@ def test_table_formats_every_row_and_marks_missing_numbers():
     assert "| majority vote (maj@8) | 0.250 | n/a |" in table
 
 
+@pytest.mark.slow
 def test_compare_grpo_and_ppo_configs(capsys, make_config, tmp_path):
     grpo_path, ppo_path = tmp_path / "grpo.yaml", tmp_path / "ppo.yaml"
     grpo_path.write_text(yaml.safe_dump(make_config(train={"steps": 2})))
@@ -177,6 +178,7 @@ def trained_instantly(monkeypatch, tiny_model):
     monkeypatch.setattr(compare_module, "train_in_child", fake)
 
 
+@pytest.mark.slow
 def test_answers_no_extractor_reads_are_said_and_a_users_extractor_reads_them(
     capsys, make_config, tmp_path, trained_instantly
 ):

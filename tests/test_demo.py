@@ -331,6 +331,7 @@ def reuse_base(demo_base, monkeypatch):
     monkeypatch.setattr(sft_module, "sft", sft)
 
 
+@pytest.mark.slow
 def test_quick_demo_runs_every_stage_over_seeds(tmp_path, reuse_base):
     config = DemoConfig(
         seeds=2,
@@ -413,6 +414,7 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path, reuse_base):
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch, reuse_base):
     import grpo.demo as demo_module
 
@@ -486,6 +488,7 @@ def test_report_without_ppo_at_equal_tokens_says_why(tmp_path):
     assert "At equal generated tokens" not in text
 
 
+@pytest.mark.slow
 def test_a_stop_starts_no_queued_run(tmp_path, monkeypatch):
     """Ctrl-C while the runs train (here: as the first run's line is printed): the running
     ones get it themselves (and save their last step); none still queued starts after it."""

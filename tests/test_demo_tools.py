@@ -72,6 +72,7 @@ def test_the_report_has_the_table_and_says_whose_gain_it_is(tmp_path, without, s
     assert "mean reward 0.30 -> 0.70, tool calls per rollout 0.40 -> 1.00" in report
 
 
+@pytest.mark.slow
 def test_a_minimal_demo_runs_every_stage_and_reports_its_numbers(tmp_path):
     out = tmp_path / "demo"
     config = quick(ToolsDemoConfig())
@@ -96,6 +97,7 @@ def test_a_minimal_demo_runs_every_stage_and_reports_its_numbers(tmp_path):
         tools_demo(out, config, progress=False)
 
 
+@pytest.mark.slow
 def test_the_main_demos_flags_are_refused_with_tools(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "grpo", "demo", "--tools", "--full", "--output", str(tmp_path / "d")],

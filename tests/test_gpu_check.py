@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py, at the tiny shape on the CPU: both samplers run, fast synchronous and
 asynchronous (hf has no asynchronous run), every number is there."""
 
+import pytest
 import json
 
 from benchmarks import gpu_check
@@ -8,6 +9,7 @@ from benchmarks import gpu_check
 PROMPTS, GROUP, TOKENS = 2, 4, 8
 
 
+@pytest.mark.slow
 def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = [

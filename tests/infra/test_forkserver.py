@@ -14,7 +14,10 @@ from grpo.errors import UserError
 from grpo.infra import forkserver
 from grpo.infra.child import child_env, run_starter, train_in_child
 
-pytestmark = pytest.mark.skipif(not forkserver.available(), reason="the fork server runs on Linux only")
+pytestmark = [
+    pytest.mark.skipif(not forkserver.available(), reason="the fork server runs on Linux only"),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")

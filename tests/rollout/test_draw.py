@@ -39,6 +39,7 @@ def plain_lookup(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
 
 
+@pytest.mark.slow
 def test_the_two_level_lookup_is_the_plain_inverse_cdf(monkeypatch):
     """The blocked lookup finds the token one running sum over the vocabulary finds, for the
     same uniforms (up to the rounding of the two sums): on random distributions, and where a float32 sum would lose the tail (a
@@ -182,6 +183,7 @@ def test_only_the_fast_loop_draws_this_way(tmp_path, tiny_model):
         auto.sample(gpt2, ROWS)
 
 
+@pytest.mark.learning
 def test_grpo_learns_with_the_fast_draw(make_config):
     from tests.train.test_learning import gain
 

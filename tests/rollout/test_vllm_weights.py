@@ -46,6 +46,7 @@ def test_a_lora_policy_gives_its_merged_weights_and_stays_unmerged():
     assert not any(getattr(m, "merged", False) for m in lora.modules())  # the policy left unmerged
 
 
+@pytest.mark.torchrun
 def test_fsdp2_shards_come_whole_in_every_process(tmp_path):
     """Two processes (torchrun, gloo), the policy sharded as a run shards it: inside the
     gathering (where the Sampler prepares its decoder) and outside it (DTensors, gathered by

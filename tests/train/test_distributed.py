@@ -26,6 +26,8 @@ from tests.train.test_learning import gain
 from tests.train.test_resume import DETERMINISTIC, results
 from tests.train.world_worker import CASES, run_all
 
+pytestmark = pytest.mark.torchrun
+
 ROOT = Path(__file__).parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
@@ -103,6 +105,7 @@ def two_process_run(tiny_model, prompts_file, tmp_path_factory):
     return config, run
 
 
+@pytest.mark.learning
 def test_a_two_process_run_learns_and_saves_one_plain_model(two_process_run, tiny_model):
     config, run = two_process_run
     assert run.returncode == 0, run.stderr[-3000:]
@@ -201,6 +204,7 @@ def straight_two_process_run(tiny_model, prompts_file, tmp_path_factory):
     return results(tmp / "run")
 
 
+@pytest.mark.resume
 def test_a_killed_two_process_run_resumes_as_if_never_interrupted(
     straight_two_process_run, tiny_model, prompts_file, tmp_path
 ):

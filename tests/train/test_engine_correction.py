@@ -243,6 +243,7 @@ def test_the_metrics_are_those_of_the_rows_the_update_trained_on(make_config, sa
     assert 0 < changed < 1
 
 
+@pytest.mark.learning
 def test_grpo_learns_with_a_planted_mismatch_corrected(make_config, sampler_temperature):
     """The sampler at 1.1 x the loss's temperature, the default correction (token_tis: nothing
     truncates), EOS ending rows: the run still learns the sevens reward, with the mismatch

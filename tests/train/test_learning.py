@@ -10,6 +10,8 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 
+pytestmark = pytest.mark.learning
+
 STEP_KEYS = {
     "step",
     "reward/mean",

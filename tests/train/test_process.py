@@ -147,6 +147,7 @@ def test_stopping_inside_a_wrong_answer_is_judged_with_it():
     assert advantages[0, eos[0]] == advantages[1, eos[1]]  # stopping early earns what finishing wrongly does
 
 
+@pytest.mark.learning
 def test_grpo_learns_from_step_rewards_through_process_advantages(make_config, monkeypatch):
     calls = []
     real = seams_module.process_advantages

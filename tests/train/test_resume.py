@@ -1,5 +1,6 @@
 """A run killed at any point and resumed gives the metrics of a run never interrupted."""
 
+import pytest
 import json
 import os
 import signal
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+pytestmark = pytest.mark.resume
 
 # What a step computes; times and memory are measurements, not results.
 DETERMINISTIC = [

@@ -1,5 +1,6 @@
 """Reward models in the loop: GRPO keeps the reward model (it drops only the critic)."""
 
+import pytest
 import json
 
 import torch
@@ -10,6 +11,7 @@ from grpo.rewards.model import RewardModel
 from grpo.train.models import FrozenCopy
 
 
+@pytest.mark.learning
 def test_grpo_driven_only_by_a_reward_model_raises_its_reward(make_config, sevens_rm):
     rm_dir, _ = sevens_rm
     config = make_config(

@@ -122,6 +122,7 @@ def test_sequence_length_bound_is_the_longest_sequence():
 # ---- training ------------------------------------------------------------------------------------
 
 
+@pytest.mark.learning
 def test_short_run_lowers_the_loss(trained):
     summary, directory = trained
     assert summary["steps"] == 100

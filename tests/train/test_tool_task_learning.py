@@ -13,9 +13,13 @@ for a test).
 
 import json
 
+import pytest
+
 import grpo
 from grpo.tasks.multiply import multiply, save_base
 from grpo.train.sft import FineTuneConfig, sft
+
+pytestmark = pytest.mark.learning
 
 PROBLEMS = [(3, 4), (6, 7), (8, 9), (5, 8)]
 TOOL, REWARD = "grpo.tasks.multiply:multiply", "grpo.tasks.multiply:correctness_reward"
