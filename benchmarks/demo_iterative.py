@@ -23,7 +23,7 @@ import json
 import typing
 from pathlib import Path
 
-from grpo.demo import DemoConfig, Job, _evaluate, _rm_config, train_all, _train_reward_model
+from grpo.demo.default import DemoConfig, Job, _evaluate, _rm_config, train_all, _train_reward_model
 from grpo.eval.runner import task_verifier
 from grpo.tasks import arithmetic, load_task
 from grpo.train.sft import SFTConfig, sft

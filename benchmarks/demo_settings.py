@@ -48,7 +48,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # evaluations beside nothing else: one thread, as each training run
-    from grpo.demo import DemoConfig, _evaluate, Job, train_all, _train_config
+    from grpo.demo.default import DemoConfig, _evaluate, Job, train_all, _train_config
     from grpo.eval.runner import task_verifier
     from grpo.tasks import arithmetic, load_task
     from grpo.train.sft import SFTConfig, sft

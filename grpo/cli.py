@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from grpo import __version__
 from grpo.config import REQUIRED, field_default
-from grpo.demo import QUICK, DemoConfig
-from grpo.demo_tools import ToolsDemoConfig
+from grpo.demo.default import QUICK, DemoConfig
+from grpo.demo.tools import ToolsDemoConfig
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
 from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
@@ -472,7 +472,7 @@ def _vllm_serve(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from grpo.demo import demo, quick
+    from grpo.demo.default import demo, quick
 
     hf_logging.disable_progress_bar()
     if args.tools:
@@ -487,9 +487,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tools_demo(args: argparse.Namespace) -> int:
-    """`grpo demo --tools`: the multi-turn demo (grpo.demo_tools); --seed, --seeds, --steps
+    """`grpo demo --tools`: the multi-turn demo (grpo.demo.tools); --seed, --seeds, --steps
     and --quick apply, the main demo's other flags do not."""
-    from grpo.demo_tools import quick, tools_demo
+    from grpo.demo.tools import quick, tools_demo
 
     others = [name for name in ("full", "equal_tokens", "neural_rm") if getattr(args, name)]
     if others or args.full_seeds != DemoConfig.full_seeds:

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 import grpo
-import grpo.demo
+import grpo.demo.default
 from grpo.cli import build_parser, main
 from grpo.config import REQUIRED, Config, field_default
-from grpo.demo import QUICK, DemoConfig
-from grpo.demo_tools import ToolsDemoConfig
+from grpo.demo.default import QUICK, DemoConfig
+from grpo.demo.tools import ToolsDemoConfig
 from grpo.eval.command import EvalConfig
 from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.train.sft import FineTuneConfig, SFTConfig
@@ -163,7 +163,7 @@ def test_demo_quick_keeps_the_steps_asked_for_and_at_most_two_seeds(monkeypatch,
         seen.append(config)
         return {"time_s": 0.0}
 
-    monkeypatch.setattr(grpo.demo, "demo", demo)
+    monkeypatch.setattr(grpo.demo.default, "demo", demo)
     out = str(tmp_path / "d")
     assert main(["demo", "--output", out, "--quick", "--steps", "7", "--seeds", "5", "--seed", "3", "--quiet"]) == 0
     assert main(["demo", "--output", out, "--quick", "--quiet"]) == 0

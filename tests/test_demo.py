@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo.demo import QUICK, DemoConfig, _over_seeds, demo
+from grpo.demo.default import QUICK, DemoConfig, _over_seeds, demo
 from grpo.errors import UserError
-from grpo.eval.report import fig5_sentence, fig6_sentence, findings, write_report
+from grpo.demo.report import fig5_sentence, fig6_sentence, findings, write_report
 from grpo.eval.runner import mean_ci
 
 KS = [1, 2, 4, 8, 16, 32, 64]
@@ -416,7 +416,7 @@ def test_quick_demo_runs_every_stage_over_seeds(tmp_path, reuse_base):
 
 @pytest.mark.slow
 def test_a_failed_full_run_is_reported_and_the_rest_kept(tmp_path, monkeypatch, reuse_base):
-    import grpo.demo as demo_module
+    import grpo.demo.default as demo_module
 
     real = demo_module.train_in_child
 
@@ -471,7 +471,7 @@ def test_report_names_the_host_it_ran_on(tmp_path):
 
 
 def test_ppo_at_equal_tokens_runs_only_when_asked_over_its_seeds():
-    from grpo.demo import _arm_seeds
+    from grpo.demo.default import _arm_seeds
 
     assert _arm_seeds(DemoConfig(seeds=5)) == {"grpo": [0, 1, 2, 3, 4], "ppo": [0, 1, 2, 3, 4]}
     assert _arm_seeds(DemoConfig(seeds=5, full=True, full_seeds=3))["ppo_equal_tokens"] == [0, 1, 2]
@@ -494,7 +494,7 @@ def test_a_stop_starts_no_queued_run(tmp_path, monkeypatch):
     ones get it themselves (and save their last step); none still queued starts after it."""
     import time
 
-    import grpo.demo as demo_module
+    import grpo.demo.default as demo_module
 
     started = []
 

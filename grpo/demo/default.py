@@ -21,7 +21,7 @@
    reward model keeps learning from the policy's fresh samples, labelled by the task's
    verifier, with 10% of its history replayed, its own training comparisons included). The
    report says from the numbers whether each finding was reproduced
-   (grpo.eval.report.findings).
+   (grpo.demo.report.findings).
 
 Every RL arm runs over `seeds` seeds (the base is one model; the seeds vary the RL runs):
 summary.json gives each arm's means over seeds, each seed's numbers under `per_seed`, and
@@ -52,7 +52,7 @@ from grpo.config import opt
 from grpo.errors import UserError
 from grpo.infra.child import run_starter, train_in_child
 from grpo.infra.host import describe_host
-from grpo.eval.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
+from grpo.demo.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
 
 if TYPE_CHECKING:
@@ -530,7 +530,7 @@ def demo(
     _plots(out, summary, plot_curves, plot_rewards)
     summary["time_s"] = time.perf_counter() - started
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from grpo.eval.report import write_report
+    from grpo.demo.report import write_report
 
     write_report(out / "report.md", summary)
     say(f"Done in {summary['time_s'] / 60:.1f} min: {out / 'report.md'}")

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grpo.config import opt
-from grpo.demo import Job, fresh_output, train_all
+from grpo.demo.default import Job, fresh_output, train_all
 from grpo.errors import UserError
-from grpo.eval.report import host_line
+from grpo.demo.report import host_line
 from grpo.infra.host import describe_host
 from grpo.tasks import multiply
 
