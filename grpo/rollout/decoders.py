@@ -74,16 +74,6 @@ class Decoder(Protocol):
         max_new_tokens); None: the ones the decoder was built with."""
 
 
-def pad_cat(pieces: list[Tensor], pad: float) -> Tensor:
-    """Rows from several decoding calls (those that hit EOS early are shorter), right-padded
-    with `pad` to the longest and stacked."""
-    import torch
-    import torch.nn.functional as F
-
-    width = max(p.shape[1] for p in pieces)
-    return torch.cat([F.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
-
-
 class FastDecoder:
     """`grpo.rollout.fast.decode`: each prompt's prefix computed once for its G completions,
     the tokens `generate` draws, and the log-probs of the tokens drawn."""
@@ -213,6 +203,8 @@ class HFDecoder:
 
     def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         import torch
+
+        from grpo.rollout.padding import pad_cat
 
         if len(generators) > 1:  # one per prompt
             pieces = [

@@ -43,7 +43,8 @@ from grpo.infra.hf import context_length
 from grpo.infra.seed import sampling_seed
 from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
-from grpo.rollout.decoders import Decoder, pad_cat
+from grpo.rollout.decoders import Decoder
+from grpo.rollout.padding import pad_cat
 from grpo.rollout.params import SamplingParams
 from grpo.rollout.tools import HermesFormat, Toolbox
 from grpo.rollout.turns import sample_turns

@@ -44,19 +44,10 @@ import torch
 
 from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
+from grpo.rollout.padding import left_pad
 from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
 
 __all__ = ["check_rendering", "sample_turns"]
-
-
-def _left_pad(contexts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for k, context in enumerate(contexts):
-        ids[k, width - len(context) :] = torch.tensor(context, dtype=torch.long)
-        mask[k, width - len(context) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _content(tokenizer, raw: str) -> str:
@@ -159,10 +150,10 @@ def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: b
             blocks = [row.context[cached:] for row, cached in zip(chunk, kept.cached.tolist())]
             out, logprobs, kept = decoder.extend(kept, blocks, counts, streams, params=params)
         elif keeps:
-            ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+            ids, mask = left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
             out, logprobs, kept = decoder.decode(ids, mask, counts, streams, params=params, keep=True)
         else:
-            ids, mask = _left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
+            ids, mask = left_pad([group[0].context for group in groups], sampler.params.pad_token_id, device)
             out, logprobs = decoder.decode(ids, mask, counts, streams, params=params)
         for k, row in enumerate(chunk):
             row.kept = (kept, k) if keeps else None

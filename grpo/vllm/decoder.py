@@ -188,7 +188,7 @@ class VllmDecoder:
     def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         import torch
 
-        from grpo.rollout.decoders import pad_cat
+        from grpo.rollout.padding import pad_cat
 
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]  # no left padding
         counts = counts.tolist()

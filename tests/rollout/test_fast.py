@@ -506,14 +506,14 @@ def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads,
     float rounding, that `decode` draws on each row's whole context from the same stream;
     rows end the first call at very different lengths (and leave the cache, `compact_at`)."""
     from grpo.rollout.params import SamplingParams
-    from grpo.rollout.turns import _left_pad
+    from grpo.rollout.padding import left_pad
 
     monkeypatch.setattr(fast, "COMPACT_AT", compact_at)
     model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
     weights = fast.fuse_weights(model, torch.float32)
     p = SamplingParams.of(TOKENIZER, max_new_tokens=16, temperature=1.2)
     prompts = [TOKENIZER(row["prompt"], add_special_tokens=False)["input_ids"] for row in ROWS]
-    ids, mask = _left_pad(prompts, p.pad_token_id, "cpu")
+    ids, mask = left_pad(prompts, p.pad_token_id, "cpu")
     counts = torch.full((len(prompts),), 3)
     first, _, kept = fast.decode(model, ids, mask, counts, p, weights=weights, keep=True)
     lengths = [row.index(EOS) + 1 if EOS in row else len(row) for row in first.tolist()]
@@ -529,7 +529,7 @@ def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads,
         generators = [torch.Generator().manual_seed(7)] if seeded else None
         torch.manual_seed(5)
         tokens, logprobs, again = fast.extend(model, kept, blocks, p, weights, ones, generators)
-        whole_ids, whole_mask = _left_pad([c + e for c, e in zip(contexts, extra)], p.pad_token_id, "cpu")
+        whole_ids, whole_mask = left_pad([c + e for c, e in zip(contexts, extra)], p.pad_token_id, "cpu")
         generators = [torch.Generator().manual_seed(7)] if seeded else None
         torch.manual_seed(5)
         expected, expected_logprobs = fast.decode(
