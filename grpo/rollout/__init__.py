@@ -9,8 +9,8 @@ _HOMES = {
     "Rollout": "grpo.rollout.batch",
     "Sampler": "grpo.rollout.sampler",
     "SamplingParams": "grpo.rollout.params",
-    "check_context": "grpo.rollout.sampler",
-    "prompt_text": "grpo.rollout.sampler",
+    "check_context": "grpo.rollout.prompts",
+    "prompt_text": "grpo.rollout.prompts",
 }
 __all__ = list(_HOMES)
 

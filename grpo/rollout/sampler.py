@@ -20,16 +20,8 @@ evaluation all get theirs from there. The sampler works on its own copy of the t
 (set to pad on the left, where prompts must end), so the caller's tokenizer, and the one
 saved with a trained model, is never changed.
 
-Context limits. A prompt longer than `max_prompt_length` tokens (rollout.max_prompt_length;
-0 = no limit), counted after the chat template and the tokenizer's special tokens, keeps its
-last max_prompt_length tokens, as TRL's GRPOTrainer truncates (from the left: the end of a
-prompt is where the question and the generation prompt are). The Rollout's `prompts` then
-hold the kept tokens decoded, i.e. what the model saw, and `prompt_truncated` marks their
-rows; the data rows, whose prompt column reward functions get, keep the whole prompt.
-Prompt + max_new_tokens must fit the model's positions (`context_length`): `check_context`
-checks the config's numbers up front, and `sample` checks each batch's longest prompt
-(a GPT-2 would otherwise fail deep in its position embedding, and a Llama-family model
-would silently run past its context).
+Prompts are rendered, encoded and cut to rollout.max_prompt_length by `grpo.rollout.prompts`
+(its module doc says how), the same for single-turn and multi-turn rollouts.
 """
 
 from __future__ import annotations
@@ -39,25 +31,15 @@ import copy
 import torch
 
 from grpo.errors import UserError
-from grpo.infra.hf import context_length
 from grpo.infra.seed import sampling_seed
 from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.decoders import Decoder
 from grpo.rollout.padding import pad_cat
 from grpo.rollout.params import SamplingParams
+from grpo.rollout.prompts import check_fits, encode_prompts, prompt_text
 from grpo.rollout.tools import HermesFormat, Toolbox
 from grpo.rollout.turns import sample_turns
-
-
-def prompt_text(prompt, tokenizer, tools: list[dict] | None = None) -> str:
-    """The text the model sees: a plain prompt as is; chat messages through the chat template
-    (with the JSON schemas of `tools`, when given, as a sampler with tools renders them)."""
-    if isinstance(prompt, str):
-        return prompt
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise UserError("the prompts are chat messages but the model's tokenizer has no chat template")
-    return tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
@@ -68,32 +50,6 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int | None) -> t
     is_eos = completion_ids == eos_token_id
     first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((n,), t_len))
     return (torch.arange(t_len).unsqueeze(0) <= first_eos.unsqueeze(1)).float()
-
-
-def check_context(model_or_config, max_prompt_length: int, max_new_tokens: int, *, key: str = "rollout") -> None:
-    """A one-line UserError when prompts of `max_prompt_length` tokens with `max_new_tokens`
-    more cannot fit the model's positions (nothing to check when its config names none).
-    `key` is the config section the two numbers come from. With max_prompt_length 0 (no limit)
-    there is nothing to check up front: `Sampler.sample` checks each batch's prompts."""
-    positions = context_length(model_or_config)
-    total = max_prompt_length + max_new_tokens
-    if max_prompt_length and positions is not None and total > positions:
-        raise UserError(
-            f"{key}.max_prompt_length ({max_prompt_length}) + {key}.max_new_tokens ({max_new_tokens}) = {total} "
-            f"tokens exceed the model's {positions} positions (lower either)"
-        )
-
-
-def keep_last_tokens(
-    ids: torch.Tensor, mask: torch.Tensor, length: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded prompts (B, P) and their mask cut to each prompt's last `length` tokens
-    (0 = no limit), and (B,) bool: which prompts lost tokens. With left padding a prompt's last
-    `length` tokens are the batch's last `length` columns, so TRL's GRPOTrainer's
-    `prompt_ids[:, -max_prompt_length:]` cuts every prompt right."""
-    if not length:
-        return ids, mask, torch.zeros(len(ids), dtype=torch.bool)
-    return ids[:, -length:], mask[:, -length:], mask.sum(1) > length
 
 
 class Sampler:
@@ -210,25 +166,6 @@ class Sampler:
         if start is not None:
             start(model)
 
-    def _check_fits(self, model, prompt_length: int) -> None:
-        """A one-line UserError when a prompt of `prompt_length` tokens (a batch's longest) and
-        max_new_tokens more exceed the model's positions; a few attribute reads per call."""
-        max_new_tokens = self.params.max_new_tokens
-        positions = context_length(model)
-        if positions is None or prompt_length + max_new_tokens <= positions:
-            return
-        check_context(model, self.max_prompt_length, max_new_tokens)  # raises when the config's numbers are to blame
-        room = positions - max_new_tokens  # the longest prompt that fits
-        remedy = (
-            f"set rollout.max_prompt_length (at most {room}) to keep each prompt's last tokens"
-            if room > 0
-            else f"rollout.max_new_tokens must be below {positions}"
-        )
-        raise UserError(
-            f"a prompt of {prompt_length} tokens + rollout.max_new_tokens ({max_new_tokens}) = "
-            f"{prompt_length + max_new_tokens} tokens exceed the model's {positions} positions; {remedy}"
-        )
-
     @torch.no_grad()
     def _decode(self, decoder: Decoder, unique_ids, unique_mask, seeds, generator, step: int):
         """Every row's completion ids (N, T), from decoding calls of `batch_size` rows each (a
@@ -277,17 +214,8 @@ class Sampler:
             return sample_turns(self, model, rows, seeds, step=step, version=version, generator=generator)
         tok = self.tokenizer
         texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
-        encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
-        unique_ids, unique_mask, cut = keep_last_tokens(  # (B, P), (B, P), (B,)
-            encoded["input_ids"], encoded["attention_mask"], self.max_prompt_length
-        )
-        self._check_fits(model, unique_ids.shape[1])
-        texts = [  # what the model sees: a cut prompt's kept tokens
-            tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            if was_cut
-            else text
-            for text, ids, mask, was_cut in zip(texts, unique_ids, unique_mask, cut.tolist())
-        ]
+        unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, self.max_prompt_length)  # (B, P), (B, P), (B,)
+        check_fits(model, unique_ids.shape[1], self.max_prompt_length, self.params.max_new_tokens)
         device = next(model.parameters()).device
         unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)
         prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)

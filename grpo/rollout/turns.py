@@ -45,6 +45,7 @@ import torch
 from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
 from grpo.rollout.padding import left_pad
+from grpo.rollout.prompts import check_fits, encode_prompts
 from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
 
 __all__ = ["check_rendering", "sample_turns"]
@@ -195,24 +196,17 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     """`Sampler.sample` for a sampler with tools: G multi-turn rollouts of each row's
     prompt (module doc). Each rollout gets its own episode (`Toolbox.start`): its
     environment's reset text is appended to its prompt's last message, so a prompt's G
-    rows may see different prompts (the Rollout's rows hold them so)."""
-    from grpo.rollout.sampler import keep_last_tokens
-
+    rows may see different prompts (the Rollout's rows hold them so). `sampler` is the
+    Sampler, read for its settings and its decoder; what single-turn sampling does alike
+    (encoding prompts, checking they fit) is shared through `grpo.rollout.prompts`."""
     tok, group_size, toolbox = sampler.tokenizer, sampler.group_size, sampler.tools
     repeated = [row for row in rows for _ in range(group_size)]
     toolbox.check_prompts(rows, sampler.prompt_column)
     episodes, observations = toolbox.start(repeated)
     prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
     texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]
-    encoded = tok(texts, padding=True, return_tensors="pt", add_special_tokens=True)
-    prompt_ids, prompt_mask, cut = keep_last_tokens(
-        encoded["input_ids"], encoded["attention_mask"], sampler.max_prompt_length
-    )
-    sampler._check_fits(model, prompt_ids.shape[1])
-    texts = [
-        tok.decode(ids[mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False) if was_cut else text
-        for text, ids, mask, was_cut in zip(texts, prompt_ids, prompt_mask, cut.tolist())
-    ]
+    prompt_ids, prompt_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)
+    check_fits(model, prompt_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     device = next(model.parameters()).device
 
     # One random stream for all rows through every turn, or (rollout.seed_per_prompt) one per

@@ -14,7 +14,7 @@ learn; `sft` stops in between, by training briefly, not to convergence.
 
 What both modes share:
 - sequence: context + completion + EOS, right padded. The context is encoded exactly as the
-  RL sampler encodes a prompt (`grpo.rollout.sampler.prompt_text`: a plain prompt as is,
+  RL sampler encodes a prompt (`grpo.rollout.prompts.prompt_text`: a plain prompt as is,
   chat messages through the tokenizer's chat template with add_generation_prompt=True; then
   tokenized with the tokenizer's special tokens), so the model learns from the context it
   will sample from, and to stop with the EOS the sampler stops on
@@ -280,7 +280,7 @@ def completion_batch(tokenizer, prompts: list, completions: list[str]) -> dict[s
     sequences prompt + completion + EOS. A prompt is a string or a list of chat messages and
     is encoded as the RL sampler encodes it. `labels` is `input_ids` with IGNORE_INDEX (-100)
     on the prompt and the padding, so only the completion and its EOS are learned."""
-    from grpo.rollout.sampler import prompt_text
+    from grpo.rollout.prompts import prompt_text
 
     examples = [
         encode_pieces(tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)])
@@ -304,7 +304,7 @@ def conversation_pieces(tokenizer, messages: list[dict], tools: list[dict] | Non
     rendering of the messages up to a turn begins with the one up to the turn before, and a
     turn ends with the EOS token. Otherwise only the last assistant message is learned, which
     is a prompt (the conversation before it) and a completion."""
-    from grpo.rollout.sampler import prompt_text
+    from grpo.rollout.prompts import prompt_text
 
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0]
     eos = tokenizer.eos_token
@@ -536,7 +536,7 @@ def _row_tools(row: dict, where: str) -> list[dict] | None:
 
 def _row_pieces(row: dict, shape: str, c: FineTuneConfig, tokenizer, where: str) -> tuple[Pieces, bool]:
     """The pieces of one row, and whether all its assistant messages are learned."""
-    from grpo.rollout.sampler import prompt_text
+    from grpo.rollout.prompts import prompt_text
 
     if shape == "messages":
         column = c.messages_column or "messages"
