@@ -19,7 +19,9 @@ prompt (prompt i's rows draw from generators[i], whatever is sampled beside them
 in place of a generator is the global stream.
 
 Nothing here imports torch until a decoder runs: `grpo.config` reads the names
-(rollout.sampler's values) and `lora_refusal` from this module.
+(rollout.sampler's values) and `lora_refusal` from this module. The registry names where
+each decoder is ('module:class', `decoder_class`), so that `grpo.config` -> here -> a
+decoder's module (`grpo.vllm.decoder`) runs one way.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from grpo.errors import UserError
+from grpo.infra.imports import import_object
 from grpo.rollout.params import FAST_ONLY, SamplingParams
-from grpo.vllm.decoder import VllmDecoder
 
 if TYPE_CHECKING:
     import torch
@@ -224,10 +226,23 @@ class HFDecoder:
 
 # ---- choosing ---------------------------------------------------------------------------------
 
-# rollout.sampler -> the decoder; in auto's order of preference (among those `in_auto`).
-DECODERS: dict[str, type[Decoder]] = {"fast": FastDecoder, "hf": HFDecoder, "vllm": VllmDecoder}
+# rollout.sampler -> where its decoder is ('module:class', imported when first asked for: a
+# decoder's module may import this one, never the other way); in auto's order of preference
+# (among those `in_auto`).
+DECODERS: dict[str, str] = {
+    "fast": "grpo.rollout.decoders:FastDecoder",
+    "hf": "grpo.rollout.decoders:HFDecoder",
+    "vllm": "grpo.vllm.decoder:VllmDecoder",
+}
 AUTO = "auto"
 NAMES = (AUTO, *DECODERS)  # rollout.sampler's values
+
+
+def decoder_class(name: str) -> type[Decoder]:
+    """The decoder class rollout.sampler `name` (not auto) stands for."""
+    return import_object(DECODERS[name], kind="rollout.sampler")
+
+
 _FAST_ONLY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.name in FAST_ONLY}
 
 
@@ -247,9 +262,11 @@ def choose(name: str, model, total_length: int, options: dict[str, dict] | None 
     options = options or {}
     if name == AUTO:
         return next(
-            n for n, d in DECODERS.items() if d.in_auto and d.refuses(model, total_length, **options.get(n, {})) is None
+            n
+            for n in DECODERS
+            if decoder_class(n).in_auto and decoder_class(n).refuses(model, total_length, **options.get(n, {})) is None
         )
-    reason = DECODERS[name].refuses(model, total_length, **options.get(name, {}))
+    reason = decoder_class(name).refuses(model, total_length, **options.get(name, {}))
     if reason is not None:
         raise UserError(
             f"rollout.sampler: {name} cannot decode this model: {reason}; use {_either([n for n in NAMES if n != name])}"
@@ -276,10 +293,10 @@ def fast_only_refusal(options, sampler: str) -> str | None:
 def lora_refusal(name: str) -> str | None:
     """The one-line error for rollout.sampler `name` with a LoRA-wrapped policy; None when
     it decodes one (auto falls back to a decoder that does)."""
-    if name not in DECODERS or DECODERS[name].decodes_lora:
+    if name not in DECODERS or decoder_class(name).decodes_lora:
         return None
-    able = [n for n, decoder in DECODERS.items() if decoder.decodes_lora]
-    fallback = next(n for n in able if DECODERS[n].in_auto)
+    able = [n for n in DECODERS if decoder_class(n).decodes_lora]
+    fallback = next(n for n in able if decoder_class(n).in_auto)
     return (
         f"rollout.sampler: {name} cannot decode a LoRA-wrapped policy; use {AUTO} (falls back to {fallback}) or "
         f"{_either(able)}"

@@ -152,7 +152,7 @@ class Sampler:
             if refused is not None:
                 raise UserError(refused)
             options = self.decoder_options.get(name, {})
-            self.decoders[name] = decoders.DECODERS[name](self.params, self.autocast, **options)
+            self.decoders[name] = decoders.decoder_class(name)(self.params, self.autocast, **options)
         return self.decoders[name]
 
     def start(self, model) -> None:

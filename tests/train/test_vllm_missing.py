@@ -58,8 +58,8 @@ def test_a_vllm_that_does_not_load_is_one_line_naming_the_uninstall(make_config,
 def test_auto_never_chooses_vllm_and_the_config_takes_its_section(make_config):
     from grpo.rollout import decoders
 
-    assert "vllm" in decoders.NAMES and not decoders.DECODERS["vllm"].in_auto
-    assert all(decoders.DECODERS[n].in_auto for n in ("fast", "hf"))
+    assert "vllm" in decoders.NAMES and not decoders.decoder_class("vllm").in_auto
+    assert all(decoders.decoder_class(n).in_auto for n in ("fast", "hf"))
     c = config_from_dict(make_config(), ["rollout.sampler=vllm", "rollout.vllm.gpu_memory_utilization=0.5"])
     assert c.rollout.sampler == "vllm" and c.rollout.vllm.gpu_memory_utilization == 0.5
     assert c.rollout.vllm.check_sync and c.rollout.vllm.server == ""
