@@ -1,6 +1,8 @@
 """The shape the code keeps (issue 10): the critic is asked about only inside its classes, no
-keyword argument is swallowed silently, and rewards and evaluation know no task; and (issue 22)
-the import graph of grpo/ has no cycle."""
+keyword argument is swallowed silently, and rewards and evaluation know no task; and (issues 22,
+37) the import graph of grpo/ has no cycle, counting the imports inside functions: a lazy import
+defers loading a heavy third-party module (torch, transformers, vLLM), it does not make a cycle
+among our own modules acceptable."""
 
 import ast
 import re
@@ -75,20 +77,29 @@ def _is_type_checking(test):
     )
 
 
-def module_level_imports(tree):
-    """The import statements that run when the module is imported: in its body and in the
-    blocks, try/except and class bodies in it, not in a function, nor under `if TYPE_CHECKING:`."""
-    pending = list(tree.body)
+def imports_that_run(tree):
+    """The import statements of a module that may run: when it is imported (in its body, and the
+    blocks, try/except and class bodies in it) or later (in a function), as `import x` for a
+    call `importlib.import_module("x")` too; not those under `if TYPE_CHECKING:`, which never run."""
+    pending = [tree]
     while pending:
-        node = pending.pop(0)
+        node = pending.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If):
-            pending += node.orelse if _is_type_checking(node.test) else node.body + node.orelse
-        elif isinstance(node, (ast.Try, ast.TryStar)):
-            pending += node.body + [n for h in node.handlers for n in h.body] + node.orelse + node.finalbody
-        elif isinstance(node, (ast.With, ast.For, ast.While, ast.ClassDef)):
-            pending += node.body + getattr(node, "orelse", [])
+        elif _is_import_module(node):
+            yield ast.Import(names=[ast.alias(name=node.args[0].value)])
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            pending += node.orelse
+        else:
+            pending += ast.iter_child_nodes(node)
+
+
+def _is_import_module(node):
+    """A call `import_module("a.b")` or `importlib.import_module("a.b")` with a literal name."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return False
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    return name == "import_module" and isinstance(node.args[0].value, str)
 
 
 def _with_parents(name):
@@ -97,7 +108,8 @@ def _with_parents(name):
 
 
 def import_graph(root):
-    """module -> the modules of the package that must have run for it to run.
+    """module -> the modules of the package that must have run for it to run, or for one of its
+    functions to (an import inside a function counts as much as one at the top).
 
     Importing `pkg.sub` runs pkg/__init__.py first, so it needs `pkg` too, except where `pkg`
     holds the importing module itself (then it is already running and gives the module object).
@@ -109,7 +121,7 @@ def import_graph(root):
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         running = set(_with_parents(module))  # those that have started when `module` runs
         needs = set()
-        for node in module_level_imports(ast.parse(path.read_text())):
+        for node in imports_that_run(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -152,8 +164,13 @@ def find_cycle(graph):
     return None
 
 
+def import_cycle(root):
+    """One import cycle of the package at `root` (lazy imports included) as [a, b, ..., a], or None."""
+    return find_cycle(import_graph(root))
+
+
 def test_the_import_graph_has_no_cycle():
-    cycle = find_cycle(import_graph(PACKAGE))
+    cycle = import_cycle(PACKAGE)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
@@ -189,8 +206,17 @@ def write_package(root, files):
             },
             ["pkg.a", "pkg.b", "pkg.a"],
         ),
-        # Not cycles: inside a function, under TYPE_CHECKING, a sibling taken from the package.
-        ({"a.py": "from pkg import b\n", "b.py": "def f():\n    from pkg import a\n"}, None),
+        # Inside a function (a lazy import), or by importlib with the module's name, it runs later:
+        # still a cycle.
+        ({"a.py": "from pkg import b\n", "b.py": "def f():\n    from pkg import a\n"}, ["pkg.a", "pkg.b", "pkg.a"]),
+        (
+            {
+                "a.py": "import importlib\ndef f():\n    return importlib.import_module('pkg.b')\n",
+                "b.py": "import pkg.a\n",
+            },
+            ["pkg.a", "pkg.b", "pkg.a"],
+        ),
+        # Not cycles: under TYPE_CHECKING, a sibling taken from the package, a lazy third-party import.
         (
             {
                 "a.py": "from pkg import b\n",
@@ -199,9 +225,26 @@ def write_package(root, files):
             None,
         ),
         ({"__init__.py": "from pkg.a import f\n", "a.py": "from pkg import b\ndef f(): pass\n", "b.py": ""}, None),
+        ({"a.py": "from pkg import b\n", "b.py": "def f():\n    import torch\n    import json\n"}, None),
     ],
 )
-def test_the_cycle_check_sees_the_cycles_python_runs_into(tmp_path, files, cycle):
+def test_the_cycle_check_sees_every_import_cycle(tmp_path, files, cycle):
     files = {"__init__.py": "", **files}
     root = write_package(tmp_path, {f"pkg/{name}": text for name, text in files.items()})
-    assert find_cycle(import_graph(root)) == cycle
+    assert import_cycle(root) == cycle
+
+
+def test_a_cycle_through_an_import_inside_a_function_fails_the_check(tmp_path):
+    """The check on a planted package: a imports b when it is imported, b imports a only inside
+    a function (so that Python never fails on it); at module granularity that is a cycle."""
+    root = write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.b import g\n\ndef f():\n    return g()\n",
+            "pkg/b.py": "def g():\n    from pkg.a import f\n\n    return f\n",
+        },
+    )
+    assert import_cycle(root) == ["pkg.a", "pkg.b", "pkg.a"]
+    (root / "b.py").write_text("def g():\n    return None\n")  # the lazy import gone: no cycle
+    assert import_cycle(root) is None
