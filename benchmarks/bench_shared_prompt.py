@@ -8,7 +8,7 @@ chunked head, under train.gradient_checkpointing) two ways, each in its own proc
 each peak RSS is its own: `rows`, one pass per row (every completion's prompt run G times:
 what the update did under checkpointing before), and `shared`, each group's prompt run once,
 unchecked, and the completions' layers checkpointed over its keys and values
-(grpo.train.models). Both run on the same batch (sampled once here with the fast loop, at
+(grpo.train.layouts). Both run on the same batch (sampled once here with the fast loop, at
 temperature 1, from chat prompts of gsm_symbolic for the real model), so the work differs
 only by the prompt passes; the gradients are checked to agree. Prints the median time of
 --repeats forward+backward passes after one warm-up, the peak RSS, and shared/rows.
@@ -38,7 +38,8 @@ def child(model_dir: str, batch_path: str, mode: str, repeats: int, out_path: st
     from transformers import AutoModelForCausalLM
 
     from grpo.infra.memory import peak_rss_mb
-    from grpo.train.models import activation_checkpointing, completion_logprobs, enable_checkpointing
+    from grpo.train.models import activation_checkpointing, enable_checkpointing
+    from grpo.train.layouts import completion_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     assert enable_checkpointing(model)

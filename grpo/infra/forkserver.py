@@ -46,6 +46,8 @@ PRELOAD = (
     "grpo.train.loop",
     "grpo.train.step",
     "grpo.train.models",
+    "grpo.train.layouts",
+    "grpo.train.networks",
     "grpo.rollout.fast",
     "grpo.rewards",
     "grpo.tasks",

@@ -42,16 +42,9 @@ from grpo.infra.hf import load_tokenizer, model_config
 from grpo.rollout import Sampler, check_context
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
-from grpo.train.models import (
-    build_reference,
-    apply_lora,
-    chunkable_head,
-    decide_layouts,
-    enable_checkpointing,
-    load_causal_lm,
-    count_parameters,
-    trainable_parameters,
-)
+from grpo.train.models import apply_lora, enable_checkpointing, load_causal_lm, count_parameters, trainable_parameters
+from grpo.train.layouts import chunkable_head, decide_layouts
+from grpo.train.networks import build_reference
 from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater

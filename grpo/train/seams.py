@@ -38,7 +38,9 @@ from grpo.algo import (
 from grpo.infra.distributed import SingleProcess, World
 from grpo.rollout import Rollout
 from grpo.rollout.batch import char_to_token_ends
-from grpo.train.models import ValueModel, autocast, load_value_model, no_grad_pass
+from grpo.train.models import autocast
+from grpo.train.layouts import no_grad_pass
+from grpo.train.networks import ValueModel, load_value_model
 
 # ---- what flows between the seams -------------------------------------------------------------
 

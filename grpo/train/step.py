@@ -28,16 +28,9 @@ from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout, Sampler
-from grpo.train.models import (
-    Reference,
-    activation_checkpointing,
-    autocast,
-    completion_logprobs,
-    micro_batches,
-    no_grad_pass,
-    policy_logprobs,
-    trainable_parameters,
-)
+from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
+from grpo.train.layouts import completion_logprobs, micro_batches, no_grad_pass, policy_logprobs
+from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
 from grpo.train.scoring import Scorer
@@ -470,7 +463,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
 def _shares_prompts(e: Engine) -> bool:
     """Whether the update's forward runs a group's prompt once for its rows in a micro-batch.
     With checkpointing too (the prompt's pass unchecked, the completions' layers checkpointed
-    over a cache they only read: grpo.train.models); not sharded (the policy's forward passes
+    over a cache they only read: grpo.train.layouts); not sharded (the policy's forward passes
     are collectives: every process must run as many, and sharing prompts makes their number
     depend on the rows)."""
     return e.world.world_size == 1

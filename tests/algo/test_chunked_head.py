@@ -23,10 +23,11 @@ from transformers import (
 
 import grpo
 import grpo.algo.logprobs as logprobs_module
-import grpo.train.models as models
+import grpo.train.layouts as layouts
 from grpo.algo import entropy, head_logprobs, token_logprobs
 from grpo.rollout import Rollout
-from grpo.train.models import apply_lora, chunkable_head, completion_logprobs
+from grpo.train.models import apply_lora
+from grpo.train.layouts import chunkable_head, completion_logprobs
 from tests.algo.test_logprobs import LargestTensor
 
 # ---- the function: hidden states and a head -------------------------------------------------
@@ -247,7 +248,7 @@ def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(
 ):
     if chunk_rows:
         monkeypatch.setattr(
-            models, "head_logprobs", functools.partial(head_logprobs, chunk_elements=chunk_rows * 41)
+            layouts, "head_logprobs", functools.partial(head_logprobs, chunk_elements=chunk_rows * 41)
         )  # V + 1
     model = MODELS[name]()
     head = chunkable_head(model)
@@ -277,7 +278,8 @@ def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(
 
 def test_the_reference_passes_use_the_chunked_head_and_give_the_plain_numbers():
     """The frozen copy and the LoRA reference (adapter off) in inference mode, as the step runs them."""
-    from grpo.train.models import AdapterOff, FrozenCopy, no_grad_pass
+    from grpo.train.layouts import no_grad_pass
+    from grpo.train.networks import AdapterOff, FrozenCopy
 
     model = tiny_lm("qwen2", tied=True)
     batch = batch_of(40)
@@ -301,7 +303,7 @@ def test_no_pass_makes_a_tensor_of_vocabulary_size_times_positions(monkeypatch):
     batch = batch_of(vocab, prompts=2, group_size=4, t_len=12)  # N * T = 96 positions > H
     n, t_len = batch.completion_mask.shape
     rows = 4
-    monkeypatch.setattr(models, "head_logprobs", functools.partial(head_logprobs, chunk_elements=rows * (vocab + 1)))
+    monkeypatch.setattr(layouts, "head_logprobs", functools.partial(head_logprobs, chunk_elements=rows * (vocab + 1)))
     head_inputs = []  # what the head module computed on (after any pre-hook)
     model.get_output_embeddings().register_forward_hook(lambda module, args, out: head_inputs.append(args[0].shape))
 
@@ -350,7 +352,7 @@ def test_a_model_that_changes_its_heads_output_runs_the_plain_path(kind, extra):
         # What the check prevents: the head's output alone gives other numbers.
         head = model.get_output_embeddings()
         wrong, _ = head_logprobs(
-            models.completion_hidden(model, batch), head.weight, batch.completion_ids, temperature=0.9
+            layouts.completion_hidden(model, batch), head.weight, batch.completion_ids, temperature=0.9
         )
     assert not torch.allclose(wrong, want, atol=1e-3)
 
@@ -381,7 +383,7 @@ def test_a_model_that_runs_its_head_twice_per_pass_runs_the_plain_path():
     model = Twice(tiny_lm("llama"))
     assert chunkable_head(model) is None
     with pytest.raises(UserError, match="ran its LM head 2 times in one forward pass"):
-        models.completion_hidden(model, batch_of(40), share_prompts=False)
+        layouts.completion_hidden(model, batch_of(40), share_prompts=False)
 
 
 # ---- whole runs -----------------------------------------------------------------------------

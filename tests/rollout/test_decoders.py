@@ -12,7 +12,7 @@ from grpo.errors import UserError
 from grpo.rollout import Sampler, decoders, fast
 from grpo.rollout.decoders import DECODERS, NAMES, generation_config
 from grpo.rollout.params import FAST_ONLY, OPTIONS
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from tests.rollout.test_fast import ROWS, TOKENIZER, model_of, recording_draws
 
 

@@ -9,7 +9,7 @@ import grpo
 from grpo.config import config_from_dict
 from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from tests.rollout.test_fast import EOS, ROWS, TOKENIZER, model_of
 
 

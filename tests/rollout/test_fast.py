@@ -18,7 +18,7 @@ import grpo
 from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 
 TOKENIZER = char_tokenizer("0123456789abc ")
 EOS = TOKENIZER.eos_token_id

@@ -27,7 +27,7 @@ from grpo.rollout import turns
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from tests.rollout.tool_models import MULTIPLY_PROMPT, DatasetIncrementEnv, async_add, multiply
 
 # ---- parsing and the chat template ------------------------------------------------------------

@@ -15,14 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import grpo
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import (
-    _LAYOUTS,
-    activation_checkpointing,
-    chunkable_head,
-    completion_logprobs,
-    decide_layouts,
-    enable_checkpointing,
-)
+from grpo.train.models import activation_checkpointing, enable_checkpointing
+from grpo.train.layouts import _LAYOUTS, chunkable_head, completion_logprobs, decide_layouts
 from tests.algo.test_chunked_head import batch_of
 
 TOKENIZER = char_tokenizer("0123456789abc ")
@@ -183,9 +177,9 @@ def test_grpo_trains_each_architecture_at_the_defaults(saved, name, prompts_file
 def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, saved):
     """decide_layouts tries the shared prompt once: where it gives other log-probs (a planted
     cache read for the wrong rows) or cannot run, every row runs in full from then on."""
-    from grpo.train import models
+    from grpo.train import layouts
 
-    shared = models._shared_prompt_positions
+    shared = layouts._shared_prompt_positions
 
     def wrong_rows(model, batch, first, group, read):
         return shared(model, batch, first, group.flip(0), read)
@@ -199,7 +193,7 @@ def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, sa
         model = load(saved, "llama")
         with torch.no_grad():
             plain = completion_logprobs(model, batch, 1.0, share_prompts=False)[0]
-        monkeypatch.setattr(models, "_shared_prompt_positions", planted)
+        monkeypatch.setattr(layouts, "_shared_prompt_positions", planted)
         assert enable_checkpointing(model) and decide_layouts(model, True) is True
         assert getattr(model, _LAYOUTS) == {False: False, True: False}
         shapes = passes(model)

@@ -18,7 +18,7 @@ from grpo.errors import Stopped, UserError
 from grpo.rewards import load_rewards
 from grpo.train.asynchronous import AsyncRollouts, GeneratorSpec, _generator
 from grpo.train.loop import build_engine
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from grpo.train.step import _passes, train_step
 from tests.train import rewards_for_tests
 from tests.train.test_learning import gain

@@ -13,7 +13,7 @@ from grpo.data import PromptStream, load_rows
 from grpo.rewards import load_rewards
 from grpo.rollout.sampler import Sampler, completion_mask
 from grpo.train.loop import build_engine
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from grpo.train.step import collect, learn, train_step
 
 

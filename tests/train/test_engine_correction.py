@@ -22,7 +22,7 @@ from grpo.config import config_from_dict
 from grpo.rewards import WeightedReward
 from grpo.rollout.params import SamplingParams
 from grpo.train.loop import build_engine
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from grpo.train.step import collect, learn
 from tests.train.rewards_for_tests import sevens
 from tests.train.test_assembled_step import (

@@ -11,7 +11,8 @@ from grpo.config import config_from_dict
 from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout
 from grpo.train.loop import build_engine
-from grpo.train.models import ValueModel, completion_logprobs, micro_batches
+from grpo.train.layouts import completion_logprobs, micro_batches
+from grpo.train.networks import ValueModel
 from grpo.train.step import train_step
 from tests.train.test_assembled_step import ADAM_EPS, FixedSampler, named_grads, nudge
 from tests.train.test_models import model_of, rollout

@@ -20,7 +20,7 @@ import torch
 from grpo.algo import process_advantages
 from grpo.infra.distributed import SingleProcess
 from grpo.rewards import WeightedReward
-from grpo.train.models import completion_logprobs
+from grpo.train.layouts import completion_logprobs
 from grpo.train.seams import ProcessBaseline, Scored
 from grpo.train.step import _placeholder, collect
 from tests.train.test_assembled_step import (

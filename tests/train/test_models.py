@@ -5,7 +5,7 @@ import torch
 
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import completion_logits, prompt_groups
+from grpo.train.layouts import completion_logits, prompt_groups
 from tests.rollout.test_fast import model_of
 
 TOKENIZER = char_tokenizer("0123456789abc ")
@@ -58,7 +58,9 @@ def test_groups_split_by_a_micro_batch_and_lone_rows():
 def test_bf16_reference_copy_gives_what_autocast_gives_from_float32():
     """train.autocast: the reference's linear weights are stored in bf16, which is what autocast
     rounds them to before each matmul: the same log-probs, half the memory."""
-    from grpo.train.models import FrozenCopy, autocast, policy_logprobs
+    from grpo.train.models import autocast
+    from grpo.train.layouts import policy_logprobs
+    from grpo.train.networks import FrozenCopy
 
     model = model_of(eos_bias=1.5)
     batch = rollout(model, ["a", "bc1", "cab 7"])
@@ -78,14 +80,14 @@ def test_a_run_is_the_same_with_plain_passes_and_either_attention(make_config, t
     """Whole steps: shared prompt passes + eager attention (the defaults) against one pass per
     row with SDPA: the same rewards, losses, KL and gradient norms."""
     import grpo
-    import grpo.train.models as models
+    import grpo.train.layouts as layouts
 
     def run(name, attention):
         config = make_config(output_dir=str(tmp_path / name), train={"steps": 3, "lr": 1e-3, "attention": attention})
         return grpo.train(config, progress=False).metrics
 
     fast = run("fast", "eager")
-    monkeypatch.setattr(models, "prompt_groups", lambda batch: None)  # no prompt is shared: every row in full
+    monkeypatch.setattr(layouts, "prompt_groups", lambda batch: None)  # no prompt is shared: every row in full
     plain = run("plain", "sdpa")
     for ours, reference in zip(fast, plain, strict=True):
         for key in ("reward/mean", "loss", "kl", "entropy", "grad_norm"):
@@ -133,11 +135,11 @@ def test_shared_prompt_pass_under_checkpointing_equals_full_rows(kind, kv_heads,
         model.eval()
         return logits.detach()[mask], torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    import grpo.train.models as models
+    import grpo.train.layouts as layouts
 
     turned = []  # each cache turned for a checkpointed pass
-    real = models._turn
-    monkeypatch.setattr(models, "_turn", lambda cache, kind: turned.append((kind, real(cache, kind))) or turned[-1][1])
+    real = layouts._turn
+    monkeypatch.setattr(layouts, "_turn", lambda cache, kind: turned.append((kind, real(cache, kind))) or turned[-1][1])
     reference = run(shared=False, checkpointing=False)
     assert enable_checkpointing(model)
     for shared in (False, True):

@@ -8,7 +8,7 @@ import torch
 import grpo
 from grpo.rewards.adapters import ModelReward, ProcessModelReward, step_ends
 from grpo.rewards.model import RewardModel
-from grpo.train.models import FrozenCopy
+from grpo.train.networks import FrozenCopy
 
 
 @pytest.mark.learning

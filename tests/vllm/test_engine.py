@@ -12,7 +12,8 @@ import torch
 from grpo.errors import UserError
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import apply_lora, policy_logprobs
+from grpo.train.models import apply_lora
+from grpo.train.layouts import policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
 from grpo.vllm.decoder import EngineOptions, VllmDecoder, shared_engine
 from grpo.vllm.engine import StaleWeights, policy_weights

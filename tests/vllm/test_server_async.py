@@ -21,7 +21,7 @@ import grpo
 from grpo.errors import UserError
 from grpo.infra.checkpoint import list_checkpoints
 from grpo.train.asynchronous import AsyncRollouts
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from tests.train.rewards_for_tests import sevens
 from tests.train.test_async import engine_for
 from tests.train.test_learning import gain

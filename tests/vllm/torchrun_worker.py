@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from grpo.rollout.sampler import Sampler
 from grpo.train import loop
-from grpo.train.models import policy_logprobs
+from grpo.train.layouts import policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
 
 calls = []

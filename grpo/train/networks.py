@@ -1,0 +1,178 @@
+"""The networks a run holds beside the policy: the reference and the critic.
+
+GRPO holds three models (policy, reference, reward: a reward *function* here, or a reward
+model); PPO holds four (plus the critic, a value model). The reference is a frozen copy of
+the policy, or, with LoRA, the same weights with the adapter switched off (no second copy).
+With beta = 0 there is no reference at all.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from grpo.errors import UserError, first_line
+from grpo.infra.hf import quiet_loading, torch_dtype
+from grpo.rollout import Rollout
+from grpo.train.layouts import policy_logprobs
+
+
+# ---- the reference ----------------------------------------------------------------------------
+
+
+class Reference(Protocol):
+    held: bool  # whether a network is held for it (for the "models held" count)
+    networks: list  # the networks it holds beside the policy (for the parameter count)
+
+    def logprobs(self, batch: Rollout, temperature: float, repetition_penalty: float = 1.0) -> Tensor | None: ...
+    def reset_to(self, policy) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class NoReference:
+    """beta = 0: no KL term, so no reference model is loaded."""
+
+    held = False
+    networks: list = []
+
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
+        return None
+
+    def reset_to(self, policy):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class FrozenCopy:
+    """A frozen copy of the policy's weights.
+
+    With `matmul_dtype` (train.autocast), the copy's linear layers are stored in that dtype:
+    autocast would round their weights to it before every matmul anyway, so the numbers are
+    the same, the copy holds half the memory, and no forward pass re-casts them. Norms and
+    embeddings stay in the policy's dtype, as autocast computes them."""
+
+    held = True
+
+    def __init__(
+        self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True
+    ):
+        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.chunked_head = chunked_head
+        # The policy's whole weights (sharded under FSDP, the reference is a full replica).
+        self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
+        self.networks = [self.model]
+        if matmul_dtype is not None:
+            embedding = self.model.get_input_embeddings().weight
+            for module in self.model.modules():
+                if isinstance(module, nn.Linear) and module.weight is not embedding:  # a tied head stays
+                    module.to(matmul_dtype)
+
+    @torch.no_grad()
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
+        return policy_logprobs(self.model, batch, temperature, repetition_penalty, self.chunked_head)
+
+    @torch.no_grad()
+    def reset_to(self, policy):
+        self.model.load_state_dict(self.full_state_dict(policy))
+
+    def state_dict(self):
+        return self.model.state_dict()
+
+    def load_state_dict(self, state):
+        self.model.load_state_dict(state)
+
+
+class AdapterOff:
+    """LoRA: the reference is the base weights, i.e. the policy with its adapter disabled.
+    Resetting the reference to the policy merges the adapter into the base and starts a
+    fresh (zero) adapter, so the policy is unchanged and the reference catches up."""
+
+    held = True
+    networks: list = []  # the policy's own weights
+
+    def __init__(self, policy, chunked_head: bool = True):
+        self.policy = policy
+        self.chunked_head = chunked_head
+
+    @torch.no_grad()
+    def logprobs(self, batch, temperature, repetition_penalty=1.0):
+        with self.policy.disable_adapter():
+            return policy_logprobs(self.policy, batch, temperature, repetition_penalty, self.chunked_head)
+
+    @torch.no_grad()
+    def reset_to(self, policy):
+        for module in policy.modules():
+            if hasattr(module, "merge") and hasattr(module, "lora_B"):
+                module.merge()
+                module.merged_adapters = []  # keep the merge: it is the new base
+                for b in module.lora_B.values():
+                    nn.init.zeros_(b.weight)
+
+    def state_dict(self):
+        return {}  # the base weights are part of the policy's own state
+
+    def load_state_dict(self, state):
+        pass
+
+
+def build_reference(
+    policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None, chunked_head: bool = True
+) -> Reference:
+    """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
+    off; else a frozen copy (its linear weights in `dtype` under train.autocast), reset from
+    `full_state_dict(policy)` (default: the policy's own state dict). `chunked_head`:
+    train.chunked_head, for its log-probs."""
+    if beta == 0:
+        return NoReference()
+    return AdapterOff(policy, chunked_head) if lora else FrozenCopy(policy, dtype, full_state_dict, chunked_head)
+
+
+# ---- the critic -------------------------------------------------------------------------------
+
+
+class ValueModel(nn.Module):
+    """PPO's critic: a causal LM's backbone with a scalar head, V(prefix) per position."""
+
+    def __init__(self, backbone, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # start at V = 0: no opinion before any data
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: Rollout) -> Tensor:
+        """(N, T): the value of the state before each completion token."""
+        t_len = batch.completion_mask.shape[1]
+        hidden = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state  # (N, P + T, H)
+        # A tensor of its own, not a view: FSDP2 hooks a sharded module's output for its backward.
+        return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1).clone()
+
+
+def load_value_model(
+    path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu"
+) -> ValueModel:
+    from transformers import AutoModel
+
+    # The checkpoint's language-model head is not part of the backbone: its keys are "unexpected".
+    try:
+        with quiet_loading():
+            backbone = AutoModel.from_pretrained(
+                path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention
+            )
+    except Exception as err:
+        raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
+    return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()
