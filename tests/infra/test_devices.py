@@ -143,16 +143,16 @@ def test_the_fast_sampler_decodes_with_a_cache_in_the_compute_dtype(monkeypatch,
     )
     rows = [{"prompt": "ab"}, {"prompt": "c"}]
     dtypes = []
-    real = fast._Cache.__init__
+    real = fast.forward._Cache.__init__
 
     def spy(self, w, rows_, length):
         real(self, w, rows_, length)
         dtypes.append(self.keys.dtype)
 
-    monkeypatch.setattr(fast._Cache, "__init__", spy)
+    monkeypatch.setattr(fast.forward._Cache, "__init__", spy)
     torch.manual_seed(0)
     on_cpu = sampler.sample(model, rows)
-    monkeypatch.setattr(fast, "cache_dtype", lambda w: w.embed.dtype)  # what a GPU gets
+    monkeypatch.setattr(fast.forward, "cache_dtype", lambda w: w.embed.dtype)  # what a GPU gets
     torch.manual_seed(0)
     as_on_gpu = sampler.sample(model, rows)
     assert dtypes == [torch.float32, torch.bfloat16]

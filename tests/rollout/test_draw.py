@@ -27,7 +27,7 @@ def test_each_token_is_drawn_with_its_probability_and_never_one_of_probability_z
     scale = torch.rand(n, 1, generator=torch.Generator().manual_seed(1)) * 5 + 0.1
     probs = weights * scale
     g = torch.Generator().manual_seed(2)
-    tokens = fast._inverse_cdf_draw(probs, torch.arange(n), [(0, n, g)])
+    tokens = fast.draws._inverse_cdf_draw(probs, torch.arange(n), [(0, n, g)])
     counts = torch.bincount(tokens, minlength=len(weights)).double()
     assert counts[weights == 0].sum() == 0
     assert within(counts, (weights / weights.sum()).double(), n), counts.tolist()
@@ -54,7 +54,7 @@ def test_the_two_level_lookup_is_the_plain_inverse_cdf(monkeypatch):
         if probs is not spread:  # most uniforms in the tail's share, 1.5e-4 of the mass
             u = 1 - u * 3e-4
         monkeypatch.setattr(torch, "rand", lambda *a, **k: u)
-        got = fast._inverse_cdf_draw(probs, torch.arange(n), [(0, n, None)])
+        got = fast.draws._inverse_cdf_draw(probs, torch.arange(n), [(0, n, None)])
         monkeypatch.undo()
         # Equal, but where u * total lies within the two sums' float64 rounding of a boundary
         # (the running sum's error grows with the vocabulary, ~1e-11 here, 1% of a 1e-9 token).
@@ -67,12 +67,12 @@ def test_rows_draw_their_own_uniform_whichever_rows_have_finished():
     n, vocab = 12, 1000
     probs = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 2, -1)
     full_g = torch.Generator().manual_seed(5)
-    everyone = fast._inverse_cdf_draw(probs, torch.arange(n), [(0, n, full_g)])
+    everyone = fast.draws._inverse_cdf_draw(probs, torch.arange(n), [(0, n, full_g)])
     assert len(set(everyone.tolist())) > n // 2  # rows do not share one uniform
     for rows in ([0], [n - 1], [2, 3, 4, 9], [1, 5, 6, 7, 11]):
         g = torch.Generator().manual_seed(5)
         rows = torch.tensor(rows)
-        got = fast._inverse_cdf_draw(probs[rows], rows, [(0, n, g)])
+        got = fast.draws._inverse_cdf_draw(probs[rows], rows, [(0, n, g)])
         assert torch.equal(got, everyone[rows])
         assert torch.equal(g.get_state(), full_g.get_state())  # one uniform per row, finished or not
 
@@ -81,16 +81,16 @@ def test_each_prompt_draws_from_its_own_generator():
     n, vocab = 8, 500
     probs = torch.softmax(torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)) * 2, -1)
     segments = [(0, 3, torch.Generator().manual_seed(7)), (3, 8, torch.Generator().manual_seed(8))]
-    together = fast._inverse_cdf_draw(probs, torch.arange(n), segments)
-    second = fast._inverse_cdf_draw(probs[3:], torch.arange(5), [(0, 5, torch.Generator().manual_seed(8))])
+    together = fast.draws._inverse_cdf_draw(probs, torch.arange(n), segments)
+    second = fast.draws._inverse_cdf_draw(probs[3:], torch.arange(5), [(0, 5, torch.Generator().manual_seed(8))])
     assert torch.equal(together[3:], second)
 
 
 def test_bad_distributions_are_refused_as_multinomial_refuses_them():
     with pytest.raises(RuntimeError, match="nan"):
-        fast._inverse_cdf_draw(torch.full((2, 5), float("nan")), torch.arange(2), [(0, 2, None)])
+        fast.draws._inverse_cdf_draw(torch.full((2, 5), float("nan")), torch.arange(2), [(0, 2, None)])
     with pytest.raises(RuntimeError, match="sum"):
-        fast._inverse_cdf_draw(torch.zeros(2, 5), torch.arange(2), [(0, 2, None)])
+        fast.draws._inverse_cdf_draw(torch.zeros(2, 5), torch.arange(2), [(0, 2, None)])
 
 
 def sampler(draw, **options):
@@ -124,30 +124,34 @@ def test_the_few_rows_layout_is_f_linear(bias):
         (1, 48),
         (2, 48),
         (5, 48),
-        (fast.FEW_ROWS - 1, 48),
+        (fast.forward.FEW_ROWS - 1, 48),
         (3, 1, 48),
         (2, 3, 48),
-        (fast.FEW_ROWS, 48),
+        (fast.forward.FEW_ROWS, 48),
         (20, 48),
     ):
         x = torch.randn(shape)
-        got = fast._linear(x, weight, b, few_rows_layout=True)
+        got = fast.forward._linear(x, weight, b, few_rows_layout=True)
         assert got.shape == (*shape[:-1], 3000) and got.is_contiguous()
         torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), atol=1e-5, rtol=1e-5)
-        assert torch.equal(fast._linear(x, weight, b, few_rows_layout=False), torch.nn.functional.linear(x, weight, b))
+        assert torch.equal(
+            fast.forward._linear(x, weight, b, few_rows_layout=False), torch.nn.functional.linear(x, weight, b)
+        )
 
 
 def test_the_log_probs_are_the_policys_with_few_rows(monkeypatch):
     """Eight rows (under FEW_ROWS after the prefill), the matmuls in their few-rows layout: the
     sampler's log-probs of the tokens it drew are the ones the loss computes."""
     model = model_of(eos_bias=0.5)
-    calls, linear = [], fast._linear
-    monkeypatch.setattr(fast, "_linear", lambda x, *a: calls.append((x.numel() // x.shape[-1], a[-1])) or linear(x, *a))
+    calls, linear = [], fast.forward._linear
+    monkeypatch.setattr(
+        fast.forward, "_linear", lambda x, *a: calls.append((x.numel() // x.shape[-1], a[-1])) or linear(x, *a)
+    )
     rollout = sampler("fast", group_size=2, temperature=0.8).sample(
         model, ROWS, generator=torch.Generator().manual_seed(3)
     )
     assert calls and all(layout for _, layout in calls)  # every matmul of the loop is offered the layout
-    assert sum(rows < fast.FEW_ROWS for rows, _ in calls) > len(calls) // 2  # and most take it
+    assert sum(rows < fast.forward.FEW_ROWS for rows, _ in calls) > len(calls) // 2  # and most take it
     with torch.no_grad():
         scored = policy_logprobs(model, rollout, 0.8)
     valid = rollout.completion_mask.bool()

@@ -148,13 +148,13 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
         total = full_ids.shape[1]
         cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
         cos, sin = cos[0], sin[0]
-        cache = fast._Cache(w, 3, total)
+        cache = fast.forward._Cache(w, 3, total)
         p = ids.shape[1]
         valid = full_mask.bool()
         causal = torch.ones(p, p, dtype=torch.bool).tril()
         prefill_mask = (causal & (valid[:, None, :p] | torch.eye(p, dtype=torch.bool)))[:, None]
         got = [
-            fast._forward(
+            fast.forward._forward(
                 w, ids, cos[positions[:, :p]][:, None], sin[positions[:, :p]][:, None], cache, 0, prefill_mask
             )
         ]
@@ -162,7 +162,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
             at = p + t
             pos = positions[:, at]
             got.append(
-                fast._forward(
+                fast.forward._forward(
                     w,
                     full_ids[:, at : at + 1],
                     cos[pos][:, None, None],
@@ -183,8 +183,8 @@ def test_bf16_decoding_stays_close_to_float32():
     cos, sin = model.model.rotary_emb(w32.embed[:1], torch.arange(ids.shape[1])[None])
     logits = {}
     for name, w in (("32", w32), ("16", w16)):
-        cache = fast._Cache(w, 1, ids.shape[1])
-        logits[name] = fast._forward(w, ids, cos[:, None], sin[:, None], cache, 0, None).float()
+        cache = fast.forward._Cache(w, 1, ids.shape[1])
+        logits[name] = fast.forward._forward(w, ids, cos[:, None], sin[:, None], cache, 0, None).float()
     assert not torch.equal(logits["32"], logits["16"])
     torch.testing.assert_close(logits["16"].softmax(-1), logits["32"].softmax(-1), atol=0.03, rtol=0)
 
@@ -238,7 +238,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
     model = model_of(eos_bias=1.0)  # rows end at different steps
     steps = []  # (N, V) processed scores (or their log-softmax) per decoding step
     if backend == "fast":  # the unfinished rows' probabilities at each draw (finished rows get ones, masked out below)
-        monkeypatch.setattr(fast, "_draw", recording_draws(steps, fill=1.0, log=True))
+        monkeypatch.setattr(fast.loop, "_draw", recording_draws(steps, fill=1.0, log=True))
     else:
         generate = model.generate
 
@@ -308,9 +308,9 @@ SPREAD = {("llama", 4): 0.0, ("llama", 2): 0.5, ("qwen2", 2): -0.5, ("qwen3", 2)
 
 
 def recording_draws(into: list, fill: float, log: bool = False):
-    """fast._draw that also appends each draw's distributions (or their log) to `into`, at their
+    """fast.draws._draw that also appends each draw's distributions (or their log) to `into`, at their
     rows of the whole batch (n, V); finished rows get `fill`."""
-    draw = fast._draw
+    draw = fast.draws._draw
 
     def recording(probs, rows, segments, *rest):
         full = probs.new_full((segments[-1][1], probs.shape[1]), fill).index_copy_(0, rows, probs)
@@ -321,13 +321,13 @@ def recording_draws(into: list, fill: float, log: bool = False):
 
 
 def sample_compacting(model, backend="fast", compact_at=None, seeds=None, stream="global", **options):
-    """Sample ROWS (G = 4, up to 24 new tokens) with fast.COMPACT_AT = `compact_at` (None: every row decoded to the end).
+    """Sample ROWS (G = 4, up to 24 new tokens) with fast.loop.COMPACT_AT = `compact_at` (None: every row decoded to the end).
     Returns the rollout, the probabilities of each full-batch draw (N, V) per step (fast only),
     and a draw from the stream after (the global one, or with stream "generator" the sample's own)."""
     draws = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fast, "COMPACT_AT", compact_at)
-        mp.setattr(fast, "_draw", recording_draws(draws, fill=0.0))
+        mp.setattr(fast.loop, "COMPACT_AT", compact_at)
+        mp.setattr(fast.loop, "_draw", recording_draws(draws, fill=0.0))
         sampler = Sampler(
             TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options
         )
@@ -364,7 +364,7 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
     assert lengths.max() >= 3 * lengths.min()  # rows end at very different lengths
     assert (lengths <= lengths.max() / 2).sum() >= len(lengths) // 4
     assert len(set(hf[0].completions)) > len(ROWS)
-    for compact_at in (0.0, fast.COMPACT_AT, 1.0):
+    for compact_at in (0.0, fast.loop.COMPACT_AT, 1.0):
         assert_same_samples(
             sample_compacting(model, compact_at=compact_at, **options),
             every_row,
@@ -374,13 +374,13 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
 
 @pytest.mark.parametrize("seeds,stream", [(None, "global"), (None, "generator"), ([11, 22, 33, 44], "global")])
 def test_the_full_batch_draw_off_the_cpu_draws_the_same_tokens(seeds, stream, monkeypatch):
-    """The path GPUs take (fast.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
+    """The path GPUs take (fast.loop.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
     finished rows from their last distribution), run on the CPU: generate's tokens, with rows
     leaving the loop at the default fraction."""
     model = model_of("qwen2", 2, eos_bias=SPREAD["qwen2", 2])
     hf = sample_compacting(model, "hf", seeds=seeds, stream=stream)
-    monkeypatch.setattr(fast, "SKIP_FINISHED_DRAWS", False)
-    ours = sample_compacting(model, compact_at=fast.COMPACT_AT, seeds=seeds, stream=stream)
+    monkeypatch.setattr(fast.loop, "SKIP_FINISHED_DRAWS", False)
+    ours = sample_compacting(model, compact_at=fast.loop.COMPACT_AT, seeds=seeds, stream=stream)
     assert_same_samples(ours, hf, compare_draws=False)
     lengths = hf[0].completion_mask.sum(1)
     assert lengths.max() >= 3 * lengths.min()  # rows finish at very different steps
@@ -409,13 +409,13 @@ def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, mo
     next copy, which comes once finished rows make up COMPACT_AT of the cache's rows."""
     model = model_of("qwen2", 2, eos_bias=1.0)  # 8 of 16 rows end at once, the rest one by one
     calls = []  # (rows through the layers, rows through the head) per forward
-    forward = fast._forward
+    forward = fast.forward._forward
 
     def counting(w, ids, *args, heads=None, **options):
         calls.append((ids.shape[0], ids.shape[0] if heads is None else len(heads)))
         return forward(w, ids, *args, heads=heads, **options)
 
-    monkeypatch.setattr(fast, "_forward", counting)
+    monkeypatch.setattr(fast.loop, "_forward", counting)
     rollout, _, _ = sample_compacting(model, compact_at=compact_at)
     lengths = rollout.completion_mask.sum(1).long()
     n, steps = rollout.completion_mask.shape
@@ -441,22 +441,22 @@ def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, mo
 
 
 def test_the_vectorised_exponential_draws_exponential_s_numbers_and_consumes_as_much():
-    """fast._exponential against Tensor.exponential_ (the draw inside torch.multinomial), bit
+    """fast.draws._exponential against Tensor.exponential_ (the draw inside torch.multinomial), bit
     for bit over 4M numbers, and the stream left in the same place; a skip of k numbers leaves
     it where k exponential draws do."""
     for seed in (0, 1234):
         g, expected_g = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        got = fast._exponential((32, 131072), g)
+        got = fast.draws._exponential((32, 131072), g)
         expected = torch.empty(32, 131072).exponential_(generator=expected_g)
         assert torch.equal(got, expected)
-        fast._skip(1000, g)
+        fast.draws._skip(1000, g)
         torch.empty(1000).exponential_(generator=expected_g)
         assert torch.equal(g.get_state(), expected_g.get_state())
 
 
 @pytest.mark.parametrize("seeded", [False, "one", True])
 def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
-    """fast._draw given the unfinished rows only: the tokens torch.multinomial draws for them
+    """fast.draws._draw given the unfinished rows only: the tokens torch.multinomial draws for them
     over the whole batch, and the stream (global, one generator's, or each prompt's
     generator) left where multinomial leaves it, for every pattern of finished rows, with
     runs of both kinds."""
@@ -472,13 +472,13 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
         rows = torch.tensor(rows)
         if seeded == "one":
             g, expected_g = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-            got = fast._draw(probs[rows], rows, [(0, n, g)])
+            got = fast.draws._draw(probs[rows], rows, [(0, n, g)])
             expected = torch.multinomial(probs, 1, generator=expected_g).squeeze(1)[rows]
             assert torch.equal(g.get_state(), expected_g.get_state())
         elif seeded:
             gens, expected_gens = ([torch.Generator().manual_seed(7 + i) for i in range(3)] for _ in range(2))
             starts = [0, 3, 8, 12]  # counts 3, 5, 4
-            got = fast._draw(probs[rows], rows, list(zip(starts, starts[1:], gens)))
+            got = fast.draws._draw(probs[rows], rows, list(zip(starts, starts[1:], gens)))
             expected = torch.cat(
                 [
                     torch.multinomial(part, 1, generator=g).squeeze(1)
@@ -488,14 +488,14 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
             assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(gens, expected_gens))
         else:
             torch.manual_seed(3)
-            got = fast._draw(probs[rows], rows, [(0, n, None)])
+            got = fast.draws._draw(probs[rows], rows, [(0, n, None)])
             after = torch.rand(2)
             torch.manual_seed(3)
             expected = torch.multinomial(probs, 1).squeeze(1)[rows]
             assert torch.equal(after, torch.rand(2))
         assert torch.equal(got, expected)
     with pytest.raises(RuntimeError, match="nan"):
-        fast._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), [(0, 2, None)])
+        fast.draws._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), [(0, 2, None)])
 
 
 @pytest.mark.parametrize("compact_at", [None, 0.0, 0.25])
@@ -508,7 +508,7 @@ def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads,
     from grpo.rollout.params import SamplingParams
     from grpo.rollout.padding import left_pad
 
-    monkeypatch.setattr(fast, "COMPACT_AT", compact_at)
+    monkeypatch.setattr(fast.loop, "COMPACT_AT", compact_at)
     model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
     weights = fast.fuse_weights(model, torch.float32)
     p = SamplingParams.of(TOKENIZER, max_new_tokens=16, temperature=1.2)

@@ -1,0 +1,249 @@
+"""The fast loop's forward pass: the model's weights fused once per policy version
+(`fuse_weights`: q/k/v and gate/up stacked into one matmul each), a preallocated KV cache, and
+one decoding step over it (`_forward`), its matmuls laid out for a handful of rows on a CPU
+(`_linear`). What it computes, and why, is in `grpo.rollout.fast`'s docstring."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class _Layer:
+    norm_attn: Tensor
+    qkv: Tensor  # (q + k + v outputs, H): the three projections stacked
+    qkv_bias: Tensor | None
+    out: Tensor
+    out_bias: Tensor | None
+    norm_mlp: Tensor
+    gate_up: Tensor  # (2 * I, H)
+    gate_up_bias: Tensor | None
+    down: Tensor
+    down_bias: Tensor | None
+    q_norm: Tensor | None = None  # Qwen3: RMSNorm over each query head (carrying the 1/sqrt(D))
+    k_norm: Tensor | None = None  # Qwen3: RMSNorm over each key head
+
+
+@dataclass
+class _Weights:
+    embed: Tensor
+    layers: list[_Layer]
+    norm: Tensor
+    head: Tensor
+    head_bias: Tensor | None
+    eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
+    """The weights of `linears` stacked along the output dimension (linear j's scaled by
+    scales[j]), in `dtype`, and their biases likewise (zeros for one without; None if none has)."""
+    scales = scales or [1.0] * len(linears)
+
+    def scaled(t: Tensor, scale: float) -> Tensor:
+        return t.detach() * scale if scale != 1.0 else t.detach()
+
+    def joined(tensors: list[Tensor]) -> Tensor:  # no copy for a single tensor already in dtype
+        return (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).to(dtype)
+
+    weight = joined([scaled(lin.weight, sc) for lin, sc in zip(linears, scales)])
+    if all(lin.bias is None for lin in linears):
+        return weight, None
+    return weight, joined(
+        [
+            scaled(lin.bias, sc) if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+            for lin, sc in zip(linears, scales)
+        ]
+    )
+
+
+def fuse_weights(model, dtype: torch.dtype) -> _Weights:
+    """The model's current weights, in `dtype`, with the fused projections built."""
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    layers = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        # The attention's 1/sqrt(D) is folded into the query projection (RoPE is linear, so
+        # rotating the scaled query scales the rotated one): one op fewer per layer and step.
+        # With Qwen3's per-head query norm, which would undo that scale, it goes into the norm's weight.
+        scale = getattr(a, "scaling", None) or head_dim**-0.5
+        q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        q_scale = 1.0 if q_norm is not None else scale
+        qkv, qkv_bias = _stack([a.q_proj, a.k_proj, a.v_proj], dtype, [q_scale, 1.0, 1.0])  # Qwen2 has q/k/v biases
+        out, out_bias = _stack([a.o_proj], dtype)
+        gate_up, gate_up_bias = _stack([m.gate_proj, m.up_proj], dtype)
+        down, down_bias = _stack([m.down_proj], dtype)
+        layers.append(
+            _Layer(
+                norm_attn=layer.input_layernorm.weight.detach().to(dtype),
+                qkv=qkv,
+                qkv_bias=qkv_bias,
+                out=out,
+                out_bias=out_bias,
+                norm_mlp=layer.post_attention_layernorm.weight.detach().to(dtype),
+                gate_up=gate_up,
+                gate_up_bias=gate_up_bias,
+                down=down,
+                down_bias=down_bias,
+                q_norm=None if q_norm is None else (q_norm.weight.detach() * scale).to(dtype),
+                k_norm=None if k_norm is None else k_norm.weight.detach().to(dtype),
+            )
+        )
+    head, head_bias = _stack([model.lm_head], dtype)
+    return _Weights(
+        embed=model.model.embed_tokens.weight.detach().to(dtype),
+        layers=layers,
+        norm=model.model.norm.weight.detach().to(dtype),
+        head=head,
+        head_bias=head_bias,
+        eps=getattr(model.model.norm, "variance_epsilon", None) or config.rms_norm_eps,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+    )
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """LlamaRMSNorm (x / sqrt(mean(x^2) + eps) * weight) as one fused op."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE as Llama applies it: x * cos + rotate_half(x) * sin (cos, sin: (B, 1, S, D))."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos + rotated * sin
+
+
+def cache_dtype(w: _Weights) -> torch.dtype:
+    """The KV cache's dtype: float32 on a CPU (its per-length matmuls then use float32 kernels;
+    bf16 ones JIT one kernel per shape, which costs memory: benchmarks/README.md); on a GPU
+    the compute dtype (bf16 halves the cache, and the GPU's kernels take any shape)."""
+    return torch.float32 if w.embed.device.type == "cpu" else w.embed.dtype
+
+
+class _Cache:
+    """Preallocated keys and values: (layers, B, kv_heads, length, head_dim) each, in `cache_dtype`."""
+
+    def __init__(self, w: _Weights, rows: int, length: int):
+        shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
+        self.keys = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
+        self.values = torch.empty_like(self.keys)
+
+    def repeat(self, counts: Tensor, filled: int) -> None:
+        """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""
+        rows = int(counts.sum())
+        keys = self.keys.new_empty(self.keys.shape[:1] + (rows,) + self.keys.shape[2:])
+        values = torch.empty_like(keys)
+        keys[:, :, :, :filled] = self.keys[:, :, :, :filled].repeat_interleave(counts, 1)
+        values[:, :, :, :filled] = self.values[:, :, :, :filled].repeat_interleave(counts, 1)
+        self.keys, self.values = keys, values
+
+    def keep(self, rows: Tensor, filled: int) -> None:
+        """Keep cache rows `rows` only (in that order), moved to the front of the same buffers
+        (their first `filled` positions): no second cache is allocated."""
+        k = len(rows)
+        self.keys[:, :k, :, :filled] = self.keys[:, rows, :, :filled]
+        self.values[:, :k, :, :filled] = self.values[:, rows, :, :filled]
+        self.keys, self.values = self.keys[:, :k], self.values[:, :k]
+
+
+def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention of one new query per row over the cache: (B, heads, 1, D). Two batched
+    matmuls; for a single query this is several times faster on a CPU than the fused
+    scaled_dot_product_attention kernel. Grouped-query heads share their key/value head."""
+    b, heads, _, d = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    q = q.reshape(b, kv_heads, heads // kv_heads, d)  # the query heads of each key/value head
+    scores = torch.matmul(q, keys.transpose(-1, -2))  # (B, kv_heads, group, L); q carries the 1/sqrt(D)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.view(b, 1, 1, length), -math.inf)
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
+    return torch.matmul(weights, values).view(b, heads, 1, d)
+
+
+def _forward(
+    w: _Weights,
+    ids: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: _Cache,
+    start: int,
+    mask: Tensor | None,
+    heads: Tensor | None = None,
+    few_rows_layout: bool = False,
+) -> Tensor:
+    """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits
+    (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V).
+    `few_rows_layout`: the matmuls in the layout fastest for a few rows (`_linear`; rollout.draw: fast)."""
+    b, s = ids.shape
+    q_width, kv_width = w.heads * w.head_dim, w.kv_heads * w.head_dim
+    end = start + s
+    gqa = w.kv_heads != w.heads
+    h = F.embedding(ids, w.embed)  # (B, S, H)
+    for i, layer in enumerate(w.layers):
+        x = _rms_norm(h, layer.norm_attn, w.eps)
+        qkv = _linear(x, layer.qkv, layer.qkv_bias, few_rows_layout)  # (B, S, q + 2 kv), q already scaled by 1/sqrt(D)
+        # RoPE in float32 whatever the weights' dtype (more accurate in bf16); attention in the
+        # cache's dtype (`cache_dtype`: float32 on a CPU, the compute dtype on a GPU).
+        qk = qkv[..., : q_width + kv_width].view(b, s, w.heads + w.kv_heads, w.head_dim)
+        if layer.q_norm is not None:
+            qk = torch.cat(
+                [
+                    _rms_norm(qk[:, :, : w.heads], layer.q_norm, w.eps),
+                    _rms_norm(qk[:, :, w.heads :], layer.k_norm, w.eps),
+                ],
+                2,
+            )
+        qk = _rotate(qk.transpose(1, 2).float(), cos, sin)
+        q, k = qk[:, : w.heads].to(cache.keys.dtype), qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
+        v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
+        keys, values = cache.keys[i], cache.values[i]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        if s == 1:
+            attn = _attend_one(q, keys[:, :, :end], values[:, :, :end], mask)
+        else:
+            attn = F.scaled_dot_product_attention(
+                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa, scale=1.0
+            )  # (B, heads, S, D)
+        h = h + _linear(
+            attn.transpose(1, 2).reshape(b, s, q_width).to(h.dtype), layer.out, layer.out_bias, few_rows_layout
+        )
+        x = _rms_norm(h, layer.norm_mlp, w.eps)
+        gate, up = _linear(x, layer.gate_up, layer.gate_up_bias, few_rows_layout).chunk(2, -1)
+        h = h + _linear(F.silu(gate) * up, layer.down, layer.down_bias, few_rows_layout)
+    last = h[:, -1] if heads is None else h[heads, -1]
+    return _linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias, few_rows_layout)  # (B or len(heads), V)
+
+
+# Below this many rows, rollout.draw: fast computes each matmul of the loop as W @ x^T. On a
+# CPU, MKL runs x @ W^T (F.linear) for a few rows several times slower than W @ x^T when the
+# weights come from memory, not from cache: ~30 ms against 5-10 ms for 2-8 rows of a
+# 151,936 x 256 head; SmolLM2's 30 layers for one token, 46 against 37 ms at 8 rows, 62
+# against 16 at 2; its 49,152 x 576 head, 19.6 against 8.5 ms at 8 rows (2026-12-02,
+# AVX-512 EPYC, 2 threads). From about 12 rows up both take the same kernel, and the same
+# time. The two differ in float rounding, so not under rollout.draw: generate, whose tokens
+# are generate's bit for bit.
+FEW_ROWS = 12
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, few_rows_layout: bool) -> Tensor:
+    """F.linear(x, weight, bias), as W @ x^T where `few_rows_layout` and x has fewer than
+    FEW_ROWS rows (all dimensions but the last) on a CPU."""
+    rows = x.numel() // x.shape[-1]
+    if not (few_rows_layout and rows < FEW_ROWS and x.device.type == "cpu"):
+        return F.linear(x, weight, bias)
+    out = torch.mm(weight, x.reshape(rows, x.shape[-1]).T).T.contiguous()
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
