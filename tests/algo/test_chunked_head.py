@@ -389,6 +389,7 @@ def test_a_model_that_runs_its_head_twice_per_pass_runs_the_plain_path():
 # ---- whole runs -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_a_run_is_the_same_with_the_chunked_head_and_the_full_logits(make_config, tmp_path, lora):
     """Reference, old-policy and update passes and the entropy metric, over steps that move

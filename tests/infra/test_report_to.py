@@ -97,6 +97,7 @@ def wandb_run(output_dir, run_id):
     return run, history
 
 
+@pytest.mark.resume
 def test_wandb_offline_run_has_every_steps_metrics_and_resume_continues_it(make_config, no_network):
     config = make_config(train={"steps": 2, "report_to": "wandb", "run_name": "first", "checkpoint_minutes": 0})
     result = grpo.train(config, progress=False)

@@ -285,6 +285,7 @@ def sampled_and_appended(rollout, records, sampler, i):
     return torch.tensor(mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fast", "hf"])
 def test_completion_tokens_are_the_sampled_ones_and_the_tool_messages(tool_lm, backend):
     tok, model = tool_lm

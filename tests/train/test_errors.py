@@ -96,6 +96,7 @@ def test_resume_in_a_folder_with_no_completed_step_starts_afresh(capsys, make_co
     assert len((tmp_path / "empty" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_the_process_prints_no_traceback(make_config, tmp_path):
     config = write(tmp_path, change(make_config(), "data.path", str(tmp_path / "missing.jsonl")))
     grpo = str(Path(sys.executable).parent / "grpo")

@@ -105,6 +105,7 @@ def copy_of(finished, tmp_path, name):
     return out, path
 
 
+@pytest.mark.resume
 @pytest.mark.parametrize("name,code", [("INT", 130), ("TERM", 143)])
 def test_a_signal_saves_the_step_in_progress_and_resume_continues(runs, finished, capsys, name, code):
     path = runs("signalled", reward="tests.train.rewards_for_tests:sevens_then_signal")
@@ -379,6 +380,7 @@ def test_a_reward_that_exits_is_an_error_not_the_end_of_the_run(runs, finished, 
     assert results(out) == finished[1]
 
 
+@pytest.mark.slow
 def test_a_reward_that_hangs_times_out(runs, tmp_path, capsys):
     path = runs("hangs", reward="tests.train.rewards_for_tests:sevens_then_hang")
     config = yaml.safe_load(path.read_text())
@@ -494,6 +496,7 @@ def _fill_disk_in_step_3(path, limit, file=None):
     return grpo_train(path, env=env)
 
 
+@pytest.mark.resume
 @pytest.mark.parametrize("full", ["log", "checkpoint"])
 def test_a_full_disk_is_one_line_keeps_the_last_checkpoint_and_resumes(runs, finished, capsys, full):
     """Step 2's checkpoint is written; then the disk fills. "log": step 3's metrics line is cut

@@ -103,6 +103,7 @@ def tool_engine(tool_model, tmp_path, algorithm, group_size):
     return e, rollout, by_hand, reference, [copy.deepcopy(m) for m in trained]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm, group_size", [("grpo", 3), ("ppo", 1)])
 def test_the_step_on_multi_turn_rollouts_is_the_plain_one_over_the_sampled_tokens(
     tool_model, tmp_path, monkeypatch, algorithm, group_size
@@ -212,6 +213,7 @@ def counted_counter_reward(environments, trainer_state, **kwargs):  # both by ke
     return counter_reward(environments)
 
 
+@pytest.mark.resume
 def test_a_resumed_run_with_tools_matches_an_uninterrupted_one(tool_model, tmp_path):
     """Nothing of a tool or an environment is checkpointed: each rollout starts from reset,
     so a run resumed from step 2 computes steps 3 and 4 as the run that never stopped."""
@@ -231,6 +233,7 @@ def test_a_resumed_run_with_tools_matches_an_uninterrupted_one(tool_model, tmp_p
     assert len(runs["stopped"]) == 4 and runs["stopped"] == runs["straight"]
 
 
+@pytest.mark.torchrun
 def test_two_processes_sample_and_train_as_one_with_a_seed_per_prompt(tool_model, tmp_path):
     """torchrun, 2 processes: each samples its prompts' multi-turn rollouts (its own
     environment instances), and with rollout.seed_per_prompt the run logs what 1 process
