@@ -6,8 +6,8 @@ spawned: a fresh interpreter, nothing inherited but its arguments), on rollout.a
 torch threads. It loads the policy from the run's model directory, builds the sampler the
 trainer would build (the same config, the same seed: each step draws from its own stream,
 `grpo.rollout.sampler`), and then serves two kinds of message from one queue, in order:
-`weights` (a version number and a copy of the policy's state dict in shared memory) and `sample` (a step,
-its rows, its per-prompt seeds). Each rollout goes back on CPU tensors with the version of the
+`weights` (a version number and the file holding a copy of the policy's state dict,
+`write_weights`) and `sample` (a step, its rows, its per-prompt seeds). Each rollout goes back on CPU tensors with the version of the
 weights that drew it. Messages are handled in the order sent, so what the generator samples
 is decided by the trainer alone: the same weights and seeds give the same tokens and
 log-probs as the in-process sampler (a test compares them). With rollout.sampler: vllm
@@ -43,19 +43,30 @@ carries the engine's mismatch as well as the staleness, and the clip bounds both
 engine as the colocated one).
 
 Faults. The trainer never waits silently: it polls the generator, and a generator that
-raised (its one-line error), died (its exit code) or gave no batch within
-rollout.async.timeout seconds stops the run with one line (the loop saves the last
-completed step). The generator ignores Ctrl-C (the trainer decides when to stop) and exits
-when the trainer goes away. A stop discards the queue: a resume starts a new generator from
-the checkpoint's weights and resamples the steps ahead.
+raised (its one-line error), died (its exit code; at any moment, a batch it sent included,
+whose tensors died with it) or gave no batch within rollout.async.timeout seconds stops the
+run with one line (the loop saves the last completed step), and `close` leaves no process.
+Neither side's read depends on the other being alive: the weights and each batch travel as
+files of a private folder of the run (in /dev/shm where it is: memory), written whole before
+their name is sent, and removed by their reader (the folder by `close`, or by the generator
+when the trainer is gone). Shared tensors would pass descriptors over the resource sharer's
+socket instead: a read from a killed generator fails mid-unpickle, one from a stopped one
+waits forever, and the trainer's sharer thread prints a traceback when its reader dies. The generator ignores Ctrl-C (the trainer decides when to
+stop) and exits when the trainer goes away. A stop discards the queue: a resume starts a
+new generator from the checkpoint's weights and resamples the steps ahead.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import pickle
 import queue
+import shutil
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -67,22 +78,95 @@ from grpo.errors import UserError, first_line
 from grpo.infra.seed import prompt_seed
 from grpo.rollout import Rollout
 from grpo.train.step import Engine, StepResult, train_step
+from grpo.vllm.client import weights_folder
 
 __all__ = ["AsyncRollouts", "GeneratorSpec", "InProcess", "refuse_in_generator", "rollouts_for", "summary"]
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still there
 NAME = "grpo-generator"  # the generator process's name
+UNGUARDED = 87  # the generator's exit code when the main script it imports calls grpo.train
+REFUSED = 'rollout.async: the generator process imports the main script again: put its call of grpo.train under if __name__ == "__main__":'
 
 
 def refuse_in_generator() -> None:
-    """A one-line UserError where training starts inside the generator process. A spawned
+    """End the generator process, quietly, where training starts inside it: a spawned
     process imports the parent's main script again before it runs (as torch's DataLoader
-    workers do): a script that calls grpo.train at its top level, not under
-    `if __name__ == "__main__":`, would train again there."""
+    workers do), and a script that calls grpo.train at its top level, not under
+    `if __name__ == "__main__":`, would train again there. The trainer says why, in one line
+    (`AsyncRollouts._gone`): a traceback here, in the middle of the import, would be a second
+    one."""
     if multiprocessing.current_process().name == NAME:
-        raise UserError(
-            'rollout.async: the generator process imports the main script again: put its call of grpo.train under if __name__ == "__main__":'
-        )
+        os._exit(UNGUARDED)
+
+
+def _plain_if_uncaught(error: UserError) -> None:
+    """Print `error`, or the UserError that carries it (the loop adds what it saved), as one
+    line rather than a traceback should it end the script: the refusal of an unguarded
+    script reaches a script's top level, where nothing else would print it."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        cause = value
+        while cause is not None and cause is not error:
+            cause = cause.__cause__
+        if cause is None:
+            return previous(kind, value, traceback)
+        print(f"grpo: error: {value}", file=sys.stderr)
+
+    sys.excepthook = hook
+
+
+# Tensors laid out in one weights file start at multiples of this (any dtype's alignment).
+_ALIGN = 64
+
+
+def write_weights(path: str, weights: dict[str, torch.Tensor]) -> list[tuple]:
+    """`weights` copied once, straight into a new file at `path` (mapped, in memory when the
+    folder is /dev/shm), and their layout, what `read_weights` takes: (name, dtype, shape,
+    byte offset) per tensor."""
+    layout, size = [], 0
+    for name, tensor in weights.items():
+        size = -(-size // _ALIGN) * _ALIGN
+        layout.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), size))
+        size += tensor.numel() * tensor.element_size()
+    mapped = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)
+    for (_, _, shape, offset), tensor in zip(layout, weights.values()):
+        nbytes = tensor.numel() * tensor.element_size()
+        mapped[offset : offset + nbytes].view(tensor.dtype).view(shape).copy_(tensor.detach())
+    return layout
+
+
+def read_weights(path: str, layout: list[tuple]) -> dict[str, torch.Tensor]:
+    """The tensors `write_weights` wrote at `path`, on a private mapping of it; the file is
+    unlinked at once (the mapping stays readable, and its memory goes back when it is dropped)."""
+    size = max(
+        (offset + math.prod(shape) * getattr(torch, dtype).itemsize for _, dtype, shape, offset in layout), default=1
+    )
+    mapped = torch.from_file(path, shared=False, size=max(size, 1), dtype=torch.uint8)
+    os.unlink(path)
+    weights = {}
+    for name, dtype, shape, offset in layout:
+        kind = getattr(torch, dtype)
+        weights[name] = mapped[offset : offset + math.prod(shape) * kind.itemsize].view(kind).view(shape)
+    return weights
+
+
+def _put_rollout(folder: str, step: int, rollout: Rollout) -> str:
+    """`rollout` pickled into a new file of `folder` (written whole, then renamed into place);
+    its path. Our own process's batch, read once by the trainer (`_take_rollout`): the queue
+    carries only its name, so that no reader ever waits on a writer that died mid-message."""
+    path = os.path.join(folder, f"rollout-{step}-{time.monotonic_ns()}.pkl")
+    with open(path + ".part", "wb") as f:
+        pickle.dump(rollout, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(path + ".part", path)
+    return path
+
+
+def _take_rollout(path: str) -> Rollout:
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return pickle.loads(data)  # the generator's own batch, in the run's private folder (not a user's file)
 
 
 class InProcess:
@@ -108,16 +192,22 @@ class GeneratorSpec:
     prompt_column: str
     seed: int
     threads: int
+    folder: str = ""  # where the weights and the batches are passed as files (`AsyncRollouts.folder`)
 
 
 def _generator(spec: GeneratorSpec, requests, results) -> None:
     """The generator process: serve `weights` and `sample` messages until `stop` (or until
     the trainer is gone); an error goes back as one line, and ends the process."""
+    from tqdm import tqdm
+
     from grpo.infra.hf import load_tokenizer
     from grpo.rollout import Sampler
     from grpo.train.models import load_causal_lm
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the trainer stops us
+    # tqdm's default lock is a named semaphore the trainer's resource tracker would report as
+    # leaked (a warning on the trainer's stderr) were this process killed: a thread's lock does.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(spec.threads)
     parent = multiprocessing.parent_process()
     try:
@@ -134,13 +224,16 @@ def _generator(spec: GeneratorSpec, requests, results) -> None:
                 message = requests.get(timeout=POLL_S)
             except queue.Empty:
                 if parent is not None and not parent.is_alive():
+                    shutil.rmtree(spec.folder, ignore_errors=True)  # what it left
                     return  # the trainer is gone (killed): nobody to sample for
                 continue
             if message[0] == "stop":
                 return
             if message[0] == "weights":
-                _, version, weights, aliases = message
+                _, version, path, layout, aliases = message
+                weights = read_weights(path, layout)
                 policy.load_state_dict({**weights, **{name: weights[tied] for name, tied in aliases.items()}})
+                del weights
                 continue
             _, step, rows, seeds = message
             idle += time.perf_counter() - since  # waiting for a request and its weights
@@ -153,7 +246,7 @@ def _generator(spec: GeneratorSpec, requests, results) -> None:
                 )
             rollout.policy_version = version
             seconds = {"generate": time.perf_counter() - start, "idle": idle}
-            results.put(("rollout", step, rollout.to("cpu"), seconds))
+            results.put(("rollout", step, _put_rollout(spec.folder, step, rollout.to("cpu")), seconds))
             idle, since = 0.0, time.perf_counter()
     except BaseException as err:  # anything: the trainer must hear of it, not wait for a batch
         message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {first_line(err)}"
@@ -184,6 +277,9 @@ class AsyncRollouts:
         self.requested: dict[int, tuple[list[dict], list[int] | None]] = {}  # step -> its rows and seeds
         self.ready: dict[int, tuple[Rollout, dict]] = {}  # batches received before their step
         self.next_request, self.pushed = start, None  # the next step to request; the version the generator holds
+        # The files the weights and batches travel in (module doc), in memory where /dev/shm is.
+        self.folder = weights_folder()
+        self.pushes = 0
         spec = GeneratorSpec(
             model=c.model,
             dtype=c.train.dtype,
@@ -193,6 +289,7 @@ class AsyncRollouts:
             prompt_column=c.data.prompt_column,
             seed=c.seed,
             threads=a.threads,
+            folder=self.folder,
         )
         context = torch.multiprocessing.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
@@ -206,9 +303,9 @@ class AsyncRollouts:
 
     def _push(self, e: Engine) -> float:
         """Send the policy's weights; the seconds it took. Each tensor is copied once, straight
-        into shared memory (the trainer goes on changing its own; the queue then passes a
-        handle, not the bytes), and tied tensors (an embedding and its LM head) once for all
-        their names."""
+        into one file of the run's folder (the trainer goes on changing its own; the queue
+        then passes its name, not the bytes), and tied tensors (an embedding and its LM head)
+        once for all their names."""
         start = time.perf_counter()
         weights, aliases, first = {}, {}, {}
         for name, tensor in e.policy.state_dict().items():
@@ -217,8 +314,11 @@ class AsyncRollouts:
                 aliases[name] = first[where]
                 continue
             first[where] = name
-            weights[name] = torch.empty_like(tensor, device="cpu").share_memory_().copy_(tensor.detach())
-        self.requests.put(("weights", e.version, weights, aliases))
+            weights[name] = tensor
+        self.pushes += 1
+        path = os.path.join(self.folder, f"weights-{self.pushes}.bin")
+        layout = write_weights(path, weights)
+        self.requests.put(("weights", e.version, path, layout, aliases))
         self.pushed = e.version
         return time.perf_counter() - start
 
@@ -245,10 +345,7 @@ class AsyncRollouts:
                 message = self.results.get(timeout=max(min(POLL_S, deadline - time.monotonic()), 0.01))
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise UserError(
-                        f"rollout.async: the generator process died (exit code {self.process.exitcode}) "
-                        "without a word: killed, out of memory, or stopped as it started (its error is above)"
-                    ) from None
+                    raise self._gone() from None
                 if time.monotonic() >= deadline:
                     raise UserError(
                         f"rollout.async: the generator sent no batch in {self.timeout:g} s (rollout.async.timeout): "
@@ -257,7 +354,20 @@ class AsyncRollouts:
                 continue
             if message[0] == "error":
                 raise UserError(f"rollout.async: the generator failed: {message[1]}")
-            return message[1:]
+            got, path, seconds = message[1:]
+            return got, _take_rollout(path), seconds
+
+    def _gone(self) -> UserError:
+        """Why the generator process is no longer there, in one line."""
+        code = self.process.exitcode
+        if code == UNGUARDED:
+            error = UserError(REFUSED)
+            _plain_if_uncaught(error)
+            return error
+        return UserError(
+            f"rollout.async: the generator process died (exit code {code}) without a word: killed, out of memory, "
+            "or stopped as it started (its error is above)"
+        )
 
     def _take(self, e: Engine, step: int) -> tuple[Rollout, dict]:
         """Step `step`'s batch, within K optimizer steps of the current weights, and what it
@@ -317,6 +427,7 @@ class AsyncRollouts:
         for q in (self.requests, self.results):
             q.cancel_join_thread()  # nothing left to flush to a process that is gone
             q.close()
+        shutil.rmtree(self.folder, ignore_errors=True)  # weights it never read, batches never taken
 
 
 def rollouts_for(c: Config, e: Engine, stream: PromptStream, rows: list[dict], start: int) -> InProcess | AsyncRollouts:

@@ -1,22 +1,29 @@
 """Asynchronous rollouts (rollout.async, grpo.train.asynchronous): K = 0 is today's step; the
 generator process samples what the in-process sampler samples; a batch staler than K is
-dropped; the ratio's old log-probs are the sampling policy's; a K = 1 run learns; a dead or
-silent generator is one line; a stop and resume restart the generator from the checkpoint."""
+dropped; the ratio's old log-probs are the sampling policy's; a K = 1 run learns; a generator
+that fails, dies at any moment or hangs is one line and leaves no process; a stop and resume
+restart the generator from the checkpoint."""
 
 import copy
+import json
+import multiprocessing
 import os
 import signal
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 import grpo
 from grpo.config import config_from_dict
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.rewards import load_rewards
-from grpo.train.asynchronous import AsyncRollouts, GeneratorSpec, _generator
+from grpo.train.asynchronous import NAME, AsyncRollouts, GeneratorSpec, _generator, _take_rollout, write_weights
 from grpo.train.loop import build_engine
 from grpo.train.layouts import policy_logprobs
 from grpo.train.step import _passes, train_step
@@ -55,7 +62,7 @@ def test_k0_is_the_synchronous_step(make_config, tmp_path):
 
 
 @pytest.mark.parametrize("draw", ["generate", "fast"])
-def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, draw):
+def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, draw, tmp_path):
     """The same weights (moved away from the model on disk, which the generator loads first)
     and the same step draw the same tokens and log-probs in the generator process, with
     either rollout.draw."""
@@ -65,15 +72,19 @@ def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, 
             p.add_(0.05 * torch.randn_like(p))
     batch_rows = stream.take(c.rollout.prompts_per_step)
     here = e.sampler.sample(e.policy, batch_rows, None, step=5, version=7)
-    spec = GeneratorSpec(c.model, c.train.dtype, "cpu", None, c.rollout, c.data.prompt_column, c.seed, threads=1)
+    spec = GeneratorSpec(
+        c.model, c.train.dtype, "cpu", None, c.rollout, c.data.prompt_column, c.seed, threads=1, folder=str(tmp_path)
+    )
     context = torch.multiprocessing.get_context("spawn")
     requests, results = context.Queue(), context.Queue()
     process = context.Process(target=_generator, args=(spec, requests, results), daemon=True)
     process.start()
     try:
-        requests.put(("weights", 7, {k: v.detach().clone() for k, v in e.policy.state_dict().items()}, {}))
+        weights = str(tmp_path / "weights.bin")
+        requests.put(("weights", 7, weights, write_weights(weights, e.policy.state_dict()), {}))
         requests.put(("sample", 5, batch_rows, None))
-        kind, step, there, seconds = results.get(timeout=120)
+        kind, step, path, seconds = results.get(timeout=120)
+        there = _take_rollout(path)
         requests.put(("stop",))
         process.join(timeout=30)
     finally:
@@ -166,6 +177,120 @@ def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path)
     assert time.monotonic() - start < 30
 
 
+def generators() -> list:
+    return [p for p in multiprocessing.active_children() if p.name == NAME]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["a batch waits in the queue", "it reads new weights", "it hangs"])
+def test_a_generator_killed_at_any_moment_or_hung_is_one_line_and_leaves_nothing(make_config, capfd, moment):
+    """SIGKILL with a sampled batch in the queue, or while it reads a push of many tensors, or
+    SIGSTOP with a batch in the queue: one line (no traceback from any thread, no wait past
+    the timeout), no process and no file of the run's folder left."""
+    c, e, rows, stream = engine_for(with_async(make_config))
+    c.rollout.async_.timeout = 120.0
+    rollouts = AsyncRollouts(c, e, stream, rows, 0)
+    stopped, stuck = [], False
+
+    def receive():  # on a thread: a trainer stuck on the generator fails the test, not hangs it
+        try:
+            while True:
+                rollouts._receive(time.monotonic() + (2 if moment == "it hangs" else 60))
+        except BaseException as err:
+            stopped.append(err)
+
+    try:
+        rollouts._receive(time.monotonic() + 120)  # up, and sampling step 1
+        while rollouts.results.empty():
+            time.sleep(0.05)
+        if moment == "it reads new weights":
+            many = {f"w{i}": torch.full((64,), float(i)) for i in range(3000)}
+            rollouts._push(SimpleNamespace(policy=SimpleNamespace(state_dict=lambda: many), version=1))
+            time.sleep(0.3)
+        os.kill(rollouts.process.pid, signal.SIGSTOP if moment == "it hangs" else signal.SIGKILL)
+        waiting = threading.Thread(target=receive, daemon=True)
+        waiting.start()
+        waiting.join(90)
+        stuck = waiting.is_alive()
+    finally:
+        if stuck:
+            rollouts.process.kill()  # what the trainer waits on
+            waiting.join(30)
+        rollouts.close()
+    assert not stuck, "the trainer waited on the generator past its deadline"
+    (error,) = stopped
+    assert isinstance(error, UserError) and str(error).startswith("rollout.async: the generator"), repr(error)
+    assert "\n" not in str(error)
+    if moment == "it hangs":
+        assert "sent no batch in" in str(error)  # at the deadline, not stuck reading the queued batch
+    assert not rollouts.process.is_alive() and not generators()
+    assert not Path(rollouts.folder).exists()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def sevens_then_kill_the_generator(prompts, completions, **columns):
+    """`sevens`, but at the Nth call ($GRPO_TEST_KILL_AT) the generator process is killed
+    (SIGKILL), in the trainer's step N while it samples the steps ahead."""
+    rewards_for_tests._calls["n"] += 1
+    if rewards_for_tests._calls["n"] == int(os.environ.get("GRPO_TEST_KILL_AT", "0")):
+        for process in generators():
+            os.kill(process.pid, signal.SIGKILL)
+    return rewards_for_tests.sevens(prompts, completions)
+
+
+def in_group(group: int) -> list[int]:
+    """The processes still in process group `group` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[2]) == group:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.resume
+def test_a_run_whose_generator_is_killed_keeps_its_steps_in_one_line_and_resumes(make_config, tmp_path, capfd):
+    """`grpo train` in a process of its own (what it prints up to its exit, the resource
+    tracker's warnings included), its generator killed in step 3: one line, step 3 saved, no
+    process left in its group; then --resume trains steps 4 to 6."""
+    import subprocess
+    import sys
+
+    from tests.train.test_faults import checkpoints, our_lines, train
+
+    config = with_async(make_config)
+    config["train"]["checkpoint_minutes"] = 0
+    config["rewards"] = [{"function": "tests.train.test_async:sevens_then_kill_the_generator"}]
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "GRPO_TEST_KILL_AT": "3"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "grpo", "train", str(path), "--quiet"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    err = run.communicate(timeout=600)[1]
+    assert run.returncode == 2, err
+    (line,) = our_lines(err)
+    assert "the generator process died (exit code -9)" in line and "checkpoint of step 3 saved" in line
+    assert "Traceback" not in err and "leaked" not in err, err
+    assert checkpoints(config["output_dir"]) == ["step-000003"]
+    deadline = time.monotonic() + 10
+    while in_group(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not in_group(run.pid)
+    status, _ = train(path, "--resume")
+    assert status == 0, capfd.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6] and not generators()
+
+
 def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_config, monkeypatch):
     """Ctrl-C in step 3 saves step 3; the resumed run's generator starts from its weights:
     step 4's batch is theirs (staleness 0, nothing dropped), the queue of the stopped run gone.
@@ -221,8 +346,8 @@ def test_recompute_with_an_engine_correction_is_decoupled_ppo_and_allowed(make_c
 
 
 def test_an_unguarded_script_is_told_to_guard_its_call(make_config, tmp_path):
-    """The generator process imports the main script again: a top-level grpo.train call is
-    refused there in one line, and the trainer reports the generator's end, no hang."""
+    """The generator process imports the main script again: a top-level grpo.train call ends
+    it there, and the trainer says why in one line (no traceback from either), no hang."""
     import subprocess
     import sys
     from pathlib import Path
@@ -234,5 +359,9 @@ def test_an_unguarded_script_is_told_to_guard_its_call(make_config, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode != 0
-    assert 'put its call of grpo.train under if __name__ == "__main__":' in done.stderr
-    assert "rollout.async: the generator process died (exit code 1)" in done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("grpo:")]
+    assert ours == [
+        "grpo: error: rollout.async: the generator process imports the main script again: put its call of "
+        'grpo.train under if __name__ == "__main__":'
+    ], done.stderr
+    assert "Traceback" not in done.stderr
