@@ -640,6 +640,7 @@ def _add_eval(commands) -> None:
     flag("environment", metavar="CLASS")
     flag("max_tool_calls", metavar="N")
     flag("tool_timeout", metavar="S")
+    flag("tool_isolate")
     _device(parser)
     parser.add_argument("--out", default=None, metavar="FILE", help="write the full results (JSON) here")
     parser.add_argument("--plot", default=None, metavar="PNG", help="draw the pass@k and maj@k curves here")

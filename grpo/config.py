@@ -259,7 +259,11 @@ class RolloutConfig:
     )
     tool_timeout: float | None = opt(
         30.0,
-        "With tools: seconds one tool call may take (null = no limit). A call past it, one that raises, or one that calls sys.exit becomes an error message to the model (and counts in tools/failures); the run goes on. The call is abandoned, not stopped: it may run on in the background.",
+        "With tools: seconds one tool call may take (null = no limit). A call past it, one that raises, or one that calls sys.exit or os._exit becomes an error message to the model (and counts in tools/failures); the run goes on. The call is abandoned, not stopped, unless tool_isolate is on.",
+    )
+    tool_isolate: bool = opt(
+        False,
+        "With tools: run each of rollout.tools in a worker process of its own (as a reward's isolate), imported by its spec: a call past tool_timeout is killed, and one that crashes its process (a segfault) is an error message too. An environment's methods stay in the training process. Costs a round trip per call (docs/tools.md).",
     )
 
 

@@ -106,6 +106,10 @@ class EvalConfig:
         None, "With --tools or --environment: the most model turns whose tool calls run, per sample. Default: no limit."
     )
     tool_timeout: float = opt(30.0, "With --tools or --environment: seconds one tool call may take.")
+    tool_isolate: bool = opt(
+        False,
+        "With --tools: run each tool in a worker process of its own, killed past --tool-timeout, as rollout.tool_isolate in training.",
+    )
 
 
 # ---- checking the arguments -------------------------------------------------------------
@@ -280,7 +284,7 @@ def _toolbox(c: EvalConfig):
     if not c.tool_timeout > 0:
         raise UserError(f"--tool-timeout: must be > 0 seconds, got {c.tool_timeout}")
     specs = [spec.strip() for spec in (c.tools or "").split(",") if spec.strip()]
-    return Toolbox(specs, c.environment, max_calls=c.max_tool_calls, timeout=c.tool_timeout)
+    return Toolbox(specs, c.environment, max_calls=c.max_tool_calls, timeout=c.tool_timeout, isolate=c.tool_isolate)
 
 
 # ---- the command ------------------------------------------------------------------------

@@ -11,7 +11,12 @@ of a `WeightedReward` such that what the code does stays inside that call:
   place. So `completions.clear()` or `messages.append(...)` breaks neither the step nor the
   functions after it. An isolated call gets its copies from pickling.
 - Anything raised becomes `Failed`, BaseException included: sys.exit (any code),
-  KeyboardInterrupt raised by the code, GeneratorExit, a custom BaseException. A real
+  KeyboardInterrupt raised by the code, GeneratorExit, a custom BaseException. So does a
+  call of os._exit on the call's own thread: while contained code runs in this process,
+  os._exit is a function that raises there (and exits as before on any other thread, or in a
+  forked child), so that the code ends its call, not the run. Only what reaches os._exit
+  through the `os` module is caught (not a segfault, nor a name bound before the call):
+  `isolate` contains the rest. A real
   Ctrl-C is told apart: while the function runs on the main thread, a SIGINT handler is
   chained in front of the current one and notes that the signal came; a KeyboardInterrupt
   after a delivered SIGINT propagates as it is. What a signal does is the training loop's
@@ -39,11 +44,13 @@ of a `WeightedReward` such that what the code does stays inside that call:
   A worker that dies in a call (a segfault, os._exit) is a `Failed`; one found dead
   before a call is replaced. Arguments and results travel pickled, so they must pickle.
   Unix only (the worker inherits its two descriptors). Cost: a round trip per call (benchmarks/README.md).
+  A tool (`call_function` with a spec) is isolated the same way, in a worker of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import multiprocessing.connection
@@ -102,7 +109,7 @@ def call(
     shared = dict(shared or {})
     if reward.isolate:
         batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()}, shared)
-        return _in_worker(reward.spec, batch, reward.timeout)
+        return _in_worker(("reward", reward.spec), batch, reward.timeout)
     batch = _copies(prompts, completions, columns, shared)
     if reward.timeout is None:
         with _SigintNoted() as sigint:
@@ -110,21 +117,28 @@ def call(
     return _on_thread(reward.fn, batch, reward.timeout)
 
 
-def call_function(fn, keywords: dict[str, Any], timeout: float | None) -> Any:
+def call_function(fn, keywords: dict[str, Any], timeout: float | None, *, spec: str | None = None) -> Any:
     """`fn(**keywords)`, contained as a reward's call is, for callers other than rewards (a
-    tool): anything raised, sys.exit included, becomes Failed (a real Ctrl-C excepted); an
-    awaitable result is run to completion; past `timeout` s, TimedOut (the call abandoned on
-    its thread, or cancelled if async). A UserError passes through. No copies: the
-    arguments are the caller's to give."""
+    tool): anything raised, sys.exit and os._exit included, becomes Failed (a real Ctrl-C
+    excepted); an awaitable result is run to completion; past `timeout` s, TimedOut (the
+    call abandoned on its thread, or cancelled if async). A UserError passes through. No
+    copies: the arguments are the caller's to give. With `spec` ('pkg.module:attr', what
+    names `fn`), the call runs in a worker process of the spec's own, as an isolated
+    reward's does: the keywords and the result travel pickled, and past `timeout` the
+    worker is killed."""
+    if spec is not None:
+        return _in_worker(("tool", spec), keywords, timeout)
 
     def thunk():
         return fn(**keywords)
 
-    batch: Batch = ([], [], {}, {})  # `_invoke` calls a function of no parameters with none
     if timeout is None:
         with _SigintNoted() as sigint:
-            return _invoke(thunk, batch, sigint=sigint)
-    return _on_thread(thunk, batch, timeout)
+            return _invoke(thunk, _NOTHING, sigint=sigint)
+    return _on_thread(thunk, _NOTHING, timeout)
+
+
+_NOTHING: Batch = ([], [], {}, {})  # what `_invoke` gives a function of no parameters
 
 
 class Outcome:
@@ -173,7 +187,7 @@ def call_concurrently(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        with _SigintNoted() as sigint:
+        with _SigintNoted() as sigint, _exit_raises():
             outcomes = run_all(sigint)
     else:  # this thread runs a loop already (a notebook): asyncio.run needs a thread of its own
         outcomes = _on_thread(lambda: run_all([]), ([], [], {}, {}), None)
@@ -252,22 +266,68 @@ def _fresh(value: Any) -> Any:
     return value
 
 
+class _ExitCalled(BaseException):
+    """os._exit(code), called by contained code on its own thread: raised in its place."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+_contained = threading.local()  # .depth: contained calls under way on this thread
+_guard = {"calls": 0, "exit": None, "pid": None}  # calls under way in the process; the os._exit it replaced
+_guard_lock = threading.Lock()
+
+
+def _raising_exit(code):
+    if getattr(_contained, "depth", 0) and os.getpid() == _guard["pid"]:
+        raise _ExitCalled(code)
+    _guard["exit"](code)  # another thread's, or a forked child's: the real one
+
+
+@contextlib.contextmanager
+def _exit_raises():
+    """While contained code runs on this thread, os._exit called there raises _ExitCalled
+    (module doc). Put back once no contained call is under way in the process, abandoned
+    ones included (they leave when they return)."""
+    with _guard_lock:
+        if _guard["calls"] == 0:
+            _guard.update(exit=os._exit, pid=os.getpid())
+            os._exit = _raising_exit
+        _guard["calls"] += 1
+    _contained.depth = getattr(_contained, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _contained.depth -= 1
+        with _guard_lock:
+            _guard["calls"] -= 1
+            if _guard["calls"] == 0 and os._exit is _raising_exit:
+                os._exit = _guard["exit"]
+
+
 def _description(exc: BaseException) -> str:
+    if isinstance(exc, _ExitCalled):
+        return f"called os._exit({one_line(repr(exc.code))})"
     if isinstance(exc, SystemExit):
         return "called sys.exit()" if exc.code is None else f"called sys.exit({one_line(repr(exc.code))})"
     return f"raised {describe(exc)}"
 
 
-def _invoke(fn, batch: Batch, *, deadline: float | None = None, sigint: list | tuple = ()) -> Any:
+def _invoke(
+    fn, batch: Batch, *, deadline: float | None = None, sigint: list | tuple = (), in_worker: bool = False
+) -> Any:
     """Call `fn` on `batch` here; an awaitable result is run to completion (cancelled at
     `deadline`). Everything it raises but a UserError becomes Failed, except a
-    KeyboardInterrupt that follows a SIGINT noted in `sigint` (a real Ctrl-C)."""
+    KeyboardInterrupt that follows a SIGINT noted in `sigint` (a real Ctrl-C); so does
+    os._exit, unless `in_worker` (a worker's death is its own containment, and said so)."""
     prompts, completions, columns, shared = batch
     try:
         positional, keywords = arguments_for(fn, prompts, completions, {**columns, **shared})
-        values = fn(*positional, **keywords)
-        if inspect.isawaitable(values):
-            values = _await(values, deadline)
+        with contextlib.nullcontext() if in_worker else _exit_raises():
+            values = fn(*positional, **keywords)
+            if inspect.isawaitable(values):
+                values = _await(values, deadline)
         return values
     except (UserError, Failed, TimedOut):
         raise
@@ -349,14 +409,19 @@ class _SigintNoted:
 _BOOT = (
     "import json, sys, importlib.util as u; sys.path[:] = json.loads(sys.argv[1]); "
     "s = u.spec_from_file_location('grpo_reward_worker', sys.argv[2]); m = u.module_from_spec(s); "
-    "s.loader.exec_module(m); m._serve(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))"
+    "s.loader.exec_module(m); m._serve(sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))"
 )
+
+# What a worker is called with, by kind: a reward's batch, or a tool's keywords.
+_ARGUMENTS = {"reward": "a batch", "tool": "arguments"}
 
 
 class _Worker:
-    """A process that imports one reward function by its spec and calls it on request."""
+    """A process that imports one reward function or tool by its spec and calls it on
+    request (`kind`: 'reward' or 'tool')."""
 
-    def __init__(self, spec: str):
+    def __init__(self, kind: str, spec: str):
+        self.kind = kind
         ours, theirs = socket.socketpair()
         watched, self.alive = os.pipe()  # the worker exits when `alive` closes: when we stop it, or end
         try:
@@ -367,6 +432,7 @@ class _Worker:
                     _BOOT,
                     json.dumps([str(p) for p in sys.path]),
                     __file__,
+                    kind,
                     spec,
                     str(theirs.fileno()),
                     str(watched),
@@ -388,11 +454,12 @@ class _Worker:
             self.stop()
             raise
 
-    def call(self, batch: Batch, timeout: float | None) -> Any:
+    def call(self, request: Batch | dict[str, Any], timeout: float | None) -> Any:
         try:
-            data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # a column value that does not pickle: nothing was sent
-            raise Failed(f"got a batch that cannot be sent to its worker process ({describe(exc)})") from exc
+            what = _ARGUMENTS[self.kind]
+            raise Failed(f"got {what} that cannot be sent to its worker process ({describe(exc)})") from exc
         self.conn.send_bytes(data)
         return self.receive(timeout)
 
@@ -434,26 +501,26 @@ class _Worker:
         os.close(self.alive)
 
 
-_workers: dict[str, _Worker] = {}
+_workers: dict[tuple[str, str], _Worker] = {}  # (kind, spec) -> its worker
 
 
-def _in_worker(spec: str, batch: Batch, timeout: float | None) -> Any:
-    worker = _workers.get(spec)
+def _in_worker(key: tuple[str, str], request: Batch | dict[str, Any], timeout: float | None) -> Any:
+    worker = _workers.get(key)
     if worker is not None and worker.process.poll() is not None:  # it died between calls (an OOM kill)
-        _workers.pop(spec).stop()
+        _workers.pop(key).stop()
         worker = None
     if worker is None:
-        worker = _workers[spec] = _Worker(spec)
+        worker = _workers[key] = _Worker(*key)
     try:
-        return worker.call(batch, timeout)
+        return worker.call(request, timeout)
     except (UserError, Failed):
         if worker.process.poll() is not None:  # it died: the next call starts a fresh one
-            _workers.pop(spec).stop()
+            _workers.pop(key).stop()
         raise
     except BaseException:
         # Past the limit, or interrupted while waiting (a real Ctrl-C): the worker may still be
         # busy, and an answer that came late would be read as the next call's.
-        _workers.pop(spec).stop()
+        _workers.pop(key).stop()
         raise
 
 
@@ -471,13 +538,13 @@ def _exit_when_closed(fd: int) -> None:
     os._exit(1)
 
 
-def _serve(spec: str, fd: int, watched: int) -> None:
+def _serve(kind: str, spec: str, fd: int, watched: int) -> None:
     """The worker's main loop: import the function, say ready, then answer calls until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
     threading.Thread(target=_exit_when_closed, args=(watched,), name="exit with parent", daemon=True).start()
     conn = multiprocessing.connection.Connection(fd)
     try:
-        fn = import_callable(spec, kind="reward")
+        fn = import_callable(spec, kind=kind)
     except UserError as exc:
         conn.send_bytes(pickle.dumps(("user_error", f"{exc} (in its worker process)")))
         return
@@ -491,13 +558,17 @@ def _serve(spec: str, fd: int, watched: int) -> None:
         except EOFError:
             return
         try:
-            reply = ("ok", _invoke(fn, pickle.loads(data)))
+            request = pickle.loads(data)
+            if kind == "tool":
+                reply = ("ok", _invoke(lambda: fn(**request), _NOTHING, in_worker=True))
+            else:
+                reply = ("ok", _invoke(fn, request, in_worker=True))
         except UserError as exc:
             reply = ("user_error", str(exc))
         except Failed as exc:
             reply = ("failed", exc.description)
         except Exception as exc:  # a column value that does not unpickle here
-            reply = ("failed", f"got a batch its worker process cannot unpickle ({describe(exc)})")
+            reply = ("failed", f"got {_ARGUMENTS[kind]} its worker process cannot unpickle ({describe(exc)})")
         try:
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:

@@ -17,9 +17,12 @@ with the tools' schemas, and renders a turn's tool messages alone (`suffix`), to
 and appended after the model's own tokens (`grpo.rollout.turns`).
 
 A tool call is contained as a reward's call is (`grpo.rewards.contain.call_function`): past
-rollout.tool_timeout it is abandoned; anything it raises, sys.exit included, becomes the
-text of the tool message, `{"error": "..."}`, and counts as a failure (the tools/failures
-metric); the run goes on. A call the model wrote badly (no JSON, an unknown tool, arguments
+rollout.tool_timeout it is abandoned; anything it raises, sys.exit and os._exit included,
+becomes the text of the tool message, `{"error": "..."}`, and counts as a failure (the
+tools/failures metric); the run goes on. With rollout.tool_isolate each of rollout.tools
+runs in a worker process of its own, imported by its spec: a call past the timeout is
+killed, and one that ends its process (a segfault, os._exit by any name) is an error
+message too. An environment's methods run here, on the instance the rewards read. A call the model wrote badly (no JSON, an unknown tool, arguments
 the function does not take) is answered the same way, so the model can learn from it: TRL
 instead leaves a call it cannot parse unanswered. A result that is not a string is sent as
 its JSON; one that has no JSON is refused (a UserError: a bug in the tool, not the model's).
@@ -195,6 +198,7 @@ class Episode:
     timeout: float | None = None
     calls: int = 0  # tool calls answered (failed ones included)
     failures: int = 0  # calls answered with an error
+    isolated: dict[str, str] = field(default_factory=dict)  # tool name -> the spec its worker process imports
 
     def run(self, call: Call) -> dict:
         """The tool message that answers `call` (contained: module doc)."""
@@ -211,7 +215,7 @@ class Episode:
             self.failures += 1
             return _error(f"unknown tool {call.name!r}; the tools are {', '.join(sorted(self.functions)) or 'none'}")
         try:
-            result = contain.call_function(fn, call.arguments, self.timeout)
+            result = contain.call_function(fn, call.arguments, self.timeout, spec=self.isolated.get(call.name))
         except contain.TimedOut:
             self.failures += 1
             return _error(f"the tool took longer than {self.timeout:g} s")
@@ -242,6 +246,19 @@ def _spec_name(spec) -> str:
     return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
 
 
+def _importable(spec) -> str:
+    """The spec a worker process imports `spec` by (rollout.tool_isolate): as written, or a
+    function's 'module:qualname'; a one-line UserError for one no other process can import."""
+    name = _spec_name(spec)
+    module, _, qualname = name.partition(":")
+    if module == "__main__" or "<" in qualname or not qualname:
+        raise UserError(
+            f"tool {name!r}: rollout.tool_isolate imports each tool by its spec in a worker process, and this one is "
+            "defined in a script or inside a function; define it at the top level of a module"
+        )
+    return name
+
+
 def environment_tools(instance) -> dict[str, Callable]:
     """An environment's tools: its public methods, but reset and get_reward."""
     return {
@@ -263,9 +280,11 @@ class Toolbox:
         *,
         max_calls: int | None = None,
         timeout: float | None = None,
+        isolate: bool = False,
     ):
         self.max_calls, self.timeout = max_calls, timeout
         self.functions: dict[str, Callable] = {}
+        self.isolated: dict[str, str] = {}  # with `isolate`: tool name -> its spec
         for spec in tools:
             fn = spec if callable(spec) else import_object(spec, kind="tool", form="pkg.module:function")
             if not callable(fn) or isinstance(fn, type):
@@ -274,6 +293,8 @@ class Toolbox:
             if name in self.functions:
                 raise UserError(f"tool {_spec_name(spec)!r}: two tools are named {name!r}")
             self.functions[name] = fn
+            if isolate:
+                self.isolated[name] = _importable(spec)
         self.schemas = [_schema(fn, name) for name, fn in self.functions.items()]
         self.environment = None
         if environment is not None:
@@ -306,7 +327,13 @@ class Toolbox:
         environment = rollout.environment if environment is None else environment
         if not tools and environment is None:
             return None
-        return cls(tools, environment, max_calls=rollout.max_tool_calls, timeout=rollout.tool_timeout)
+        return cls(
+            tools,
+            environment,
+            max_calls=rollout.max_tool_calls,
+            timeout=rollout.tool_timeout,
+            isolate=rollout.tool_isolate,
+        )
 
     @property
     def name(self) -> str:
@@ -338,7 +365,7 @@ class Toolbox:
         episodes, texts = [], []
         for row in rows:
             if self.environment is None:
-                episodes.append(Episode(dict(self.functions), timeout=self.timeout))
+                episodes.append(Episode(dict(self.functions), timeout=self.timeout, isolated=self.isolated))
                 texts.append(None)
                 continue
             instance = self._build()
@@ -350,7 +377,8 @@ class Toolbox:
                 raise UserError(
                     f"environment {self.name!r}: reset returned a {type(text).__name__}; expected str or None"
                 )
-            episodes.append(Episode({**self.functions, **environment_tools(instance)}, instance, self.timeout))
+            tools = {**self.functions, **environment_tools(instance)}
+            episodes.append(Episode(tools, instance, self.timeout, isolated=self.isolated))
             texts.append(text)
         return episodes, texts
 

@@ -3,9 +3,11 @@
 - Tokens stay as sampled: every completion is the model's sampled turns (as the decoder gave
   them, cut at EOS) and the tool messages' tokens (each turn's rendered alone), end to end,
   on the fast loop and on generate; the loss mask is 1 exactly on the sampled tokens.
-- Tools are contained: one that raises, hangs, calls sys.exit or is called badly answers
-  the model with an error and counts as a failure, and the rollout goes on; a non-string
-  result goes back as JSON, one without JSON is refused in one line.
+- Tools are contained: one that raises, hangs, calls sys.exit or os._exit or is called badly
+  answers the model with an error and counts as a failure, and the rollout goes on; with
+  rollout.tool_isolate, one that crashes its worker process (a segfault) too, and one that
+  hangs is killed; a non-string result goes back as JSON, one without JSON is refused in one
+  line.
 - rollout.max_tool_calls and the token budget end a rollout; an environment's reset adds
   text to the prompt and gets the row's columns.
 - The chat template: a template without the <tool_call> format is refused in one line; a
@@ -14,8 +16,11 @@
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import config_from_dict, config_to_dict
 from grpo.errors import UserError
+from grpo.rewards import contain
 from grpo.rollout import turns
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls
@@ -130,6 +136,62 @@ def test_a_failing_call_answers_the_model_with_its_error_and_counts():
     assert (episode.calls, episode.failures) == (6, 6)
     assert episode.run(Call("multiply", {"a": 3, "b": 4})) == {"role": "tool", "name": "multiply", "content": "12"}
     assert (episode.calls, episode.failures) == (7, 6)
+
+
+@pytest.mark.slow
+def test_a_tool_that_calls_os_exit_answers_with_an_error_and_the_process_lives_on():
+    """Not isolated: os._exit on the call's thread raises there, with and without a timeout
+    (the call on a thread of its own, or on this one), and os._exit is put back after it; a
+    forked child's os._exit still ends the child. In a process of its own, where a guard that
+    fails ends that process, not the tests."""
+    code = (
+        "import json, os\n"
+        "from grpo.rollout.tools import Call, Episode\n"
+        "from tests.rollout.tools_that_fail import exits, forks\n"
+        "real = os._exit\n"
+        "call = Call('multiply', {'a': 1, 'b': 2})\n"
+        "answers = [Episode({'multiply': tool}, timeout=t).run(call)['content']"
+        " for tool in (exits, forks) for t in (None, 5.0)]\n"
+        "print(json.dumps({'answers': answers, 'put back': os._exit is real}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    error = json.dumps({"error": "the tool called os._exit(3)"})
+    assert result == {"answers": [error, error, "5", "5"], "put back": True}
+
+
+def test_an_isolated_tool_runs_in_a_worker_process_and_an_environment_here():
+    spec = "tests.rollout.tools_that_fail:where"
+    box = Toolbox([spec], DatasetIncrementEnv, timeout=30.0, isolate=True)
+    assert box.isolated == {"multiply": spec}  # the environment's increment is not isolated
+    (episode,), _ = box.start([{"target": 2}])
+    pid = int(episode.run(Call("multiply", {"a": 3, "b": 4}))["content"])
+    assert pid != os.getpid() and contain._workers[("tool", spec)].process.pid == pid
+    assert episode.run(Call("increment", {"step": 2}))["content"] == "2"
+    with pytest.raises(UserError, match=r"^tool '.*as_multiply.<locals>.called': rollout.tool_isolate imports"):
+        Toolbox([as_multiply(raises)], isolate=True)
+
+
+@pytest.mark.parametrize(
+    "tool, error",
+    [
+        ("exits", "the tool ended its worker process (exit code 3)"),
+        ("crashes", "the tool ended its worker process (killed by SIGSEGV)"),
+        ("hangs", "the tool took longer than 0.5 s"),
+    ],
+)
+def test_an_isolated_tool_that_ends_or_hangs_its_process_answers_with_an_error(tool, error):
+    """Each call after such a one gets a fresh worker; a hung one is killed at the limit."""
+    spec = f"tests.rollout.tools_that_fail:{tool}"
+    (episode,), _ = Toolbox([spec], timeout=0.5, isolate=True).start([{}])
+    for _ in range(2):
+        start = time.monotonic()
+        assert answer(episode, "multiply", a=3, b=4) == {"error": error}
+        assert time.monotonic() - start < 30
+        assert ("tool", spec) not in contain._workers  # gone: killed, or found dead
+    assert (episode.calls, episode.failures) == (2, 2)
 
 
 def test_an_async_tool_is_awaited():

@@ -284,6 +284,41 @@ def test_a_tool_that_always_fails_is_no_dead_run(tool_model, tmp_path):
     assert "the calculator is down" in sample["messages"][1]["content"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "isolate, error",
+    [(False, "the tool called os._exit(3)"), (True, "the tool ended its worker process (exit code 3)")],
+)
+def test_a_tool_that_ends_its_process_is_an_error_and_the_run_goes_on(tool_model, tmp_path, isolate, error):
+    """Every call of the tool calls os._exit(3); `grpo train` in a process of its own (which
+    such a tool used to end, silently, with exit code 3) trains its steps to the end: each
+    call answered with the error, counted in tools/failures."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    config = run_config(tool_model, tmp_path, [{"prompt": MULTIPLY_PROMPT}] * 2, tool_isolate=isolate)
+    config["rollout"]["tools"] = ["tests.rollout.tools_that_fail:exits", "tests.rollout.tool_models:async_add"]
+    config["rewards"] = [{"function": "tests.train.test_tools_training:correct"}]
+    config["train"]["steps"] = 2
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo", "train", str(path), "--quiet"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    calls = sum(m["tools/calls_per_rollout"] * 4 for m in metrics)  # 2 prompts x G=2 per step
+    assert len(metrics) == 2 and calls > 0 and sum(m["tools/failures"] for m in metrics) == pytest.approx(calls)
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert json.loads(sample["messages"][1]["content"]) == {"error": error}
+
+
 def test_plain_text_prompts_with_tools_stop_the_run_before_any_model_loads(tmp_path, monkeypatch):
     import grpo.train.loop as loop
 
