@@ -206,6 +206,26 @@ def test_a_dead_worker_is_named_and_replaced():
     assert _message("dies", ["a"], isolate=True) == expected  # again: a fresh worker, not a dead one
 
 
+@pytest.mark.slow
+def test_os_exit_in_the_training_process_is_one_line_not_the_end_of_it():
+    """Not isolated, os._exit is the call's failure (it used to end the run: no line, no
+    checkpoint); in a process of its own, which a failing guard would end instead of pytest."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "from tests.rewards.test_containment import _message\n"
+        "for options in ({}, {'timeout': 5.0}):\n"
+        "    print(_message('dies', ['a'], **options))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = f"reward '{MODULE}:dies' called os._exit(7) on row 0 (completion 'a')"
+    assert done.stdout.splitlines()[-2:] == [expected, expected]
+
+
 def test_a_value_that_cannot_leave_the_worker_is_named():
     message = _message("unpicklable", ["a"], isolate=True)
     assert message.startswith(f"reward '{MODULE}:unpicklable' returned a value its worker process cannot send back (")
