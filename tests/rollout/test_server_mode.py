@@ -1,6 +1,8 @@
 """Server mode's trainer side needs no vLLM (this venv has none): a server that is not there
 is one line before the first step, as is a bad address, a transport not built yet, and a
-server given without the vllm sampler. The server itself is tested in tests/vllm/test_server.py."""
+server given without the vllm sampler; one that dies mid-run is one line, the last step saved
+(a fake server: tests/rollout/fake_vllm_server.py). The server itself is tested in
+tests/vllm/test_server.py."""
 
 import socket
 
@@ -8,6 +10,7 @@ import pytest
 
 import grpo
 from grpo.errors import UserError
+from grpo.infra.logging import read_metrics
 
 
 def free_port() -> int:
@@ -108,3 +111,46 @@ def test_a_server_that_hangs_is_one_line_after_the_timeout(monkeypatch):
             match=f"^the vLLM server at {address} gave no answer within 0.3 s during generation; raise rollout.vllm.timeout",
         ):
             engine._call("/generate", {}, timeout=0.3, during="generation")
+
+
+@pytest.mark.resume
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_server_gone_mid_run_is_one_line_the_last_step_saved_and_resume_continues(
+    make_config, tiny_model, tmp_path, capfd, asynchronous
+):
+    """The server dies at the third generate request (step 3's batch; with rollout.async the
+    generator is its client): one line, step 2 saved, no generator process left; --resume
+    against another server trains to the end. The server is a fake (tests/rollout/
+    fake_vllm_server.py): the real handler, a transformers model behind it, no vLLM."""
+    import yaml
+
+    from tests.rollout.fake_vllm_server import FakeServer
+    from tests.train.test_async import generators
+    from tests.train.test_faults import checkpoints, our_lines, train
+
+    dying, fresh = FakeServer(tiny_model, die_at=3), FakeServer(tiny_model)
+    try:
+        config = server_config(make_config, dying.address)
+        config["train"].update(steps=4, checkpoint_minutes=0, sample_every=0)
+        if asynchronous:
+            config["rollout"]["async"] = {"max_staleness": 1}
+        path = tmp_path / "served.yaml"
+        path.write_text(yaml.safe_dump(config))
+        status, _ = train(path)
+        err = capfd.readouterr().err
+        assert status == 2 and dying.gone, err
+        (line,) = our_lines(err)
+        said = f"the vLLM server at {dying.address} stopped answering during generation ("
+        assert said in line and "checkpoint of step 2 saved" in line, line
+        assert line.startswith(
+            "grpo: error: rollout.async: the generator failed: " if asynchronous else "grpo: error: "
+        )
+        assert "Traceback" not in err and not generators()
+        assert checkpoints(config["output_dir"]) == ["step-000002"]
+        status, _ = train(path, "--resume", "--set", f"rollout.vllm.server={fresh.address}")
+        assert status == 0, capfd.readouterr().err
+        assert [m["step"] for m in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
+    finally:
+        fresh.close()
+        if not dying.gone:
+            dying.close()

@@ -1,0 +1,126 @@
+"""A `grpo vllm-serve` without vLLM, for the trainer's side of server mode in .venv: the
+server's own HTTP handler (grpo.vllm.server.handler) in front of a transformers model that
+answers its four routes as the engine would (the pushed weights loaded, the check's log-probs
+computed, completions sampled with temperature and min/max new tokens), on a thread of this
+process. `die_at`: the generate request that finds the server gone, as if killed: the
+connection closes without an answer, and the port refuses every request after it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from http.server import ThreadingHTTPServer
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo.vllm.client import API, fingerprint, identity
+from grpo.vllm.server import handler
+
+
+class FakeServed:
+    """What the handler calls (grpo.vllm.server.Served's methods), on a transformers model."""
+
+    def __init__(self, model: str, die: callable, die_at: int | None = None):
+        self.model = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
+        self.identity = identity(self.model.config)
+        self.die, self.die_at = die, die_at
+        self.lock = threading.Lock()
+        self.token, self.pushes, self.generated = None, 0, 0
+        self.info = {
+            "api": API,
+            "model": model,
+            "identity": self.identity,
+            "fingerprint": fingerprint(self.identity),
+            "dtype": "float32",
+            "max_model_len": self.model.config.max_position_embeddings,
+            "grpo": "test",
+            "vllm": "none",
+            "boot": uuid.uuid4().hex,
+        }
+
+    def health(self, _body=None) -> dict:
+        return {**self.info, "pushes": self.pushes}
+
+    def weights(self, body: dict) -> dict:
+        if "probe" in body:
+            return {"readable": os.path.isdir(body["probe"])}
+        from safetensors.torch import load_file
+
+        with self.lock:
+            self.model.load_state_dict(load_file(body["path"]), strict=False)
+            self.token = body.get("token")
+            self.pushes += 1
+        return {"seconds": 0.0, "pushes": self.pushes}
+
+    def prompt_logprobs(self, body: dict) -> dict:
+        ids = list(body["ids"])
+        with self.lock, torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        picked = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+        return {"logprobs": picked.tolist()}
+
+    def generate(self, body: dict) -> dict:
+        self.generated += 1
+        if self.generated == self.die_at:
+            self.die()
+        params = body["params"]
+        outputs = []
+        with self.lock, torch.no_grad():
+            for prompt, count, seed in zip(body["prompts"], body["counts"], body["seeds"]):
+                generator = torch.Generator().manual_seed(seed)
+                outputs.append([self._one(prompt, params, generator) for _ in range(count)])
+        return {"outputs": outputs}
+
+    def _one(self, prompt: list[int], params: dict, generator: torch.Generator) -> list:
+        ids, logprobs = list(prompt), []
+        eos = set(params["eos_token_ids"])
+        for t in range(params["max_new_tokens"]):
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0, -1] / params["temperature"]
+            if t < params["min_new_tokens"]:
+                logits[list(eos)] = -float("inf")
+            distribution = logits.log_softmax(-1)
+            token = int(torch.multinomial(distribution.exp(), 1, generator=generator))
+            ids.append(token)
+            logprobs.append(float(distribution[token]))
+            if token in eos:
+                break
+        return [ids[len(prompt) :], logprobs]
+
+
+class _Gone(BaseException):
+    """Raised through the handler's error answers: the request is left unanswered."""
+
+
+class FakeServer:
+    """A FakeServed behind the real handler on 127.0.0.1 (`address`), until `close` (or its death)."""
+
+    def __init__(self, model: str, die_at: int | None = None):
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), None)
+        self.http.daemon_threads = True
+        self.served = FakeServed(model, self._die, die_at)
+
+        class Dying(handler(self.served)):
+            def do_POST(self):
+                try:
+                    super().do_POST()
+                except _Gone:
+                    self.close_connection = True  # closed, no answer: as a killed server's socket
+
+        self.http.RequestHandlerClass = Dying
+        self.address = "{}:{}".format(*self.http.server_address[:2])
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+        self.gone = False
+
+    def _die(self):
+        """Stop listening (on a thread of its own: `shutdown` waits for the serving loop), and
+        leave this request unanswered."""
+        self.gone = True
+        threading.Thread(target=self.close, daemon=True).start()
+        raise _Gone
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
