@@ -61,6 +61,7 @@ def test_k0_is_the_synchronous_step(make_config, tmp_path):
     assert not any(k.startswith("async/") for m in b for k in m)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draw", ["generate", "fast"])
 def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, draw, tmp_path):
     """The same weights (moved away from the model on disk, which the generator loads first)
@@ -107,6 +108,7 @@ def run_steps(c, e, rows, stream, rollouts, steps):
     return metrics
 
 
+@pytest.mark.slow
 def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
     """A schedule two steps ahead with K = 1 makes batches two optimizer steps stale: each is
     dropped, counted and sampled again, and no step trains on one staler than K."""
@@ -118,6 +120,7 @@ def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
     assert [m["async/dropped"] > 0 for m in metrics] == [m["async/staleness_max"] > 1 for m in metrics]
 
 
+@pytest.mark.slow
 def test_push_every_sends_the_weights_every_nth_update_within_the_bound(make_config):
     c, e, rows, stream = engine_for(with_async(make_config, k=2, async_push_every=2))
     metrics = run_steps(c, e, rows, stream, AsyncRollouts(c, e, stream, rows, 0), steps=5)
@@ -126,6 +129,7 @@ def test_push_every_sends_the_weights_every_nth_update_within_the_bound(make_con
     assert all(m["async/dropped"] == 0 for m in metrics)
 
 
+@pytest.mark.slow
 def test_the_old_logprobs_of_a_stale_batch_are_the_sampling_policys(make_config):
     """After an update, the ratio's anchor for a batch the previous weights drew is those
     weights' log-probs (the sampler's, no pass over the current weights)."""
@@ -143,6 +147,7 @@ def test_the_old_logprobs_of_a_stale_batch_are_the_sampling_policys(make_config)
     assert (old[mask] - current[mask]).abs().max() > 1e-2  # the update moved them: the test can tell
 
 
+@pytest.mark.learning
 def test_async_k1_learns_the_sevens_reward(make_config):
     config = make_config(train={"steps": 40, "lr": 1e-3, "sample_every": 10})
     config["rollout"]["async"] = {"max_staleness": 1}
@@ -154,6 +159,7 @@ def test_async_k1_learns_the_sevens_reward(make_config):
     assert any(x["clip_fraction"] > 0 for x in m)  # off-policy: the ratio leaves 1, unlike mu = 1 in sync
 
 
+@pytest.mark.slow
 def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path):
     c, e, rows, stream = engine_for(with_async(make_config))
     broken = copy.deepcopy(c)
@@ -291,6 +297,7 @@ def test_a_run_whose_generator_is_killed_keeps_its_steps_in_one_line_and_resumes
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6] and not generators()
 
 
+@pytest.mark.resume
 def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_config, monkeypatch):
     """Ctrl-C in step 3 saves step 3; the resumed run's generator starts from its weights:
     step 4's batch is theirs (staleness 0, nothing dropped), the queue of the stopped run gone.
@@ -339,12 +346,14 @@ def test_what_the_generator_cannot_do_is_refused_in_one_line(make_config, sectio
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_recompute_with_an_engine_correction_is_decoupled_ppo_and_allowed(make_config):
     config = make_config(train={"old_logprobs": "recompute"}, loss={"engine_correction": "token_tis"})
     config["rollout"]["async"] = {"max_staleness": 1}
     assert config_from_dict(config).rollout.async_.max_staleness == 1
 
 
+@pytest.mark.slow
 def test_an_unguarded_script_is_told_to_guard_its_call(make_config, tmp_path):
     """The generator process imports the main script again: a top-level grpo.train call ends
     it there, and the trainer says why in one line (no traceback from either), no hang."""
