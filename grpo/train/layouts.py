@@ -73,9 +73,10 @@ def completion_hidden(model, batch: Rollout, share_prompts: bool = True) -> Tens
 def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor:
     """(N, T, ...) `read(output)` of the passes at the positions that predict completion tokens:
     the logits, or the head's input."""
-    groups = prompt_groups(batch) if share_prompts and may_share_prompts(model) else None
+    checkpointed = _checkpointed_layers(model) if share_prompts else None
+    groups = prompt_groups(batch) if share_prompts and may_share_prompts(model, checkpointed is not None) else None
     if groups is not None:
-        out = _shared_prompt_positions(model, batch, *groups, read)
+        out = _shared_prompt_positions(model, batch, *groups, read, checkpointed=checkpointed)
         if out is not None:
             return out
     t_len = batch.completion_mask.shape[1]
@@ -95,8 +96,10 @@ def _cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor, read: Callable) -> Tensor | None:
-    """None when the model returns no KV cache that rows can be selected from (then the caller
+def _shared_prompt_positions(
+    model, batch: Rollout, first: Tensor, group: Tensor, read: Callable, *, checkpointed: _CheckpointedLayers | None
+) -> Tensor | None:
+    """`checkpointed`: the layers checkpointed in this forward (`_checkpointed_layers`). None when the model returns no KV cache that rows can be selected from (then the caller
     runs every row in full).
 
     Under activation checkpointing (a model in training mode with it on) both passes are
@@ -109,7 +112,6 @@ def _shared_prompt_positions(model, batch: Rollout, first: Tensor, group: Tensor
     t_len = batch.completion_mask.shape[1]
     p_len = batch.input_ids.shape[1] - t_len
     positions = batch.position_ids
-    checkpointed = _checkpointed_layers(model)
     argument, written = None, None  # under checkpointing, the prompt pass's own cache, handed to it
     if checkpointed is not None:
         argument, written = _cache_argument(model), checkpointed.new_cache(model)
@@ -432,11 +434,11 @@ def policy_logprobs(
 _LAYOUTS = "_grpo_shares_prompts"  # the attribute decide_layouts keeps its verdicts in
 
 
-def may_share_prompts(model) -> bool:
+def may_share_prompts(model, checkpointed: bool) -> bool:
     """Whether `model`'s passes may run a group's prompt once (`decide_layouts`' verdict for the
-    mode it is in: checkpointed or not). A model never asked may (what the tests build)."""
+    mode it is in: `checkpointed` or not). A model never asked may (what the tests build)."""
     verdicts = getattr(model, _LAYOUTS, None)
-    return True if verdicts is None else verdicts[_checkpointed_layers(model) is not None]
+    return True if verdicts is None else verdicts[checkpointed]
 
 
 def decide_layouts(model, checkpointing: bool) -> bool:

@@ -181,10 +181,10 @@ def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, sa
 
     shared = layouts._shared_prompt_positions
 
-    def wrong_rows(model, batch, first, group, read):
-        return shared(model, batch, first, group.flip(0), read)
+    def wrong_rows(model, batch, first, group, read, **kwargs):
+        return shared(model, batch, first, group.flip(0), read, **kwargs)
 
-    def fails(*args):
+    def fails(*args, **kwargs):
         raise RuntimeError("a layout this model's code cannot run")
 
     batch = batch_of(len(TOKENIZER), prompts=2, group_size=3, p_len=5, t_len=6)
