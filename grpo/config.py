@@ -1016,7 +1016,7 @@ def _validate_async(c: Config) -> None:
 def config_to_dict(config: Config) -> dict:
     """The config as plain data (what config.yaml and a checkpoint hold): a reward function
     given from Python is written as its 'module:qualname'."""
-    from grpo.rewards.scoring import spec_of
+    from grpo.infra.imports import spec_of
 
     data = as_tree(config)
     for reward in data["rewards"]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from grpo.errors import UserError
 
-__all__ = ["builtin_spec", "describe", "import_callable", "import_object", "one_line"]
+__all__ = ["builtin_spec", "describe", "import_callable", "import_object", "one_line", "spec_of"]
 
 _DETAIL_CHARS = 200  # of an exception's text or a bad value, in an error message
 
@@ -100,3 +100,11 @@ def import_callable(spec: str, *, kind: str, form: str = "pkg.module:function") 
     if not callable(obj):
         raise UserError(f"{kind} {spec!r}: {attr_path!r} is not callable (it is a {type(obj).__name__})")
     return obj
+
+
+def spec_of(spec) -> str:
+    """How user code is named: a spec as written; an object given directly (from Python) as
+    'module:qualname' (what a worker process would import, and what config.yaml records)."""
+    if isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"

@@ -58,11 +58,11 @@ import torch
 from torch import Tensor
 
 from grpo.errors import UserError
-from grpo.infra.imports import builtin_spec, import_callable, one_line
+from grpo.infra.imports import builtin_spec, import_callable, one_line, spec_of
 from grpo.rewards import contain
 from grpo.rewards.types import SPEC_FORM, RewardFn, RewardScores, StepScores, WeightedReward
 
-__all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "score", "score_steps", "spec_of"]
+__all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "score", "score_steps"]
 
 _PREVIEW_CHARS = 40  # of a completion, in an error message
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # a score beyond it would be inf in the (N,) tensors
@@ -162,14 +162,6 @@ def load_rewards(specs: list[tuple[str, float]], options: list[dict[str, Any]] |
             )
         )
     return rewards
-
-
-def spec_of(spec: str | RewardFn) -> str:
-    """How a reward is named: a spec as written; a function given directly (from Python) as
-    'module:qualname' (what a worker process would import, and what config.yaml records)."""
-    if isinstance(spec, str):
-        return spec
-    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
 
 
 def _preview(completion: str) -> str:

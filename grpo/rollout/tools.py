@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.errors import UserError
-from grpo.infra.imports import import_object, one_line
+from grpo.infra.imports import import_object, one_line, spec_of
 from grpo.rewards import contain
 from grpo.rewards.types import WeightedReward
 
@@ -240,16 +240,10 @@ def _schema(fn: Callable, name: str) -> dict:
         ) from None
 
 
-def _spec_name(spec) -> str:
-    if isinstance(spec, str):
-        return spec
-    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', type(spec).__name__)}"
-
-
 def _importable(spec) -> str:
     """The spec a worker process imports `spec` by (rollout.tool_isolate): as written, or a
     function's 'module:qualname'; a one-line UserError for one no other process can import."""
-    name = _spec_name(spec)
+    name = spec_of(spec)
     module, _, qualname = name.partition(":")
     if module == "__main__" or "<" in qualname or not qualname:
         raise UserError(
@@ -288,10 +282,10 @@ class Toolbox:
         for spec in tools:
             fn = spec if callable(spec) else import_object(spec, kind="tool", form="pkg.module:function")
             if not callable(fn) or isinstance(fn, type):
-                raise UserError(f"tool {_spec_name(spec)!r}: not a function")
-            name = getattr(fn, "__name__", None) or _spec_name(spec)
+                raise UserError(f"tool {spec_of(spec)!r}: not a function")
+            name = getattr(fn, "__name__", None) or spec_of(spec)
             if name in self.functions:
-                raise UserError(f"tool {_spec_name(spec)!r}: two tools are named {name!r}")
+                raise UserError(f"tool {spec_of(spec)!r}: two tools are named {name!r}")
             self.functions[name] = fn
             if isolate:
                 self.isolated[name] = _importable(spec)
@@ -302,7 +296,7 @@ class Toolbox:
             if isinstance(environment, str):
                 factory = import_object(environment, kind="environment", form="pkg.module:Class")
             if not callable(factory):
-                raise UserError(f"environment {_spec_name(environment)!r}: not a class")
+                raise UserError(f"environment {spec_of(environment)!r}: not a class")
             self.environment = factory
             probe = self._build()
             methods = environment_tools(probe)
@@ -337,7 +331,7 @@ class Toolbox:
 
     @property
     def name(self) -> str:
-        return _spec_name(self.environment)
+        return spec_of(self.environment)
 
     def check_prompts(self, rows: list[dict], prompt_column: str) -> None:
         """A one-line UserError unless every row's prompt is chat messages: the tools reach
