@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
 
     from grpo.rewards import load_rewards, score
-    from grpo.rewards.contain import stop_workers
+    from grpo.infra.contain import stop_workers
 
     n = args.completions
     prompts = [f"What is {i} + {i}? Think, then answer." for i in range(n)]

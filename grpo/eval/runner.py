@@ -45,9 +45,9 @@ from torch import Tensor
 
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, mean_ci, over_seeds, pass_at_k  # noqa: F401 (mean_ci, over_seeds: re-exported)
+from grpo.infra import contain
 from grpo.infra.imports import describe, one_line
 from grpo.infra.progress import Progress
-from grpo.rewards import contain
 from grpo.rewards.scoring import RESERVED_ARGUMENTS, as_messages, as_scores, resolve_reward
 from grpo.rewards.types import RewardFn, WeightedReward
 from grpo.rewards.rules import extract_answer, text_of

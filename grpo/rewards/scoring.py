@@ -20,7 +20,7 @@ A bad value it returns (a NaN, a string, one score short, 1e39 beyond float32) w
 otherwise surface steps later as a NaN loss or a shape error, far from its cause. So
 `load_rewards` resolves every spec before the first step, and `score` checks every value it
 gets back; each mistake is a one-line UserError that names the function, and where it can,
-the row and the completion. Each call is contained (`grpo.rewards.contain`): the function
+the row and the completion. Each call is contained (`grpo.infra.contain`): the function
 gets copies of the batch, anything it raises (sys.exit included) is caught, and a reward's
 `timeout` and `isolate` bound it in time and in a worker process.
 
@@ -58,8 +58,8 @@ import torch
 from torch import Tensor
 
 from grpo.errors import UserError
+from grpo.infra import contain
 from grpo.infra.imports import builtin_spec, import_callable, one_line, spec_of
-from grpo.rewards import contain
 from grpo.rewards.types import SPEC_FORM, RewardFn, RewardScores, StepScores, WeightedReward
 
 __all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "score", "score_steps"]

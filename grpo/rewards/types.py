@@ -1,7 +1,7 @@
 """The reward-function protocol and the types around it: what a resolved reward is, and what
 scoring a batch returns.
 
-Both `grpo.rewards.scoring` (which builds and calls them) and `grpo.rewards.contain` (which
+Both `grpo.rewards.scoring` (which builds and calls them) and `grpo.infra.contain` (which
 runs one call of them) need these; they live here so that neither imports the other back.
 """
 
@@ -37,7 +37,7 @@ class RewardFn(Protocol):
 @dataclass(frozen=True)
 class WeightedReward:
     """A resolved reward function, its weight in the total, and how its calls are contained
-    (`grpo.rewards.contain`)."""
+    (`grpo.infra.contain`)."""
 
     name: str  # the spec as written (built-in name or 'pkg.module:attr'), '#2' on repeats
     fn: RewardFn

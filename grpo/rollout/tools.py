@@ -16,7 +16,7 @@ The model calls a tool in the Qwen2.5 / Hermes format, the one format supported 
 with the tools' schemas, and renders a turn's tool messages alone (`suffix`), to be tokenized
 and appended after the model's own tokens (`grpo.rollout.turns`).
 
-A tool call is contained as a reward's call is (`grpo.rewards.contain.call_function`): past
+A tool call is contained as a reward's call is (`grpo.infra.contain.call_function`): past
 rollout.tool_timeout it is abandoned; anything it raises, sys.exit and os._exit included,
 becomes the text of the tool message, `{"error": "..."}`, and counts as a failure (the
 tools/failures metric); the run goes on. With rollout.tool_isolate each of rollout.tools
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.errors import UserError
+from grpo.infra import contain
 from grpo.infra.imports import import_object, one_line, spec_of
-from grpo.rewards import contain
 from grpo.rewards.types import WeightedReward
 
 __all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "parse_calls"]

@@ -12,7 +12,7 @@ import torch
 
 from grpo.errors import UserError
 from grpo.rewards import WeightedReward, load_rewards, score
-from grpo.rewards.contain import stop_workers
+from grpo.infra.contain import stop_workers
 from tests.rewards import rewards_for_containment as rfc
 
 MODULE = "tests.rewards.rewards_for_containment"

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import config_from_dict, config_to_dict
 from grpo.errors import UserError
-from grpo.rewards import contain
+from grpo.infra import contain
 from grpo.rollout import turns
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls

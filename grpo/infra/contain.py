@@ -1,50 +1,14 @@
-"""One contained call of a user's reward function: copies in, a time limit, a worker process.
+"""Containing a call of user code (a reward function, a tool), so that what it does stays
+inside the call and a long run goes on.
 
-A reward function is user code, called at every step of a long run. `call` makes one call
-of a `WeightedReward` such that what the code does stays inside that call:
-
-- Copies in. The function gets fresh lists of the prompts, the completions and each column,
-  and fresh lists and dicts at every depth below them (chat messages, list-valued columns:
-  a row's value is shared by its G completions and by the dataset itself). The leaves
-  (strings, numbers, arrays, images, other objects) are shared, not copied: copying them
-  could cost a copy of a large column per function per step, and they are rarely edited in
-  place. So `completions.clear()` or `messages.append(...)` breaks neither the step nor the
-  functions after it. An isolated call gets its copies from pickling.
-- Anything raised becomes `Failed`, BaseException included: sys.exit (any code),
-  KeyboardInterrupt raised by the code, GeneratorExit, a custom BaseException. So does a
-  call of os._exit on the call's own thread: while contained code runs in this process,
-  os._exit is a function that raises there (and exits as before on any other thread, or in a
-  forked child), so that the code ends its call, not the run. Only what reaches os._exit
-  through the `os` module is caught (not a segfault, nor a name bound before the call):
-  `isolate` contains the rest. A real
-  Ctrl-C is told apart: while the function runs on the main thread, a SIGINT handler is
-  chained in front of the current one and notes that the signal came; a KeyboardInterrupt
-  after a delivered SIGINT propagates as it is. What a signal does is the training loop's
-  business (its handlers set a flag and stop after the step). A UserError passes through.
-- Async functions (any that return an awaitable) run to completion with asyncio.run (on a
-  helper thread when this thread already runs an event loop, e.g. in a notebook).
-  `call_concurrently` runs a step's `async def` functions (the ones not isolated) together
-  on one event loop, as TRL does: a batch of judge requests waits for the slowest
-  function, not for the sum of them. Each keeps its own copies, timeout and error.
-- `timeout` bounds the call (`TimedOut` past it). In the training process the call runs on
-  a daemon thread, and past the limit it is abandoned, not stopped (Python cannot stop a
-  thread): it keeps running in the background until it returns, perhaps beside the next
-  call, and its result is dropped. An async function is cancelled at the limit instead,
-  which does stop cooperative code. Code that sets signal handlers (signal.alarm timeouts)
-  cannot on that thread; math_answer then runs without math_verify's own limit.
-- `isolate` runs the function in a worker process of its own, one per spec, started on its
-  first call and kept for the next ones; past the limit it is killed (SIGKILL) and the next
-  call starts a fresh one. The worker is a fresh interpreter (subprocess, not
-  multiprocessing) that loads this file by its path, takes the training process's sys.path
-  and working directory, and imports the function by its spec ('pkg.module:attr'): it
-  imports neither torch nor the user's __main__ (so a script that calls grpo.train needs no
-  `if __name__ == "__main__"` guard), and a restart costs the interpreter and the user's
-  module, not torch. The worker ignores SIGINT (a Ctrl-C is the training process's to
-  handle) and exits when the training process ends, however it ends: a pipe to it closes.
-  A worker that dies in a call (a segfault, os._exit) is a `Failed`; one found dead
-  before a call is replaced. Arguments and results travel pickled, so they must pickle.
-  Unix only (the worker inherits its two descriptors). Cost: a round trip per call (benchmarks/README.md).
-  A tool (`call_function` with a spec) is isolated the same way, in a worker of its own.
+Anything the code raises becomes `Failed` (BaseException and sys.exit included; a UserError
+passes through, a real Ctrl-C propagates), and so does os._exit called on the call's own
+thread (`_exit_raises`). A `timeout` bounds the call: on a daemon thread, abandoned past the
+limit (Python cannot stop a thread), or cancelled when the function is async. A reward gets
+its own copies of the batch (`_copies`). `isolate` (a tool: its spec) runs the function in a
+worker process of its own that imports it by its spec and is killed past the limit
+(`_Worker`). A step's async reward functions run together on one event loop
+(`call_concurrently`), as TRL runs them. What this means for a user: docs/safety.md.
 """
 
 from __future__ import annotations
@@ -63,13 +27,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from grpo.errors import UserError
 from grpo.infra.imports import describe, import_callable, one_line
-
-if TYPE_CHECKING:
-    from grpo.rewards.types import WeightedReward
 
 __all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
 
@@ -93,8 +54,18 @@ class TimedOut(Exception):
 Batch = tuple[list, list, dict[str, list], dict[str, Any]]  # prompts, completions, columns, shared
 
 
+class Contained(Protocol):
+    """What `call` needs of a reward (`grpo.rewards.types.WeightedReward`): its function, and
+    how its calls are contained."""
+
+    fn: Any  # called as TRL calls a reward (`arguments_for`)
+    timeout: float | None  # seconds a call may take; None = no limit
+    isolate: bool  # in a worker process that imports `spec`
+    spec: str | None  # 'pkg.module:attr'
+
+
 def call(
-    reward: WeightedReward,
+    reward: Contained,
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
@@ -162,7 +133,7 @@ def is_async(fn) -> bool:
 
 
 def call_concurrently(
-    rewards: Sequence[WeightedReward],
+    rewards: Sequence[Contained],
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
@@ -194,7 +165,7 @@ def call_concurrently(
     return dict(zip(chosen, outcomes))
 
 
-async def _one(reward: WeightedReward, batch: Batch, sigint: list) -> Outcome:
+async def _one(reward: Contained, batch: Batch, sigint: list) -> Outcome:
     """One call of an async reward inside `call_concurrently`'s loop, as `_invoke` makes it:
     everything raised becomes the Outcome's error (a real Ctrl-C excepted), so that one
     function's failure, sys.exit included, neither stops the others nor the loop."""
@@ -258,7 +229,11 @@ def _copies(
 
 
 def _fresh(value: Any) -> Any:
-    """`value` with its lists and dicts copied at every depth; other objects shared."""
+    """`value` with its lists and dicts copied at every depth (chat messages, list-valued
+    columns, shared by a row's G completions and by the dataset), so that a function that
+    edits them in place breaks neither the step nor the functions after it. Other objects
+    (strings, numbers, arrays, images) are shared: copying them could cost a large column per
+    function per step, and they are rarely edited in place."""
     if type(value) is list:
         return [_fresh(v) for v in value]
     if type(value) is dict:
@@ -405,7 +380,9 @@ class _SigintNoted:
 # ---- isolation: a worker process per spec ---------------------------------------------------
 
 # The worker's first line: the training process's sys.path, then this file loaded by its path,
-# so that the worker imports neither the grpo.rewards package (torch) nor the user's __main__.
+# so that the worker imports neither torch nor the user's __main__ (a script that calls
+# grpo.train needs no `if __name__ == "__main__"` guard), and a restart costs an interpreter
+# and the user's module.
 _BOOT = (
     "import json, sys, importlib.util as u; sys.path[:] = json.loads(sys.argv[1]); "
     "s = u.spec_from_file_location('grpo_reward_worker', sys.argv[2]); m = u.module_from_spec(s); "
@@ -418,7 +395,11 @@ _ARGUMENTS = {"reward": "a batch", "tool": "arguments"}
 
 class _Worker:
     """A process that imports one reward function or tool by its spec and calls it on
-    request (`kind`: 'reward' or 'tool')."""
+    request (`kind`: 'reward' or 'tool'). A fresh interpreter (subprocess, not
+    multiprocessing) with the training process's sys.path and working directory; arguments
+    and results travel pickled. It ignores SIGINT (a Ctrl-C is the training process's) and
+    exits when the training process ends, however it ends: the pipe `alive` closes. Unix
+    only: it inherits its two descriptors."""
 
     def __init__(self, kind: str, spec: str):
         self.kind = kind
