@@ -12,7 +12,7 @@
 3. The critic: `Critic` (PPO's value model, trained beside the policy) or `NoCritic`.
 
 `build_seams` picks one of each from the config, once; the step then calls them without
-asking which it has. The preset table in `grpo/config.py` says which names each algorithm
+asking which it has. The preset table in `grpo/config/schema.py` says which names each algorithm
 takes; `BASELINES` and `KL_PLACEMENTS` below say which class each name is.
 """
 

@@ -1,0 +1,265 @@
+"""Checking a config before anything is loaded: every impossible value, and every combination
+that cannot run, raised as `UserError` with one line that starts with its key."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+
+from grpo.config.schema import Config, TrainConfig
+from grpo.errors import UserError
+from grpo.rollout.decoders import fast_only_refusal, lora_refusal
+from grpo.vllm import split_address, unsupported
+
+
+REPORTERS = ("tensorboard", "wandb", "trackio")
+
+
+def reporters(train: TrainConfig) -> list[str]:
+    """train.report_to as a list of known names, in order and without repeats (one name, or
+    several joined by commas as `--set train.report_to=wandb,trackio` gives them; "none", []
+    and null for none), with tensorboard added by train.tensorboard: true."""
+    given = train.report_to
+    names = [] if given is None else given.split(",") if isinstance(given, str) else list(given)
+    names = [name.strip() for name in names if name.strip() != "none"]
+    for name in names:
+        if name not in REPORTERS:
+            close = difflib.get_close_matches(str(name), REPORTERS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserError(
+                f"train.report_to: unknown logger {name!r}{hint}; choose among {', '.join(REPORTERS)}, or none"
+            )
+    if train.tensorboard:
+        names.append("tensorboard")
+    return list(dict.fromkeys(names))
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def validate(c: Config) -> None:
+    """Impossible values, each reported with its key. Runs before anything is loaded."""
+    _require(bool(c.model), "model: required (a Hugging Face model directory or hub id)")
+    _require(bool(c.data.path), "data.path: required (a prompt file or a datasets name)")
+    _require(
+        len(c.rewards) > 0 or c.rollout.environment is not None,
+        "rewards: at least one reward is required, e.g. [{function: exact_answer}]",
+    )
+    for i, r in enumerate(c.rewards):
+        _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
+        _require(
+            not r.process or r.model is not None,
+            f"rewards.{i}.process: only reward models have a process mode; a function returns its own steps",
+        )
+        _require(
+            not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process"
+        )
+        _require(bool(r.step_separator), f"rewards.{i}.step_separator: must not be empty")
+        _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
+        _require(
+            r.timeout is None or r.timeout > 0, f"rewards.{i}.timeout: must be > 0 seconds or null, got {r.timeout}"
+        )
+        _require(
+            r.function is not None or (r.timeout is None and not r.isolate),
+            f"rewards.{i}: timeout and isolate apply to reward functions, not reward models",
+        )
+    ro, tr, lo = c.rollout, c.train, c.loss
+    if lo.baseline == "group":
+        _require(
+            ro.group_size >= 2,
+            f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}",
+        )
+        _require(
+            lo.kl_in == "loss",
+            "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')",
+        )
+    _require(ro.group_size >= 1, f"rollout.group_size: must be >= 1, got {ro.group_size}")
+    _require(
+        not lo.drop_zero_std_groups or ro.group_size >= 2,
+        "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)",
+    )
+    _require(
+        ro.max_tool_calls is None or ro.max_tool_calls >= 0,
+        f"rollout.max_tool_calls: must be >= 0 or null, got {ro.max_tool_calls}",
+    )
+    _require(
+        ro.tool_timeout is None or ro.tool_timeout > 0,
+        f"rollout.tool_timeout: must be > 0 seconds or null, got {ro.tool_timeout}",
+    )
+    _require(
+        not (ro.tools or ro.environment is not None) or lo.supervision == "outcome",
+        "rollout.tools / rollout.environment: process supervision of multi-turn rollouts is not supported; use loss.supervision: outcome",
+    )
+    _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
+    _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
+    _require(
+        0 <= ro.min_new_tokens <= ro.max_new_tokens,
+        "rollout.min_new_tokens: must be between 0 and rollout.max_new_tokens",
+    )
+    _require(ro.temperature > 0, f"rollout.temperature: must be > 0, got {ro.temperature}")
+    _require(0 < ro.top_p <= 1, f"rollout.top_p: must be in (0, 1], got {ro.top_p}")
+    _require(ro.top_k >= 0, f"rollout.top_k: must be >= 0, got {ro.top_k}")
+    _require(0 <= ro.min_p < 1, f"rollout.min_p: must be in [0, 1) (0 = off), got {ro.min_p}")
+    _require(
+        ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}"
+    )
+    v = ro.vllm
+    _require(
+        0 < v.gpu_memory_utilization <= 1,
+        f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}",
+    )
+    _require(v.kv_cache_gb >= 1, f"rollout.vllm.kv_cache_gb: must be >= 1, got {v.kv_cache_gb}")
+    _require(v.max_num_seqs >= 1, f"rollout.vllm.max_num_seqs: must be >= 1, got {v.max_num_seqs}")
+    _require(
+        v.check_tolerance is None or v.check_tolerance > 0,
+        f"rollout.vllm.check_tolerance: must be > 0 or null, got {v.check_tolerance}",
+    )
+    refused = fast_only_refusal(ro, ro.sampler)  # auto: known once the model is (the Sampler says then)
+    _require(refused is None, refused)
+    if ro.sampler == "vllm":
+        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
+        _require(refused is None, refused)
+    if v.server:
+        split_address(v.server)  # HOST:PORT, or one line
+        _require(ro.sampler == "vllm", "rollout.vllm.server: the server samples with rollout.sampler: vllm; set it")
+        _require(
+            v.transport == "file",
+            f"rollout.vllm.transport: {v.transport} is not available in this version; use file (trainer and server on one machine)",
+        )
+    _require(v.timeout > 0, f"rollout.vllm.timeout: must be > 0, got {v.timeout}")
+    _require(
+        ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
+    )
+    _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
+    _require(
+        1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}"
+    )
+    _require(tr.lr > 0, f"train.lr: must be > 0, got {tr.lr}")
+    _require(tr.epochs >= 1, f"train.epochs: must be >= 1, got {tr.epochs}")
+    batch = ro.prompts_per_step * ro.group_size
+    _require(
+        1 <= tr.minibatches <= batch,
+        f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}",
+    )
+    _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
+    _require(
+        tr.old_logprobs != "sampler" or ro.sampler != "hf",
+        "train.old_logprobs: sampler needs a sampler that returns log-probs (fast or vllm); transformers' generate (rollout.sampler: hf) gives none",
+    )
+    _require(
+        len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
+    )
+    _validate_async(c)
+    _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
+    _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
+    reporters(tr)  # an unknown name is one line, before anything is loaded
+    for name in ("warmup_steps", "checkpoint_every", "sample_every"):
+        _require(getattr(tr, name) >= 0, f"train.{name}: must be >= 0")
+    _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")
+    _require(tr.checkpoint_minutes >= 0, f"train.checkpoint_minutes: must be >= 0, got {tr.checkpoint_minutes}")
+    _require(tr.max_unscored_steps >= 0, f"train.max_unscored_steps: must be >= 0, got {tr.max_unscored_steps}")
+    _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
+    _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
+    _require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None,
+        f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}",
+    )
+    _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
+    _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
+    _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")
+    _require(lo.dual_clip is None or lo.dual_clip > 1, f"loss.dual_clip: must be > 1, got {lo.dual_clip}")
+    _require(lo.eps >= 0, "loss.eps: must be >= 0")
+    _require(lo.engine_correction_cap > 1, f"loss.engine_correction_cap: must be > 1, got {lo.engine_correction_cap}")
+    _require(0 <= lo.gamma <= 1, f"loss.gamma: must be in [0, 1], got {lo.gamma}")
+    _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
+    _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")
+    _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
+    _require(
+        lo.supervision == "outcome" or lo.baseline == "group",
+        "loss.supervision: process supervision needs the group baseline (loss.baseline: group)",
+    )
+    u = c.reward_model_update
+    if u.verifier is not None:
+        _require(
+            not (ro.tools or ro.environment is not None),
+            "reward_model_update: iterative RL samples single-turn completions for the reward model; with "
+            "rollout.tools / rollout.environment it is not supported yet",
+        )
+        models = [i for i, r in enumerate(c.rewards) if r.model is not None]
+        _require(
+            bool(models),
+            "reward_model_update.verifier: there is no reward model to update; add a rewards entry with a `model`",
+        )
+        _require(
+            u.reward == -1 or u.reward in models,
+            f"reward_model_update.reward: rewards.{u.reward} is not a reward model",
+        )
+        _require(
+            tr.iterations >= 2,
+            "reward_model_update.verifier: the reward model is updated between iterations; set train.iterations >= 2",
+        )
+    _require(0 <= u.replay < 1, f"reward_model_update.replay: must be in [0, 1), got {u.replay}")
+    for name in ("prompts", "epochs", "batch_size", "max_pairs_per_prompt"):
+        _require(getattr(u, name) >= 1, f"reward_model_update.{name}: must be >= 1")
+    _require(
+        u.samples_per_prompt >= 2,
+        "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt",
+    )
+    _require(u.lr > 0, "reward_model_update.lr: must be > 0")
+    _require(c.lora.r >= 0, "lora.r: must be >= 0")
+    refusal = lora_refusal(c.rollout.sampler)
+    _require(c.lora.r == 0 or refusal is None, refusal)
+
+
+def lookahead(c: Config) -> int:
+    """The steps the asynchronous generator samples ahead of the trainer: as many as keep every
+    batch within rollout.async.max_staleness optimizer steps of the weights it trains, when a
+    step takes train.epochs x train.minibatches of them and the generator's weights lag by up
+    to push_every - 1 more. 0: the synchronous step."""
+    a = c.rollout.async_
+    if a.max_staleness == 0:
+        return 0
+    return (a.max_staleness - a.push_every + 1) // (c.train.epochs * c.train.minibatches)
+
+
+def _validate_async(c: Config) -> None:
+    """rollout.async: its numbers, and what the generator process cannot do yet."""
+    a, ro, tr = c.rollout.async_, c.rollout, c.train
+    _require(a.max_staleness >= 0, f"rollout.async.max_staleness: must be >= 0, got {a.max_staleness}")
+    _require(a.push_every >= 1, f"rollout.async.push_every: must be >= 1, got {a.push_every}")
+    _require(a.threads >= 1, f"rollout.async.threads: must be >= 1, got {a.threads}")
+    _require(a.timeout > 0, f"rollout.async.timeout: must be > 0 seconds, got {a.timeout}")
+    if a.max_staleness == 0:
+        return
+    updates = tr.epochs * tr.minibatches
+    lag = f" and rollout.async.push_every adds {a.push_every - 1}" if a.push_every > 1 else ""
+    _require(
+        lookahead(c) >= 1,
+        f"rollout.async.max_staleness: {a.max_staleness} leaves the generator no step ahead: a step takes "
+        f"train.epochs x train.minibatches = {updates} optimizer steps{lag}; set it to at least {updates + a.push_every - 1}",
+    )
+    _require(
+        ro.sampler != "hf",
+        "rollout.async: rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's "
+        "ratio needs; use fast, auto or vllm",
+    )
+    _require(
+        tr.old_logprobs != "recompute" or c.loss.engine_correction != "none",
+        "train.old_logprobs: recompute with rollout.async anchors the ratio at the current weights, and only "
+        "loss.engine_correction (token_tis or sequence_mask) then corrects for the weights that sampled; set one, or use auto",
+    )
+    _require(
+        not (ro.tools or ro.environment is not None),
+        "rollout.async: multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
+    )
+    _require(c.lora.r == 0, "rollout.async: LoRA (lora.r > 0) is not supported yet")
+    # The generator owns the server's weights; iterative RL's sampler, in the trainer, would
+    # push its own between iterations, and the server would then refuse the generator's requests.
+    _require(
+        not (ro.vllm.server and c.reward_model_update.verifier is not None),
+        "rollout.async with rollout.vllm.server: iterative RL (reward_model_update.verifier) would push the "
+        "trainer's weights into the generator's server between iterations; not supported yet",
+    )
