@@ -627,6 +627,16 @@ def test_describe_fields_lists_every_leaf_key_with_a_doc():
         assert isinstance(default, str)
 
 
+def test_every_field_doc_is_one_or_two_sentences_with_no_measured_number():
+    """--help is the short text; the manual is docs/ (each doc names the page where more is
+    needed, tests/test_docs.py checks the pointer) and measurements are benchmarks/README.md's."""
+    for key, _default, doc in describe_fields():
+        sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z0-9'])", doc.strip())
+        assert len(sentences) <= 2 and len(doc) <= 250, f"{key}: {len(sentences)} sentences, {len(doc)} characters"
+        measured = re.search(r"\d(\.\d+)?x\b|\d ?ms\b|[Mm]easured|benchmarks/", doc)
+        assert measured is None, f"{key}: {measured.group(0)!r} is a measurement; it belongs in benchmarks/README.md"
+
+
 def test_describe_fields_shows_the_defaults():
     shown = {key: default for key, default, _doc in describe_fields()}
     assert yaml.safe_load(shown["rollout.group_size"]) == 8

@@ -254,6 +254,19 @@ def test_every_relative_link_and_path_resolves(page):
     assert link_errors(page, page.read_text()) == []
 
 
+def test_every_docs_page_a_field_doc_points_at_is_there():
+    """A config field's doc (what `grpo train --help` prints) is short and names the page that
+    explains, as docs/PAGE.md or docs/PAGE.md#heading: the page and the heading exist."""
+    pointers = [
+        (key, m) for key, _, doc in describe_fields() for m in re.findall(r"docs/([\w-]+\.md)(?:#([\w-]+))?", doc)
+    ]
+    assert len(pointers) >= 20
+    for key, (page, anchor) in pointers:
+        path = ROOT / "docs" / page
+        assert path.is_file(), f"{key}: docs/{page} does not exist"
+        assert not anchor or anchor in anchors(path.read_text()), f"{key}: docs/{page} has no heading #{anchor}"
+
+
 def test_the_math_page_s_example_runs():
     """docs/math.md's example is plain tensors in, a loss out: it runs as shown."""
     for body in blocks((ROOT / "docs" / "math.md").read_text(), {"python"}):

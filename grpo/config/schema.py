@@ -1,5 +1,6 @@
-"""The run's configuration, as typed dataclasses: every field with its default and its
-documentation (`grpo train --help` prints them).
+"""The run's configuration, as typed dataclasses: every field with its default and one or two
+sentences of documentation (`grpo train --help` prints them), and where more is needed the
+docs/ page that explains.
 
 The algorithm is a preset for exactly the three places where GRPO and PPO differ
 (DeepSeekMath §4.1): where the baseline comes from (`loss.baseline`), where the KL goes
@@ -21,7 +22,7 @@ from grpo.rollout.decoders import NAMES as DECODERS
 class DataConfig:
     path: str = opt(
         "",
-        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory, a `datasets` name, or 'reasoning_gym:NAME?size=N&seed=S' for rows a reasoning-gym task generates (the `gym` extra; see docs/reasoning-gym.md).",
+        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, or 'reasoning_gym:NAME?size=N&seed=S' for a reasoning-gym task's rows (docs/reasoning-gym.md).",
     )
     prompt_column: str = opt(
         "prompt",
@@ -39,7 +40,7 @@ class DataConfig:
 class RewardConfig:
     function: str | Callable | None = opt(
         None,
-        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called as TRL's GRPOTrainer calls it: fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None] (conversational prompts: each completion is [{'role': 'assistant', 'content': text}], with rollout.tools its turns and tool messages; with rollout.environment it may take environments=; sync or async). With loss.supervision: process it may return, per completion, a list of (end, reward) steps (end = character offset one past the step).",
+        "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called by keyword as TRL's GRPOTrainer calls it and returning a float or None per completion (docs/training.md#rewards).",
     )
     model: str | None = opt(
         None,
@@ -57,7 +58,7 @@ class RewardConfig:
     step_separator: str = opt("\n", "Process reward models: the characters that end a reasoning step.")
     timeout: float | None = opt(
         None,
-        "Functions: seconds one call may take (null = no limit). A call that takes longer fails the step (or scores None, with on_timeout: none). The call is abandoned, not stopped, unless isolate is on.",
+        "Functions: seconds one call may take (null = no limit); a call past it fails the step, or scores None with on_timeout: none (docs/safety.md).",
     )
     on_timeout: Literal["fail", "none"] = opt(
         "fail",
@@ -65,7 +66,7 @@ class RewardConfig:
     )
     isolate: bool = opt(
         False,
-        "Functions: run the function in a worker process, which is killed when a call passes `timeout` (for rewards that run untrusted or runaway code). Costs a round trip per call (benchmarks/README.md).",
+        "Functions: run the function in a worker process, killed when a call passes `timeout` (for untrusted or runaway code); a round trip per call (docs/safety.md).",
     )
 
 
@@ -73,11 +74,11 @@ class RewardConfig:
 class VllmConfig:
     server: str = opt(
         "",
-        "'' (default): the engine runs in the training process (colocated, TRL's default), on the policy's device, one per process under torchrun. HOST:PORT: a `grpo vllm-serve --model DIR` server instead, holding the same model (checked before the first step); the weights are pushed to it after every update (see transport), and the other engine options here are then the server's flags. The trainer does not need vLLM installed then.",
+        "'' (default): the engine runs in the training process (colocated). HOST:PORT: a `grpo vllm-serve` server holding the same model, its weights pushed after every update (docs/vllm-server.md).",
     )
     transport: Literal["file", "nccl"] = opt(
         "file",
-        "Server mode: how the weights reach the server. file: one safetensors file in /dev/shm (or the temporary folder), read by the server and deleted; trainer and server on one machine. nccl (GPU to GPU, vLLM's weight transfer engine) is not available in this version.",
+        "Server mode: how the weights reach the server. file: a safetensors file in /dev/shm that the server reads, trainer and server on one machine (docs/vllm-server.md).",
     )
     timeout: float = opt(
         600.0,
@@ -89,7 +90,7 @@ class VllmConfig:
     )
     sleep: bool = opt(
         False,
-        "CUDA: sleep mode; the engine frees its KV cache and weights while the update runs (the first cure for a colocated out-of-memory), at the cost of waking it for each step. Nothing on a CPU.",
+        "CUDA: the engine frees its KV cache and weights while the update runs (the first cure for a colocated out-of-memory), waking for each step; nothing on a CPU (docs/vllm.md).",
     )
     kv_cache_gb: int = opt(
         1, "CPU: the engine's KV cache, in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE; an environment value set wins)."
@@ -100,7 +101,7 @@ class VllmConfig:
     )
     check_sync: bool = opt(
         True,
-        "After each weight sync, check that the engine holds the policy's weights: its log-probs of one fixed 32-token sequence against the trainer's (one short prompt pass each); a run whose engine went stale fails with a clear error instead of training on another model's samples.",
+        "After each weight sync, check that the engine holds the policy's weights (its log-probs of one fixed sequence against the trainer's); a stale engine stops the run in one line (docs/vllm.md).",
     )
     check_tolerance: float | None = opt(
         None,
@@ -112,7 +113,7 @@ class VllmConfig:
 class AsyncConfig:
     max_staleness: int = opt(
         0,
-        "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains (its staleness). 0: the synchronous step (sample, then train, one after the other). K >= 1: a generator in a worker process of its own samples the next batches while the trainer trains this one, (K - push_every + 1) // (train.epochs x train.minibatches) steps ahead; a batch older than K is dropped (async/dropped) and sampled again. The old log-probs of the ratio are the sampler's (docs/async.md). With rollout.sampler: vllm the engine runs in the generator process (colocated), or the generator is the client of the vLLM server (rollout.vllm.server): it pushes each version's weights to the server, checks them, and stamps each batch with the version the server confirmed.",
+        "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains. 0: the synchronous step; K >= 1: a generator process samples the next batches while this one trains (docs/async.md).",
     )
     push_every: int = opt(
         1,
@@ -121,7 +122,7 @@ class AsyncConfig:
     threads: int = opt(1, "With max_staleness >= 1: the generator process's torch threads.")
     timeout: float = opt(
         600.0,
-        "With max_staleness >= 1: the seconds the trainer waits for one batch before the run fails with a one-line error (a hung or stalled generator); the wait itself is the metric async/queue_wait_s.",
+        "With max_staleness >= 1: the seconds the trainer waits for one batch before the run stops in one line (a hung generator); docs/async.md#faults.",
     )
 
 
@@ -143,19 +144,19 @@ class RolloutConfig:
     )
     min_p: float = opt(
         0.0,
-        "Min-p sampling: drop the tokens less likely than min_p times the most likely one, after temperature, top-k and top-p (0 = off; in [0, 1)). Like top_k and top_p a truncation the loss does not score: its log-probabilities are of the untruncated distribution (docs/sampling.md).",
+        "Min-p sampling: drop the tokens less likely than min_p times the most likely one (0 = off; in [0, 1)). A truncation the loss does not score (docs/sampling.md).",
     )
     repetition_penalty: float = opt(
         1.0,
-        "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises): the score of every token already in the sequence, prompt included, is divided by it (multiplied when negative) before temperature. The loss scores the same penalised distribution, for the policy, the old policy and the reference alike (docs/sampling.md).",
+        "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises the tokens already in the sequence). The loss scores the same penalised distribution (docs/sampling.md).",
     )
     draw: Literal["generate", "fast"] = opt(
         "generate",
-        "How the fast loop computes each token's draw. generate: as transformers' generate does, bit for bit (its LM head matmul, then torch.multinomial's draw: an exponential per vocabulary entry), so the same tokens as rollout.sampler: hf for the same seed. fast: the same distribution, other tokens: one float64 uniform per row looked up in the distribution's cumulative sum (inverse CDF), and, on a CPU with fewer than 12 rows to decode, every matmul as W @ x^T, which MKL runs several times faster there than F.linear (the logits differ in float rounding). Measured: 0.44x the sampling time per token on a 151,936-token vocabulary, 0.63x on SmolLM2-135M (docs/sampling.md). The fast loop only (rollout.sampler: fast, or auto where it picks fast).",
+        "The fast loop's draw: generate (transformers' generate's, bit for bit: the same tokens as rollout.sampler: hf) or fast (the same distribution, drawn more cheaply: other tokens). docs/sampling.md.",
     )
     max_prompt_length: int = opt(
         0,
-        "Longest prompt, in tokens (0 = no limit): longer prompts keep their last max_prompt_length tokens (truncated from the left, as TRL does); the metric prompts/truncated counts them. max_prompt_length + max_new_tokens must fit the model's positions.",
+        "Longest prompt, in tokens (0 = no limit): a longer prompt keeps its last max_prompt_length tokens, as TRL cuts it (docs/training.md#the-model-and-the-data).",
     )
     generation_batch_size: int = opt(
         0,
@@ -163,24 +164,24 @@ class RolloutConfig:
     )
     seed_per_prompt: bool = opt(
         False,
-        "Draw each prompt's G completions from their own generator, seeded by the run's seed, the step and the prompt's index in the step's batch: a run's samples, and so its metrics, then do not depend on the number of torchrun processes (nor on generation_batch_size). Off: each process draws each step from one random stream of the sampler's own (seeded by the seed, its rank and the step; apart from the global stream the update draws from), the same tokens as transformers' generate draws from the same stream. On costs one sampling call per prompt and token (per prompt and step with sampler: hf).",
+        "Draw each prompt's G completions from a seed of its own (the run's seed, the step, the prompt's index), so that the samples do not depend on the number of processes; slower sampling (docs/scale-out.md).",
     )
     sampler: Literal[DECODERS] = opt(
         "auto",
-        "Decoding loop: 'fast' (grpo's KV-cache loop for Llama/Qwen2/Qwen3/Mistral models: each prompt's prefix computed once for its G completions, no per-token allocations; the same tokens as 'hf' for the same seed), 'hf' (transformers' generate: any model, e.g. with LoRA), 'vllm' (a vLLM engine, options under rollout.vllm; needs vLLM installed, docs/vllm.md; its own random draws, not fast's or hf's), or 'auto' (fast where the model is supported, else hf; never vllm).",
+        "Decoding loop: fast (our KV-cache loop for Llama-family models), hf (transformers' generate, any model), vllm (a vLLM engine, docs/vllm.md), or auto (fast where it can, else hf). docs/speed.md.",
     )
     vllm: VllmConfig = opt(VllmConfig(), "The vLLM engine, with sampler: vllm.")
     tools: list[str | Callable] = opt(
         [],
-        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs (from Python, grpo.train(config, tools=[fn])), plain functions, sync or async, with type hints and a Google-style docstring (their JSON schema, from transformers' get_json_schema, goes into the prompt through the chat template). Needs chat prompts and a chat template with the Qwen2.5/Hermes <tool_call> format (docs/tools.md). A call's result goes back as a tool message, whose tokens are in the completion but not in the loss.",
+        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a Hermes-style chat template; tool tokens stay out of the loss (docs/tools.md).",
     )
     environment: str | type | None = opt(
         None,
-        "An environment class (TRL's environment_factory=), 'pkg.module:Class' (from Python, grpo.train(config, environment_factory=Class)): one instance per rollout, reset(**row) -> str | None (text appended to the prompt's last message), every public method a tool, an optional get_reward() -> float added as a reward of weight 1; reward functions may take environments= (the instances, in row order). docs/tools.md.",
+        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class': one instance per rollout, reset(**row) first, every public method a tool, get_reward() an optional reward (docs/tools.md).",
     )
     max_tool_calls: int | None = opt(
         None,
-        "With tools: the most model turns whose tool calls are run in one rollout (TRL's max_tool_calling_iterations; every call of a turn runs); past it the rollout ends at the model's turn. null: no limit but max_new_tokens, which bounds the whole completion, tool messages included.",
+        "With tools: the most model turns whose tool calls run in one rollout (TRL's max_tool_calling_iterations); null: no limit but max_new_tokens (docs/tools.md).",
     )
     async_: AsyncConfig = opt(
         AsyncConfig(),
@@ -189,11 +190,11 @@ class RolloutConfig:
     )
     tool_timeout: float | None = opt(
         30.0,
-        "With tools: seconds one tool call may take (null = no limit). A call past it, one that raises, or one that calls sys.exit or os._exit becomes an error message to the model (and counts in tools/failures); the run goes on. The call is abandoned, not stopped, unless tool_isolate is on.",
+        "With tools: seconds one tool call may take (null = no limit); a call past it, or one that raises or exits, becomes an error message to the model and the run goes on (docs/tools.md).",
     )
     tool_isolate: bool = opt(
         False,
-        "With tools: run each of rollout.tools in a worker process of its own (as a reward's isolate), imported by its spec: a call past tool_timeout is killed, and one that crashes its process (a segfault) is an error message too. An environment's methods stay in the training process. Costs a round trip per call (docs/tools.md).",
+        "With tools: run each of rollout.tools in a worker process of its own, so that a call past tool_timeout is killed and a crash is an error message; a round trip per call (docs/tools.md).",
     )
 
 
@@ -219,11 +220,11 @@ class TrainConfig:
     )
     old_logprobs: Literal["auto", "recompute", "sampler"] = opt(
         "auto",
-        "Where the old policy's log-probs (the ratio's anchor, when epochs or minibatches move the policy within a step) come from. recompute: a no-grad pass of the policy over the batch. sampler: the log-probs the sampler returned with its tokens (the fast loop's or vLLM's; an error with transformers' generate, which gives none); the engine correction then has no mismatch to measure. auto: the sampler's where they are the trainer's own up to float rounding (the fast loop on the current float32 weights, no top-p/top-k/min-p/min_new_tokens), else recompute: one forward pass fewer a step; and the sampler's for a batch that earlier weights sampled (rollout.async: the sampling policy's, docs/async.md). recompute with rollout.async: the current weights anchor the ratio and loss.engine_correction weighs each token by pi_current / pi_sampler (decoupled PPO).",
+        "Where the old policy's log-probs (the ratio's anchor) come from: recompute (a no-grad pass), sampler (the fast loop's or vLLM's), or auto (the sampler's where they equal the pass's). docs/sampling.md#the-old-policys-log-probs-from-the-sampler.",
     )
     length_grouping: bool = opt(
         True,
-        "Order a minibatch's completions by length before splitting it into micro-batches (micro_batch_size), so that each micro-batch holds completions of similar length; a prompt's completions stay together while the update shares their prompt pass. Every pass is cut to its micro-batch's longest completion either way; this makes that cut deeper. The same gradient as false (only which completions share a pass changes); also orders the reference, old-policy and critic passes.",
+        "Order a minibatch's completions by length before splitting it into micro-batches, so that each pass is cut shorter; the same gradient either way (docs/speed.md).",
     )
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
@@ -233,7 +234,7 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "Also save a resumable checkpoint every N steps (0 = by time only).")
     checkpoint_minutes: float = opt(
         10.0,
-        "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only); the first after the first step that ends a minute into the run, so that an early fault (a full disk) leaves one to resume (docs/resume.md). A run also saves at the end, and on Ctrl-C, SIGTERM or an error after its first step.",
+        "Save a resumable checkpoint when this many minutes have passed since the last (0 = by steps only); a run also saves at its end and when it stops (docs/resume.md).",
     )
     keep_checkpoints: int = opt(2, "How many of the newest checkpoints to keep.")
     max_unscored_steps: int = opt(
@@ -242,14 +243,14 @@ class TrainConfig:
     )
     log_every: int = opt(
         10,
-        "When stderr is not a terminal (a file, a cluster's log), print one plain line every N steps (step, reward, KL, length, s/step) instead of a progress bar; on a terminal the bar. --quiet prints neither.",
+        "When stderr is not a terminal, print one plain line every N steps instead of a progress bar (docs/monitoring.md).",
     )
     sample_every: int = opt(
         10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never)."
     )
     report_to: list[str] | str | None = opt(
         [],
-        "Where the metrics go besides metrics.jsonl, from process 0 (TRL's report_to): a list of tensorboard (output_dir/tensorboard; grpo[tensorboard]), wandb (Weights & Biases; grpo[wandb]; follows WANDB_MODE, e.g. offline, and WANDB_DIR, else output_dir/wandb) and trackio (its local SQLite store under TRACKIO_DIR, no network; grpo[trackio]); one name, or several joined by commas; or none / [] for metrics.jsonl only.",
+        "Where the metrics go besides metrics.jsonl, from process 0 (TRL's report_to): tensorboard, wandb and/or trackio, a list or joined by commas; none or [] for none (docs/monitoring.md).",
     )
     tensorboard: bool = opt(False, "true: the same as adding tensorboard to report_to (the older spelling).")
     run_name: str = opt("", "The run's name in wandb and trackio (TRL's run_name); empty: output_dir's folder name.")
@@ -259,7 +260,7 @@ class TrainConfig:
     )
     device: str = opt(
         "auto",
-        "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N. Under torchrun each process takes the GPU of its LOCAL_RANK (for auto and cuda). The policy, reference, critic, reward models and the sampler's cache all live there.",
+        "Where the models and batches live: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process takes the GPU of its LOCAL_RANK (docs/scale-out.md).",
     )
     backend: Literal["auto", "nccl", "gloo"] = opt(
         "auto", "torch.distributed backend under torchrun: auto (NCCL on GPUs, gloo on CPUs), nccl or gloo."
@@ -270,19 +271,19 @@ class TrainConfig:
     )
     attention: Literal["auto", "eager", "sdpa", "flash_attention_2"] = opt(
         "auto",
-        "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: on a CPU, eager up to 512 new tokens (its backward is the faster one at such lengths, benchmarks/README.md; it holds the (B, heads, T, T) scores) and the model's default beyond; on a GPU the model's default (SDPA). flash_attention_2 needs the flash-attn package.",
+        "Attention kernel of the policy, reference and critic (transformers' attn_implementation). auto: eager on a CPU up to 512 new tokens, else the model's default (docs/speed.md).",
     )
     gradient_checkpointing: bool = opt(
         True,
-        "Activation checkpointing for the policy's update (TRL's default): each layer keeps only its input and recomputes the rest in the backward, one more forward pass of compute for much less activation memory. The update then runs one pass per row, without sharing a group's prompt. false: faster steps where memory allows (measured in benchmarks/README.md). A model without transformers' checkpointing support trains without, with a warning.",
+        "Activation checkpointing for the policy's update (TRL's default): much less activation memory for one more forward pass; false for faster steps where memory allows (docs/speed.md).",
     )
     chunked_head: bool = opt(
         True,
-        "Compute the log-probs (reference, old-policy and update passes) and the entropy metric from the last hidden states through the LM head a chunk of positions at a time, the backward recomputing each chunk's logits: no (completions x tokens x vocabulary) logits are ever held. The same numbers as false (full logits, then the log-probs); a model whose logits are not its head's output (soft-capping, a logit scale) or whose head is not a plain linear layer runs that path whatever this says.",
+        "Run the LM head over a chunk of positions at a time, so that no (completions x tokens x vocabulary) logits are held; the same numbers as false (docs/speed.md).",
     )
     autocast: Literal["auto", "off", "bfloat16"] = opt(
         "auto",
-        "Mixed precision (auto: bfloat16 on a GPU, off on a CPU): run sampling, the reference/old-policy passes and the policy's forward in bfloat16 (torch.autocast; the fast sampler decodes with bf16 weights), keeping weights, gradients and optimizer state in `dtype`. Pays on GPUs and on CPUs with AVX512-BF16/AMX once matmuls are big enough (models of ~1M parameters and up; below that it can be slower; measured in benchmarks/README.md). Changes the numbers (bf16 keeps ~3 significant digits), so runs differ from float32 ones; learning does not (same README).",
+        "Mixed precision: bfloat16 runs sampling and the forward passes in bf16, keeping weights, gradients and optimizer state in `dtype`; auto is bfloat16 on a GPU, off on a CPU (docs/speed.md).",
     )
 
 
@@ -302,7 +303,7 @@ class LossConfig:
     beta: float = opt(0.04, "KL coefficient. 0 loads no reference model.")
     supervision: Literal["outcome", "process"] = opt(
         "outcome",
-        "Outcome: one reward per completion, every token gets its advantage. Process (DeepSeekMath §4.1.3): rewards per reasoning step, normalised over the group; a token's advantage sums the normalised rewards of the steps ending at or after it.",
+        "outcome: one reward per completion, every token gets its advantage; process (DeepSeekMath §4.1.3): rewards per reasoning step (docs/reward-models.md).",
     )
     scale: Literal["group", "batch", "none"] = opt(
         "group", "GRPO advantage divisor: the group's std (paper), the batch's std, or none (Dr. GRPO)."
@@ -322,7 +323,7 @@ class LossConfig:
     )
     mask_truncated_completions: bool = opt(
         False,
-        "Leave out of the loss the completions cut off at rollout.max_new_tokens (no EOS): their tokens get no gradient and no KL (DAPO's overlong filtering; TRL's mask_truncated_completions). They still count in their group's baseline and in the number of sequences.",
+        "Leave the completions cut off at rollout.max_new_tokens out of the loss (DAPO's overlong filtering, TRL's mask_truncated_completions); they still count in their group's baseline (docs/training.md#variants-of-the-loss).",
     )
     drop_zero_std_groups: bool = opt(
         False,
@@ -330,7 +331,7 @@ class LossConfig:
     )
     engine_correction: Literal["none", "token_tis", "sequence_mask"] | None = opt(
         None,
-        "How the loss corrects for the sampler drawing from another distribution than the trainer's old policy (an engine's kernels or bf16; docs/sampling.md), where the rollout carries the sampler's log-probs (an engine's, or the fast loop's): token_tis (truncated importance sampling, Yao et al. 2025: each token's policy-gradient term, not the KL term, weighed by min(pi_old / pi_sampler, engine_correction_cap), detached), sequence_mask (a sequence whose ratio prod_t pi_old / pi_sampler lies outside [1/cap, cap] leaves the loss) or none. Default: token_tis where the sampler draws from the distribution the loss scores, none where it truncates (top_k, top_p, min_p or min_new_tokens: its log-probs are then of the truncated distribution, and the ratio would carry the kept probability mass, not a mismatch). The metrics rollout/mismatch_kl, rollout/mismatch_ratio_max and rollout/frac_corrected are logged either way.",
+        "How the loss corrects for a sampler that draws from another distribution than the trainer's old policy: token_tis, sequence_mask or none. Default: token_tis, none where the sampling truncates (docs/sampling.md#when-the-sampler-is-not-the-trainer).",
     )
     engine_correction_cap: float = opt(
         2.0,
@@ -346,7 +347,7 @@ class LossConfig:
 class RewardModelUpdateConfig:
     verifier: str | None = opt(
         None,
-        "Iterative RL (DeepSeekMath §4.1.4): a reward function (built-in or 'pkg.module:function') that labels the policy's fresh samples; between iterations the reward model keeps training on comparisons of its higher- over lower-scored samples. Unset: the reward model stays fixed.",
+        "Iterative RL (DeepSeekMath §4.1.4): a reward function that labels the policy's fresh samples, on whose comparisons the reward model trains between iterations; unset: it stays fixed (docs/reward-models.md).",
     )
     reward: int = opt(
         -1, "Which `rewards` entry is the reward model to train (its index; -1 = the first entry with a `model`)."
