@@ -341,8 +341,7 @@ def run(
     from transformers.utils import logging as hf_logging
 
     from grpo.eval.runner import evaluate
-    from grpo.infra.hf import load_tokenizer
-    from grpo.train.models import load_causal_lm
+    from grpo.infra.hf import load_causal_lm, load_tokenizer
 
     hf_logging.disable_progress_bar()  # our own bar shows the sampling
     tokenizer = load_tokenizer(c.model, "--model")

@@ -1,12 +1,17 @@
-"""Loading from Hugging Face directories: dtypes by name, tokenizers, a model's context length
-from its config, and quieting transformers where its output is expected noise."""
+"""Loading from Hugging Face directories and hub ids: causal LMs (what the trainer, the
+generator and evaluation load), dtypes by name, tokenizers, a model's context length from its
+config, and quieting transformers where its output is expected noise."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo.errors import UserError, first_line
+
+if TYPE_CHECKING:
+    import torch
 
 
 @contextmanager
@@ -37,6 +42,21 @@ def torch_dtype(name, key: str):
     if name not in DTYPES:
         raise UserError(f"{key}: dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return getattr(torch, name)
+
+
+def load_causal_lm(
+    path: str, dtype: str, key: str = "model", attention: str | None = None, device: torch.device | str = "cpu"
+):
+    """A causal LM from a Hugging Face directory or hub id, on `device`, in eval mode (dropout
+    off: RL runs without it, and gradients flow in eval mode too). `key` names the config key
+    or option in the one-line UserError of a failure."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, key), attn_implementation=attention)
+    except Exception as err:
+        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
+    return model.to(device).eval()
 
 
 def _check_local(path: str, key: str) -> None:

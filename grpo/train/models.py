@@ -1,9 +1,6 @@
-"""A run's causal LMs loaded and made ready to train: from a Hugging Face directory or hub id,
-in eval mode (dropout off: RL runs without it; every model stays in eval mode for the whole run,
-gradients flow regardless), with activation checkpointing enabled, LoRA applied, under autocast.
-
-The forward passes over a Rollout are `grpo.train.layouts`; the reference and the critic,
-`grpo.train.networks`.
+"""A loaded causal LM made ready to train: activation checkpointing (on and off), LoRA, autocast,
+the parameters an optimizer moves. Loading it is `grpo.infra.hf.load_causal_lm`; the forward
+passes over a Rollout are `grpo.train.layouts`; the reference and the critic, `grpo.train.networks`.
 """
 
 from __future__ import annotations
@@ -14,21 +11,8 @@ import sys
 import torch
 from torch import nn
 
-from grpo.errors import UserError, first_line
-from grpo.infra.hf import torch_dtype
-
-
-def load_causal_lm(
-    path: str, dtype: str, key: str = "model", attention: str | None = None, device: torch.device | str = "cpu"
-):
-    """A causal LM from a Hugging Face directory or hub id, on `device`, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, key), attn_implementation=attention)
-    except Exception as err:
-        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
-    return model.to(device).eval()  # dropout off for RL
+from grpo.errors import UserError
+from grpo.infra.hf import load_causal_lm  # noqa: F401 (old path, until loop.py, asynchronous.py, rollout/worker.py move)
 
 
 def autocast(model, dtype: torch.dtype | None):

@@ -635,8 +635,8 @@ def _fine_tune(
     import torch
 
     from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
-    from grpo.infra.hf import context_length, load_tokenizer
-    from grpo.train.models import apply_lora, count_parameters, load_causal_lm, trainable_parameters
+    from grpo.infra.hf import context_length, load_causal_lm, load_tokenizer
+    from grpo.train.models import apply_lora, count_parameters, trainable_parameters
 
     _validate_fine_tune(c)
     out = Path(output)

@@ -72,7 +72,7 @@ class Served:
     """The engine and what it holds; every engine call under one lock."""
 
     def __init__(self, config: ServeConfig, device):
-        from grpo.train.models import load_causal_lm
+        from grpo.infra.hf import load_causal_lm
         from grpo.vllm.engine import LocalEngine
 
         model = load_causal_lm(config.model, config.dtype, key="--model")

@@ -276,12 +276,12 @@ def bad_files(tmp_path):
     ],
 )
 def test_mistakes_are_one_line_before_the_model_loads(model_dir, bad_files, capsys, argv, message, monkeypatch):
-    import grpo.train.models
+    import grpo.infra.hf
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not load when the arguments are wrong")
 
-    monkeypatch.setattr(grpo.train.models, "load_causal_lm", no_loading)
+    monkeypatch.setattr(grpo.infra.hf, "load_causal_lm", no_loading)
     argv = [a.format(**bad_files) for a in argv]
     defaults = {"--model": model_dir, "--data": "arithmetic:3", "--n": "8"}
     for option, value in defaults.items():

@@ -308,8 +308,7 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from grpo.infra.hf import load_tokenizer
-    from grpo.train.models import load_causal_lm
+    from grpo.infra.hf import load_causal_lm, load_tokenizer
 
     directory = save_tiny_model(tmp_path_factory.mktemp("eval-model"), ALPHABET, hidden_size=32, layers=1, heads=2)
     return load_causal_lm(str(directory), "float32"), load_tokenizer(str(directory))

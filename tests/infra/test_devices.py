@@ -10,11 +10,10 @@ import yaml
 from grpo.cli import main
 from grpo.errors import UserError
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
+from grpo.infra.hf import load_causal_lm, load_tokenizer
 from grpo.infra.memory import peak_memory_mb
 from grpo.rollout import fast
 from grpo.rollout.sampler import Sampler
-from grpo.train.models import load_causal_lm
-from grpo.infra.hf import load_tokenizer
 
 NO_CUDA = not torch.cuda.is_available()
 

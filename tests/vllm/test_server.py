@@ -22,7 +22,7 @@ from grpo.errors import UserError
 from grpo.infra.checkpoint import list_checkpoints
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
-from grpo.train.models import load_causal_lm
+from grpo.infra.hf import load_causal_lm
 from grpo.train.layouts import policy_logprobs
 from grpo.vllm import client
 from grpo.vllm.client import RemoteEngine, identity
