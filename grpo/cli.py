@@ -732,7 +732,7 @@ def _add_demo(commands) -> None:
         help="instead, the multi-turn demo: a tiny model learns with GRPO to use a multiply(a, b) tool "
         "(base vs GRPO, with the tool and without; --output defaults to runs/demo-tools)",
     )
-    demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage in about a minute")
+    demo.add_argument("--quick", action="store_true", help="a tiny budget that runs every stage: a smoke run")
     demo.add_argument("--overwrite", action="store_true", help="replace the output of an earlier demo in --output")
     demo.add_argument("--quiet", action="store_true", help="no progress output")
     demo.set_defaults(handler=_demo)

@@ -1,30 +1,14 @@
 """The train-inference mismatch: how far the sampler's distribution is from the trainer's, and
 the correction of the policy gradient for it.
 
-An inference engine (other kernels, bf16, a stale copy of the weights) samples from pi_sampler,
-not from the trainer's pi_old, the policy the loss's ratio is anchored to. The Rollout carries
-the sampler's log-probs of its tokens; the trainer scores the same tokens. With
-log r_t = old_logprobs - sampled_logprobs (the log of pi_old / pi_sampler at token t):
-
-- `mismatch_kl`: KL(pi_sampler || pi_old) per token, the k3 estimator r - 1 - log r
-  (Schulman 2020): unbiased from tokens drawn from the sampler, >= 0, ~0 where the two agree.
-  It is `kl_estimate(sampled_logprobs, old_logprobs, "k3")`, the same estimator as the
-  policy's KL with the sampler in the policy's place.
-- `token_tis`: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework
-  secretly brings you off-policy RL training"): the policy-gradient term of token t weighed by
-  w_t = min(r_t, C), detached. Uncapped, each token's term has the on-policy expectation
-  given its prefix, E_sampler[r_t g_t | o_<t] = E_old[g_t | o_<t]; the prefixes themselves
-  stay the sampler's (the bias that remains, small while the two policies are close); the
-  cap bounds the variance at the price of a bias where r_t > C.
-- `sequence_mask`: rejection at the sequence level (Liu, Li et al. 2025, "When speed kills
-  stability"; verl's rollout_rs seq_sum_k1): a sequence whose importance ratio
-  R = prod_t r_t = exp(sum_t log r_t) (over its loss-mask tokens) lies outside [1/C, C] leaves
-  the loss; the others stay as they are (weight 1).
-
-Deliberate deviation from TRL's `sequence_mask`: TRL also multiplies a kept sequence's loss by
-its ratio R (a masked sequence-level IS). Here a kept sequence weighs 1: R is a product over
-every token, so its variance grows with the length, and weighing by it brings back what the
-mask was meant to bound; the mask alone is verl's pure rejection.
+An inference engine (other kernels, bf16, stale weights) samples from pi_sampler, not from
+pi_old, the policy the ratio is anchored to. With log r_t = old_logprobs - sampled_logprobs:
+`mismatch_kl` is KL(pi_sampler || pi_old) per token (k3); `token_tis` weighs token t's
+policy-gradient term by min(r_t, C), detached (truncated IS, Yao et al. 2025); `sequence_mask`
+drops a sequence whose R = prod_t r_t lies outside [1/C, C] (Liu, Li et al. 2025; verl's
+rollout_rs seq_sum_k1). Deliberate deviation from TRL's `sequence_mask`: a kept sequence
+weighs 1, not R, since R's variance grows with the length (verl's pure rejection).
+docs/sampling.md explains the choice.
 """
 
 from __future__ import annotations
@@ -66,6 +50,10 @@ def _no_correction(log_ratio: Tensor, mask: Tensor, cap: float) -> tuple[Tensor,
 
 
 def _token_tis(log_ratio: Tensor, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    # Uncapped, each token's term has the on-policy expectation given its prefix,
+    # E_sampler[r_t g_t | o_<t] = E_old[g_t | o_<t]; the prefixes stay the sampler's (the bias
+    # that remains, small while the policies are close). The cap bounds the variance at the
+    # price of a bias where r_t > C.
     ratio = log_ratio.exp()  # (N, T) pi_old / pi_sampler
     return ratio.clamp(max=cap), (ratio > cap) & mask.bool()
 

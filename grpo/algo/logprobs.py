@@ -1,26 +1,12 @@
 """Log-probabilities and entropy of sampled tokens, without a full-vocabulary float32 copy.
 
-`log_softmax(logits.float(), -1).gather(-1, ids)` materialises an (N, T, V) float32 tensor
-(and autograd keeps it for the backward pass): for 32 completions x 1024 tokens x 150k
-vocabulary that is 20 GB. Here the work is done over chunks of rows: each chunk is upcast,
-reduced to one log-sum-exp per token, and dropped. The backward pass recomputes each chunk's
-softmax from the logits instead of storing it. Peak extra memory is one chunk plus the
-(N, T) results, and the gradient with respect to the logits (in the logits' dtype).
-
-Results are computed in float32 whatever the logits' dtype (bf16 logits give float32
-log-probabilities), which is what the ratio and KL need.
-
-With a repetition penalty (`penalize`, rollout.repetition_penalty) the scores at position t
-are first penalised on the tokens before t (the context, i.e. the prompt, and the sampled
-tokens 0..t-1), exactly as the sampler penalised them when it drew token t; the mask of those
-tokens is built per chunk too (one (rows, V) bool at a time), and a penalty of 1 costs nothing.
-
-`head_logprobs` goes one step further back: it takes the LM head's input (the last hidden
-states, (N, T, H)) and the head's weight (V, H), and computes each chunk's logits itself, so
-that no (N, T, V) tensor exists at all, not even in the logits' dtype; its backward
-recomputes each chunk's logits and returns the gradients with respect to the hidden states
-and the head's weight (and bias). Both paths share the per-chunk code below (`_scores`,
-`_chunk_grad`), so they compute the same numbers.
+`log_softmax(logits.float(), -1).gather(-1, ids)` materialises an (N, T, V) float32 tensor,
+kept for the backward pass (32 completions x 1024 tokens x a 150k vocabulary: 20 GB). Here
+each chunk of rows is upcast, reduced to one log-sum-exp per token and dropped, and the
+backward recomputes it; results are float32 whatever the logits' dtype. A repetition penalty
+(`penalize`) applies at position t to the tokens before t, as the sampler applied it.
+`head_logprobs` starts from the LM head's input and weight, so that no (N, T, V) tensor
+exists at all; both paths share the per-chunk code (`_scores`, `_chunk_grad`).
 """
 
 from __future__ import annotations

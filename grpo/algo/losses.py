@@ -1,18 +1,12 @@
 """The clipped policy loss (shared by PPO and GRPO), its aggregation, and the value loss.
 
 Aggregation is where GRPO's variants differ most, so each is a named function:
-- "seq-mean-token-mean"      DeepSeekMath eq. 3: 1/G sum_i 1/|o_i| sum_t l_it. Each output
-                             weighs the same, so long outputs' tokens weigh less.
-- "token-mean"               DAPO (arXiv 2503.14476): sum_it l_it / sum_i |o_i|. Each token
-                             weighs the same.
-- "seq-mean-token-sum-norm"  Dr. GRPO (arXiv 2503.20783): sum_it l_it / (N * max_tokens).
-                             Divide by a constant, not |o_i|, to remove the length bias.
-
-Gradient accumulation: pass the whole batch's `num_sequences` and `num_tokens` (and a fixed
-`max_tokens`) to `aggregate` for each micro-batch; the micro-batch losses then sum to the
-whole batch's loss, and their gradients to its gradient, in every mode.
-
-`bradley_terry_loss` trains reward models (the model GRPO keeps) from pairwise comparisons.
+- "seq-mean-token-mean"      DeepSeekMath eq. 3: 1/G sum_i 1/|o_i| sum_t l_it (each output weighs the same)
+- "token-mean"               DAPO (arXiv 2503.14476): sum_it l_it / sum_i |o_i| (each token weighs the same)
+- "seq-mean-token-sum-norm"  Dr. GRPO (arXiv 2503.20783): sum_it l_it / (N * max_tokens), no length bias
+Gradient accumulation: give `aggregate` the whole batch's `num_sequences` and `num_tokens`
+(and a fixed `max_tokens`) for each micro-batch, and the micro-batch losses sum to the whole
+batch's loss in every mode. `bradley_terry_loss` trains reward models from comparisons.
 """
 
 from __future__ import annotations

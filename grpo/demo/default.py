@@ -1,39 +1,18 @@
-"""`grpo demo`: DeepSeekMath's findings, reproduced on a laptop CPU in minutes.
+"""`grpo demo`: DeepSeekMath's findings, reproduced on a CPU with no download.
 
-1. "RL enhances Maj@K's performance but not Pass@K": RL sharpens the answers a model could
-   already produce. We warm up a tiny model on addition (SFT) until it solves some problems
-   sometimes, measure pass@k and maj@k for k up to 64, train it with GRPO, measure again.
-   The problems mix two- and three-digit operands, so that the base misses some of them in
-   all 64 tries: whether pass@64 moves is then a measurement, not a ceiling at 100%.
-2. GRPO trades memory for generation: PPO holds four models (policy, reference, reward,
-   value), GRPO three, but GRPO samples G completions per prompt. PPO (with its own tuned
-   settings) is trained from the same base on the same prompts as GRPO (G times fewer
-   generated tokens) and, with `full` or `equal_tokens`, on the same generated tokens (G
-   times the prompts: the costliest arm, left out of the default demo to keep it short).
-   Each run trains in its own process, so that its peak memory is its own.
-3. A neural reward model instead of the rule: trained on the base model's own correct and
-   incorrect samples, it drives a GRPO run whose true accuracy is reported beside the reward
-   it optimised, so that reward hacking would show.
-4. With `full`, over `full_seeds` seeds: outcome vs process supervision (DeepSeekMath
-   Fig. 5; the task's per-step verifier as the process reward; the outcome arm is the GRPO
-   arm's own runs of those seeds) and GRPO on the neural reward model with 1 and 2 (with
-   `rm_iterations`, more) iterations of iterative RL (Fig. 6; between iterations the
-   reward model keeps learning from the policy's fresh samples, labelled by the task's
-   verifier, with 10% of its history replayed, its own training comparisons included). The
-   report says from the numbers whether each finding was reproduced
-   (grpo.demo.report.findings).
+A tiny model warmed up on addition (SFT) until it solves some problems sometimes is measured
+(pass@k, maj@k for k up to 64), trained, and measured again: (1) RL raises Maj@K, not Pass@K;
+(2) GRPO against PPO from the same base, at equal prompts (and with `full` or
+`equal_tokens`, equal generated tokens): memory held against tokens generated; (3) GRPO on a
+neural reward model trained on the base's own samples, its true accuracy beside the reward
+it optimised; (4) with `full`, outcome against process supervision (Fig. 5) and iterative
+RL (Fig. 6). Every RL arm runs over `seeds` seeds, each run in its own process; the report
+says from the numbers whether each finding was reproduced (`grpo.demo.report.findings`).
 
-Every RL arm runs over `seeds` seeds (the base is one model; the seeds vary the RL runs):
-summary.json gives each arm's means over seeds, each seed's numbers under `per_seed`, and
-intervals over problems of the seed-averaged per-problem values.
-
-Deliberate deviations: GRPO on the neural reward model runs with its own learning rate and
-a KL coefficient ten times the paper's (`rm_policy_lr`, `rm_policy_beta`): with the rule
-arm's, this toy reward model is hacked to zero true accuracy within a few dozen steps, and
-iterative RL's update then finds no right answer to learn from (benchmarks/README.md).
-
-Everything lands in `output` (default runs/demo): report.md, summary.json, plots, and each
-run's own directory (config.yaml, metrics.jsonl, final/).
+Deliberate deviation: GRPO on the neural reward model has its own learning rate and a KL
+coefficient ten times the paper's (`rm_policy_lr`, `rm_policy_beta`), since with the rule
+arm's this toy reward model is hacked within a few dozen steps (benchmarks/README.md).
+What it shows and writes: docs/demo.md.
 """
 
 from __future__ import annotations
@@ -145,7 +124,7 @@ class DemoConfig:
     rm_update_lr: float = opt(1e-3, "The reward model's learning rate in each update (its first training's).")
 
 
-# `grpo demo --quick`: a tiny budget that runs every stage (about a minute), as a smoke run.
+# `grpo demo --quick`: a tiny budget that runs every stage, as a smoke run (docs/demo.md has its time).
 QUICK = dict(
     sft_steps=300,
     eval_prompts=12,

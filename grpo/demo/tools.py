@@ -1,24 +1,12 @@
 """`grpo demo --tools`: a model learns, from the outcome reward alone, to use its tool.
 
-The built-in multi-turn task (`grpo.tasks.multiply`): 2-digit multiplication, which a tiny
-model cannot do in its head, with a `multiply(a, b)` tool, which turns it into copying.
-
-1. A tiny Llama is warmed up with `grpo sft` on conversations (`multiply.conversations`):
-   some call the tool and answer with its result, the others answer in the head, so the
-   base calls the tool only part of the time.
-2. The base is measured with the tool offered and without (the prompt shows no tool):
-   pass@k and maj@k with 95% intervals over problems, and how its samples used the tool
-   (no call, a call with the prompt's operands, any other call).
-3. GRPO trains it with the tool, on the task's verifier as the only reward, over `seeds`
-   seeds (`parallel` runs at a time, one thread each), each run in its own process.
-4. Each GRPO model is measured as the base was; the report gives the means over seeds, each
-   seed's numbers, and says from them whether GRPO raised accuracy with the tool in every
-   seed, and the share of right tool calls with it. Without the tool, nothing should move:
-   the gain is the tool's, not arithmetic learned in the head.
-
-Everything lands in `output` (default runs/demo-tools): report.md, summary.json, the base
-(`base/`), each run's directory (config.yaml, metrics.jsonl with tools/calls_per_rollout,
-final/).
+On the built-in multi-turn task (`grpo.tasks.multiply`: 2-digit products, which a tiny model
+cannot compute in its head, and a `multiply(a, b)` tool), a tiny Llama warmed up to call
+the tool only part of the time is measured with the tool offered and without, trained with
+GRPO on the task's verifier over `seeds` seeds (each run in its own process), and measured
+again. The report says whether accuracy with the tool rose in every seed, and the share of
+right tool calls; without the tool nothing should move (the gain is the tool's, not
+arithmetic learned in the head). What it writes: docs/tools.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """The evaluation runner: sample n completions per prompt, check each, report pass@k and maj@k.
 
-DeepSeekMath (Fig. 7) finds that RL raises Maj@K but not Pass@K: it makes the right answer
-more likely among what the model already samples, not the set of problems it can solve.
-`evaluate` measures both curves for one model: n samples per prompt at temperature 0.7 (the
-paper's), then for every k the mean over prompts of the exact estimators in
-`grpo.eval.metrics` (pass@k unbiased, Chen et al.; maj@k the expected majority-vote accuracy
-over k of the n samples), each with a 95% confidence interval over prompts.
-
-It is two parts, so that the metrics can be tested without a model:
-- `sample_completions`: the loop over `model.generate` (through `grpo.rollout.Sampler`).
-- `measure`: completions -> verdicts -> the report. Pure Python, no model.
-
-A verdict comes from a `Verifier`: a reward function (TRL's signature, as in training) and
-a threshold, plus an answer extractor for the votes (`reward_verifier`); a task brings all
-three (`task_verifier`). The runner knows no task of its own: tasks are plugins
-(`grpo.tasks.load_task`), handed to it by the caller.
-
-Choices beyond the plain description:
-- Confidence intervals are the normal ones over prompts: mean +- 1.96 * s / sqrt(P), with s
-  the sample std (ddof 1) of the per-prompt values, clipped to [0, 1]. They cover the
-  spread over prompts only: each per-prompt value is already an exact expectation over the
-  C(n, k) choices of k samples, but the n samples themselves are one random draw.
-- A completion can be correct without an extractable answer (a lenient reward function):
-  it counts for pass@k and accuracy but cannot win a majority vote (maj_at_k ignores None).
-- Reproducible: the same seed, batch_size and device give the same completions (the seed
-  starts one torch generator stream that the generate calls consume in order; a different
-  batch_size cuts the stream differently). The caller's torch RNG state is restored after.
-- ks beyond n are dropped with a warning (pass@k needs k <= n samples).
+DeepSeekMath (Fig. 7) finds that RL raises Maj@K but not Pass@K. `evaluate` measures both
+curves for one model: n samples per prompt (temperature 0.7, the paper's), then for every k
+the mean over prompts of the exact estimators of `grpo.eval.metrics`, with normal 95%
+intervals over prompts (the n samples are one draw; each prompt's value is exact over the
+C(n, k) choices of k). Two parts, so that the metrics are tested without a model:
+`sample_completions` (through `grpo.rollout.Sampler`) and `measure` (pure). A verdict comes
+from a `Verifier` (a reward function, a threshold and an answer extractor; a task brings
+all three): the runner knows no task. A correct completion without an extractable answer
+counts for pass@k but wins no vote. The user's guide: docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Resumable checkpoints: everything a run needs to continue exactly where it stopped.
 
-Safe to write: a checkpoint is written to a temporary directory beside the others, synced,
-and renamed into place, so that a run killed while saving leaves the previous checkpoint
-intact and never a half-written one. A write that fails (a full disk: NoSpace) removes what
-it wrote; older checkpoints are pruned only once the new one is in place.
-
-Safe to read: a checkpoint holds only tensors and plain data (numbers, strings, lists,
-dicts; random-number states as tensors and tuples), and is loaded with
-`torch.load(weights_only=True)`, which builds no other object and runs no code. A file
-planted in a run folder cannot execute on `--resume`. Sharded checkpoints' metadata
-(torch.distributed.checkpoint pickles it) is read with an unpickler that builds only the
-metadata classes.
-
-Forgiving: every checkpoint has `manifest.json` (its step and the sha256 of each file). On
-resume the newest checkpoint whose files match their checksums and load is used; a damaged
-newer one is reported in one line and skipped.
-
-One process writes `state.pt`. A run over several processes writes, in the same directory,
-`shards/` (torch.distributed.checkpoint: each process writes its shard of the sharded
-models and optimizer state), `rank-NNNNN.pt` per process (its random-number state) and
-`state.pt` (what all processes share, and their number). It resumes with the same number of
-processes; the directory must be on a filesystem that every node sees.
+Safe to write: written to a temporary directory beside the others, synced and renamed into
+place, so that a run killed while saving keeps the previous checkpoint; a failed write (a
+full disk: NoSpace) removes what it wrote, and older ones are pruned only after. Safe to
+read: tensors and plain data only, loaded with `torch.load(weights_only=True)` (sharded
+metadata with `_MetadataUnpickler`), so a planted file runs no code on `--resume`.
+Forgiving: `manifest.json` holds each file's sha256, and a damaged newest checkpoint is
+skipped for the newest intact one. Several processes write `shards/`, a `rank-NNNNN.pt`
+each and a shared `state.pt`, and resume with as many processes. docs/resume.md.
 """
 
 from __future__ import annotations

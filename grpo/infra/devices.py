@@ -7,7 +7,7 @@ GPU of its local rank (`cuda` then means `cuda:LOCAL_RANK`). A device that canno
 Some defaults depend on the device, because what is fast on one is slow on the other:
 - `train.autocast: auto` is bfloat16 on a GPU (weights, gradients and optimizer state stay
   in `train.dtype`), off on a CPU (bf16 matmuls only pay on CPUs with AMX/AVX512-BF16, and
-  only for models of ~1M parameters and up: benchmarks/README.md);
+  only for models large enough: benchmarks/README.md);
 - `train.attention: auto` is eager attention on a CPU for short sequences (its backward is
   the faster one there) and the model's default (SDPA, fused kernels) on a GPU.
 """

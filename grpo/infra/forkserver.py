@@ -1,30 +1,15 @@
 """`grpo` commands started by forking a process that has already imported what they import.
 
-A training run started as `python -m grpo.cli train ...` spends its first seconds importing
-torch and transformers and loading (5.2-6.3 s of a 5.7-7.0 s one-step run of the demo's tiny
-model on this project's 2-core machines; benchmarks/README.md, "`bench_run_start.py`"). The
-demo trains ten such runs; a ForkServer pays for the imports once: a helper process (`python -m
-grpo.infra.forkserver`) imports torch, transformers, grpo's training modules and, given a
-model, the classes that load it, and then forks one child per command. Each child is a new
-process as before (its own peak memory, its own exit status, its own signal handling, the
-same environment), which runs `grpo.cli.main(argv)` with its standard input on /dev/null
-and its output where the caller says.
-
-Nothing in the helper runs a tensor operation before it forks: OpenMP's threads start in a
-child, at its first parallel region, never in a process that forks. The thread settings are
-the helper's environment (`env`, read when torch and numpy load), so every child of one
-helper has the same ones; `grpo.infra.child.run_starter` starts one helper per setting.
-
-The protocol, one JSON object per line: the caller writes `{"id", "call", "args", "stdout",
-"stderr", "cwd"}` to the helper's standard input (`call`: "module:function", called with
-`args`, "grpo.cli:main" with an argv runs a command; `stdout`, `stderr`: paths, or null for
-the helper's own); the helper writes `{"id", "code"}` when that child has exited (a
-negative code: killed by that signal, as subprocess reports it). At the end
-of its standard input (the caller closed it, or died) the helper stops its live children
-with SIGTERM (a `grpo train` saves its last step on it), waits for them and exits.
-
-Linux only (a fork after importing torch is not safe on macOS); elsewhere `available()` is
-False and callers start a new interpreter per run.
+A run started as a new interpreter spends most of a short run importing torch and
+transformers (benchmarks/README.md, `bench_run_start.py`); the demo trains many. A helper
+(`python -m grpo.infra.forkserver`) imports them once, runs no tensor operation (OpenMP's
+threads start in a child, never in a process that forks), and forks one child per command:
+a new process as before (its own memory peak, exit status and signals), running a call such
+as `grpo.cli:main(argv)`. Protocol, one JSON line each way: `{"id", "call", "args", "stdout",
+"stderr", "cwd"}` in, `{"id", "code"}` out when the child exits (negative: killed by that
+signal). At the end of its input it sends its children SIGTERM, waits and exits. The thread
+settings are the helper's `env`: `grpo.infra.child.run_starter` starts one helper each.
+Linux only (`available()`); elsewhere callers start a new interpreter per run.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 speed, so that numbers from different hosts are compared only when these agree.
 
 The development machines differ between sessions: some AMD EPYC hosts have AVX-512 (and
-AVX512-BF16), others only AVX2, and the same run is several times slower on the AVX2 ones with
-float results that differ too. Benchmarks and the demo's summary.json record this.
+AVX512-BF16), others only AVX2, where the same run is slower (benchmarks/README.md says by how
+much) and its float results differ. Benchmarks and the demo's summary.json record this.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Progress a person reads: a bar on a terminal, plain lines in a file or a cluster's log.
 
 A tqdm bar redraws one line with carriage returns; redirected to a file (`2> log`, a batch
-system's log) 300 steps of it become one ever-growing line that `tail -f` cannot follow.
-So every long command reports through `Progress`, which looks at where stderr goes once:
-
-- a terminal (or a notebook): the bar, with the latest fields after it;
-- anything else: one line per `every` units, the first and the last always, e.g.
-  `grpo: step 20/300  reward 0.4375  kl 0.0012  length 41.2  elapsed 1:03  3.10 s/step`,
-  flushed at once;
-- `enabled=False` (--quiet, or not process 0): nothing.
-
-The rate on a line is measured over the units since the previous line (the current speed,
-waits between updates included), the elapsed time since the object was made. A loop with
-a loss uses it as
-
-    with Progress(steps, desc="sft", prefix="grpo sft", every=log_every, enabled=progress) as progress:
-        for step in range(steps):
-            ...
-            progress.update(1, loss=loss.item())
+system's log) it becomes one ever-growing line that `tail -f` cannot follow. So every long
+command reports through `Progress`, which looks once at where stderr goes: a terminal (or a
+notebook) gets the bar, anything else one flushed line per `every` units (the first and
+the last always), and `enabled=False` (--quiet, or not process 0) nothing. A line's rate is
+over the units since the previous line (the current speed), its elapsed time since the start.
 """
 
 from __future__ import annotations
@@ -60,7 +48,12 @@ def _format(value) -> str:
 
 
 class Progress:
-    """The progress of `total` units of work (steps, completions, ...), as the module says.
+    """The progress of `total` units of work (steps, completions, ...), as the module says:
+
+        with Progress(steps, desc="sft", prefix="grpo sft", every=log_every, enabled=progress) as progress:
+            for step in range(steps):
+                ...
+                progress.update(1, loss=loss.item())
 
     `desc` labels the bar, `prefix` starts each plain line ("grpo eval: ..."), `unit` names
     what is counted (the line says "{unit} {done}/{total}") and the rate: seconds per unit,

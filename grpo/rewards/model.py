@@ -1,37 +1,13 @@
 """Reward models: a scalar score per completion, learned from pairwise comparisons.
 
-"GRPO removes the reward model" is a common misreading: GRPO removes PPO's *value* model
-(the critic). The reward model stays; it is what scores each of the G completions whose
-mean becomes the baseline. When no rule can check an answer, that scorer is a network:
-
-    r(prompt, completion) = w . h_last      h_last: the backbone's hidden state at the
-                                            text's last (non-padding) token
-
-trained on comparisons {prompt, chosen, rejected} with the Bradley-Terry loss
--log sigmoid(r(chosen) - r(rejected)) (InstructGPT, arXiv 2203.02155, eq. 1; see
-`grpo.algo.bradley_terry_loss`). A `RewardModel` is a reward function with TRL's signature,
-so it plugs into `grpo.rewards.score` next to rule rewards, and `score_steps` scores every
-prefix of a completion, the per-step rewards of process supervision (DeepSeekMath §4.1.3).
-
-The network is transformers' `AutoModelForSequenceClassification` with `num_labels=1` (for
-a Llama: `LlamaForSequenceClassification`, a bias-free linear head named `score`), so a
-saved reward model is an ordinary Hugging Face directory. Choices made here, and why:
-- Pooling. transformers' head reads the rightmost token whose *id* is not
-  `config.pad_token_id` (it ignores the attention mask). So the config's pad id must be the
-  id the tokenizer pads with; we set it (the tokenizer's pad token, else its EOS). A
-  consequence: with pad = EOS, trailing EOS tokens of a text are skipped as if padding.
-- Right padding, so every real token keeps its position ids (0, 1, ...) whatever the batch:
-  a text's score does not depend on what it is batched with.
-- Truncation from the left: the head reads the last token, so the end of the text is what
-  must survive. The limit is the tokenizer's `model_max_length`, capped by the model's
-  position embeddings; `save` writes it into the tokenizer so a loaded model keeps it.
-- No EOS is appended to the text (TRL's reward trainer does not either).
-- Chat prompts go through the chat template with the completion as the assistant turn; the
-  rendered text already holds its special tokens, so none are added when tokenizing it.
-- Training keeps the model in eval mode (dropout off), as every model of an RL run does.
-- Bradley-Terry fixes rewards only up to a constant. GRPO's group baseline removes any
-  constant; PPO's does not, which is why InstructGPT shifts its reward model's scores.
-  Nothing here shifts them.
+GRPO removes PPO's value model, not the reward model: when no rule can check an answer, the
+scorer of the G completions is a network, r(prompt, completion) = w . h_last (the backbone's
+hidden state at the text's last non-padding token), trained on {prompt, chosen, rejected}
+with the Bradley-Terry loss -log sigmoid(r(chosen) - r(rejected)) (InstructGPT, arXiv
+2203.02155, eq. 1; `grpo.algo.bradley_terry_loss`). A `RewardModel` is a reward function
+with TRL's signature, and `score_steps` scores every prefix of a completion (process
+supervision, DeepSeekMath §4.1.3). It is transformers' AutoModelForSequenceClassification
+with one output, so a saved one is an ordinary Hugging Face directory. docs/reward-models.md.
 """
 
 from __future__ import annotations
@@ -90,7 +66,16 @@ def _default_max_length(model, tokenizer) -> int:
 
 class RewardModel:
     """A scalar reward model: a causal LM's backbone with a one-output head on its last non-padding token
-    (transformers' AutoModelForSequenceClassification with num_labels=1)."""
+    (transformers' AutoModelForSequenceClassification with num_labels=1). Choices:
+    - the head pools at the rightmost token whose id is not `config.pad_token_id` (it ignores
+      the attention mask), so that id is set to the one the tokenizer pads with; with pad =
+      EOS, a text's trailing EOS tokens are skipped as padding;
+    - right padding (a text's score does not depend on its batch), truncation from the left
+      (the end is what the head reads), no EOS appended (as TRL's reward trainer);
+    - chat prompts through the chat template, the completion as the assistant turn;
+    - eval mode throughout (dropout off), training included, as every model of an RL run;
+    - Bradley-Terry fixes rewards up to a constant; GRPO's group baseline removes any
+      constant (PPO's does not, which is why InstructGPT shifts its scores): none is shifted."""
 
     def __init__(self, model, tokenizer, *, batch_size: int = 16, max_length: int | None = None):
         if model.config.num_labels != 1:

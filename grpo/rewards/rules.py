@@ -1,19 +1,11 @@
 """Built-in rule rewards: a checked final answer (exact or math-equivalent) and R1's format.
 
-Rule rewards are what DeepSeek-R1 (arXiv 2501.12948, §2.2.2) trains with instead of a neural
-reward model, which it found prone to reward hacking: an accuracy reward that checks the
-final answer against the data's reference, and a format reward for
-`<think>...</think><answer>...</answer>`. Each is a plain function with the RewardFn signature
-(TRL's): 1.0 right, 0.0 wrong, None when the row cannot be scored (no reference answer). By
-that protocol every column of the data arrives as a keyword (`**columns`); each reads only
-the ones it needs.
-
-Choices beyond the plain description:
-- `extract_answer` unwraps a `\\boxed{...}` inside the last `<answer>` tag (models often write
-  `<answer>\\boxed{42}</answer>`), and after GSM8K's '####' it keeps the first line only, so
-  text the model adds after its answer does not make it wrong.
-- `exact_answer` runs the reference through the same extraction when it carries a marker, so
-  GSM8K's raw answer column (a full solution ending in '#### 72') works as it is.
+DeepSeek-R1 (arXiv 2501.12948, §2.2.2) trains with rules instead of a neural reward model,
+which it found prone to reward hacking: an accuracy reward that checks the final answer
+against the data's reference, and a format reward for `<think>...</think><answer>...</answer>`.
+Each is a RewardFn (TRL's signature): 1.0 right, 0.0 wrong, None without a reference; of the
+columns it gets by keyword, each reads the ones it needs. `extract_answer` reads R1's, MATH's
+and GSM8K's answer forms, and a reference with a marker (GSM8K's '#### 72') is read the same way.
 """
 
 from __future__ import annotations

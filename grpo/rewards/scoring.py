@@ -1,47 +1,13 @@
-"""Scoring a batch with the reward functions: the config's specs turned into functions, each
-function called (contained) as TRL calls it, what it returns checked, and the scores combined.
+"""Scoring a batch with the reward functions: specs resolved to functions before the first step
+(`load_rewards`), each called as TRL's GRPOTrainer calls it and contained
+(`grpo.infra.contain`), what it returns checked (`as_scores`, in training and evaluation
+alike), and the scores combined (`score`; `score_steps` for process supervision).
 
-A reward function is called exactly as TRL's GRPOTrainer calls it, all by keyword:
-`fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
--> list[float | None]`, where `columns` are the dataset's other columns, one value per
-completion, a completion is its text (or `[{"role": "assistant", "content": text}]` for a
-conversational prompt), `completion_ids` its tokens up to and including EOS,
-`trainer_state` has `global_step` (steps done) and `max_steps`, and None means "cannot
-score". Sync or async (a step's async functions run concurrently). A function without
-**kwargs gets only the arguments it names, and one that names neither `prompts` nor
-`completions` but takes two positional parameters (`lambda p, c, **kw: ...`) gets those
-two positionally (`contain.arguments_for`). A spec
-names either a built-in (`BUILTIN_REWARDS`: a short name for a spec) or a user function as
-'pkg.module:attr', resolved by the importer every plugin shares (`grpo.infra.imports`).
-`as_scores` is the one check of what a reward returns, in training and in evaluation.
-
-Why so many checks: a reward function is user code that runs at every step of a long run.
-A bad value it returns (a NaN, a string, one score short, 1e39 beyond float32) would
-otherwise surface steps later as a NaN loss or a shape error, far from its cause. So
-`load_rewards` resolves every spec before the first step, and `score` checks every value it
-gets back; each mistake is a one-line UserError that names the function, and where it can,
-the row and the completion. Each call is contained (`grpo.infra.contain`): the function
-gets copies of the batch, anything it raises (sys.exit included) is caught, and a reward's
-`timeout` and `isolate` bound it in time and in a worker process.
-
-Finding the failing row is bounded, as the function may be a paid judge: when a call fails,
-its rows are bisected. The first half of the failing range is re-run; if it fails, the row
-is in it, else in the second half (not re-run). The one row left is re-run unless it just
-was. At most ceil(log2 N) + 1 re-runs, and they find the first failing row when rows fail
-alone. A row is named only if it failed alone; when none did (the failure depends on the
-batch, or a re-run took past the timeout), the batch's error is reported. A timed-out call
-is not re-run.
-
-None is "not scored", never 0: a row's total is the weighted sum over the functions that
-scored it, and NaN when none did (the advantage code leaves NaN rows out of the baseline).
-
-Process supervision (`score_steps`, DeepSeekMath §4.1.3) calls the same functions but reads
-steps: per completion a list of (end, reward), end the character offset one past the step.
-A step verifier that knows how many steps a completion should have returns instead
-`{"steps": [...], "expected": K, "missing": 0.0}`, and every step the completion left out is
-scored `missing` just past its text, where it stopped. Without it, a completion that stops
-early would be free of its later steps' rewards, and a policy learns to stop early (see
-`score_steps`).
+Why so many checks: a reward function is user code run at every step of a long run, and a
+bad value (a NaN, a string, one score short, beyond float32) would otherwise surface steps
+later as a NaN loss, far from its cause. Each mistake is one UserError line that names the
+function and, where a bisection of the batch finds it (`_raise_for_failing_row`), the row.
+None is "not scored", never 0. The calling convention, for users: docs/training.md.
 """
 
 from __future__ import annotations
@@ -178,8 +144,13 @@ def _raise_for_failing_row(
     batch_failure: contain.Failed,
     shared: dict[str, Any] | None = None,
 ) -> NoReturn:
-    """Bisect the batch to name a row that makes `reward` fail alone (the module docstring
-    says how): at most ceil(log2 N) + 1 re-runs, each contained as the batch's call was."""
+    """Bisect the batch to name a row that makes `reward` fail alone, in a bounded number of
+    calls (it may be a paid judge): the first half of the failing range is re-run; if it
+    fails, the row is in it, else in the second half (not re-run); the one row left is
+    re-run unless it just was. At most ceil(log2 N) + 1 re-runs, each contained as the
+    batch's call was; they find the first failing row when rows fail alone. A row is named
+    only if it failed alone; else (the failure depends on the batch, or a re-run timed out)
+    the batch's error is raised. A timed-out call is not re-run."""
 
     def rerun(lo: int, hi: int) -> contain.Failed | None:
         try:

@@ -1,31 +1,14 @@
 """Tools and environments for multi-turn rollouts, in the shape TRL's GRPOTrainer takes them.
 
-- A tool is a plain Python function, sync or async, with type hints and a Google-style
-  docstring: transformers' `get_json_schema` turns it into the JSON schema the chat template
-  puts into the prompt (rollout.tools; `grpo.train(config, tools=[fn])`).
-- An environment is a class (rollout.environment; `grpo.train(config,
-  environment_factory=Class)`): one instance per rollout, built with no arguments;
-  `reset(**row)` starts its episode from the data row and may return text, appended to the
-  prompt's last message; every public method but `reset` and `get_reward` is a tool; an
-  optional `get_reward()` scores the episode (a reward of weight 1, `Toolbox.rewards`).
-  Reward functions may take `environments=`, the instances in row order.
-
-The model calls a tool in the Qwen2.5 / Hermes format, the one format supported here:
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its turn (`parse_calls`).
-`HermesFormat` checks once that the tokenizer's chat template speaks it, renders the prompt
-with the tools' schemas, and renders a turn's tool messages alone (`suffix`), to be tokenized
-and appended after the model's own tokens (`grpo.rollout.turns`).
-
-A tool call is contained as a reward's call is (`grpo.infra.contain.call_function`): past
-rollout.tool_timeout it is abandoned; anything it raises, sys.exit and os._exit included,
-becomes the text of the tool message, `{"error": "..."}`, and counts as a failure (the
-tools/failures metric); the run goes on. With rollout.tool_isolate each of rollout.tools
-runs in a worker process of its own, imported by its spec: a call past the timeout is
-killed, and one that ends its process (a segfault, os._exit by any name) is an error
-message too. An environment's methods run here, on the instance the rewards read. A call the model wrote badly (no JSON, an unknown tool, arguments
-the function does not take) is answered the same way, so the model can learn from it: TRL
-instead leaves a call it cannot parse unanswered. A result that is not a string is sent as
-its JSON; one that has no JSON is refused (a UserError: a bug in the tool, not the model's).
+A tool is a plain Python function (sync or async; its type hints and Google-style docstring
+become the JSON schema the chat template shows); an environment is a class, one instance per
+rollout, whose public methods are its tools (`reset(**row)` starts an episode, an optional
+`get_reward()` scores it). The model calls a tool in the Qwen2.5 / Hermes format,
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (`parse_calls`, `HermesFormat`).
+A call is contained as a reward's is (`grpo.infra.contain.call_function`, in a worker with
+rollout.tool_isolate): whatever goes wrong, a call written badly by the model included,
+becomes the tool message `{"error": "..."}` so that the model can learn from it (TRL leaves
+a call it cannot parse unanswered), and the run goes on. The user's guide: docs/tools.md.
 """
 
 from __future__ import annotations

@@ -1,66 +1,15 @@
 """The built-in verifiable task: addition with a worked, column-by-column solution.
 
-A ~1M-parameter model with a character tokenizer learns it from scratch in minutes on a CPU,
-which makes it the demo's task: rule rewards check the final answer (outcome supervision,
-DeepSeek-R1's accuracy reward) and a per-step verifier checks every column (process
-supervision, DeepSeekMath §4.1.3), with no reward model to train.
+A tiny model with a character tokenizer learns it from scratch on a CPU, so it is the demo's
+task: `correctness_reward` checks the final answer (outcome supervision) and `step_reward`
+every column (process supervision, DeepSeekMath §4.1.3), with no reward model to train.
 
-Format (every character is in `ALPHABET`; nothing else, no spaces, no newlines):
+    "47+85=" -> "7+5+0=12;4+8+1=13>132"
 
-    prompt      A+B=                       the operands in decimal, e.g. "47+85="
-    completion  STEP;STEP;...;STEP>ANSWER  one STEP per column, ones column first
-    STEP        x+y+c=Cs                   exactly 8 characters: x, y the column's digits of
-                                           A and B (0 where an operand has run out of digits),
-                                           c the carry in (0 for the ones column), Cs the
-                                           column sum x+y+c as two digits: the carry out C,
-                                           then the sum digit s ("=03" for a sum of 3)
-    ANSWER      A+B in decimal, no leading zeros
-
-    "47+85=" -> "7+5+0=12;4+8+1=13>132"    (21 characters; a 2-digit problem needs <= 21)
-    "30+41=" -> "0+1+0=01;3+4+0=07>71"
-
-The steps are fixed-width so that each one can be checked alone: step k states the digits
-of column k, the carry in (the previous column's true carry out) and the result. The final
-carry has no step of its own: it is the answer's leading digit.
-
-Reading a completion (any string; nothing here raises):
-- The answer is the text after the first '>', which must be decimal digits and nothing
-  more (`extract_answer`); text after the answer makes it malformed (None), so a model
-  that keeps generating instead of stopping earns nothing. No '>' means no answer.
-- The steps (`steps_of`) are the non-empty ';'-separated pieces before the first '>' (the
-  whole completion when it has none), each with its end offset, one past its last
-  character; with a character tokenizer the step's last token is at `end - 1`.
-
-Rewards (TRL signature; 1.0 right, 0.0 wrong):
-- `correctness_reward`: the answer equals the data's `answer` column. Choice beyond TRL's
-  protocol: without an `answer` column the reference is computed from the prompt, since
-  this task verifies itself; a row whose reference is None (or an unparsable prompt with no
-  column) cannot be scored (None).
-- `format_reward`: the completion has the shape above, one or more steps then an answer,
-  and nothing else. Shape only: it does not look at the prompt (a skipped column is a
-  step_reward matter), and the carry and answer are any digits.
-- `step_reward`: the completion's items (its steps, then its answer) are compared position
-  by position with the worked solution of the prompt's problem: item i earns 1.0 exactly
-  when it equals the solution's item i. So a step is right when it is arithmetically right
-  *and* it is the column expected there (right digits, right carry in), and the answer
-  entry earns 1.0 only when the answer is right *and* comes after exactly one step per
-  column (a skipped or extra step costs the answer's reward too). A completion with a '>'
-  has an answer entry, at `len(completion) + 1` (on its EOS), which earns 0.0 when malformed.
-  Items left out are wrong: the solution of a K-column problem has K + 1 items (K steps,
-  then the answer; after more than K steps, the answer is still expected), and step_reward
-  says how many it expected (`{"steps": [...], "expected": K + 1}`, the form
-  `grpo.rewards.score_steps` reads), which scores each item a completion leaves out 0.0,
-  just past its text: on its EOS, the token that chose to stop. So stopping early, or
-  before the answer, scores like going on wrongly, and a truncated run of correct steps
-  does not score like a finished solution. Without that rule the group's normalisation
-  turned the later items' zeros into negative rewards that only the completions which went
-  on paid, and a policy trained on these rewards learned to stop after the first column.
-  An unparsable prompt gives 0.0 for every item.
-
-The task itself is `task` below, a `grpo.tasks.Task` registered as the spec
-"grpo.tasks.arithmetic:task" (the built-in name "arithmetic" stands for it), exactly as a
-user's task would be: rows `make_rows`, verifier `correctness_reward`, answers
-`extract_answer`, steps `step_reward`.
+A completion is one fixed-width step 'x+y+c=Cs' per column, ones column first (the column's
+digits, 0 where an operand has run out; the carry in; the column's sum as two digits), then
+'>' and the answer, nothing else: fixed width lets each step be checked alone. `task`
+registers it as a user's task would be: "grpo.tasks.arithmetic:task", built-in "arithmetic".
 """
 
 from __future__ import annotations
@@ -228,7 +177,8 @@ def correctness_reward(
 
 
 def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion is 'STEP;...;STEP>ANSWER' and nothing else, else 0.0."""
+    """1.0 when the completion is 'STEP;...;STEP>ANSWER' and nothing else, else 0.0. Shape
+    only: it reads no prompt (a skipped column is step_reward's matter), any digits pass."""
     return [float(_SHAPE.fullmatch(text_of(completion)) is not None) for completion in completions]
 
 
@@ -253,8 +203,13 @@ def step_reward(prompts: list[str], completions: list[str], **columns: Any) -> l
     when the completion wrote more than K steps), each item left out scored 0.0 there.
 
     Item i (step i, or the answer after the last step) earns 1.0 when it equals item i of
-    the prompt's worked solution, else 0.0; the answer's end is `len(completion) + 1`, its EOS. See the
-    module docstring.
+    the prompt's worked solution, else 0.0: a step must be arithmetically right and the
+    column expected there (right digits, right carry in), and the answer right after exactly
+    one step per column. The answer's end is `len(completion) + 1`, its EOS (0.0 when it is
+    malformed). Items left out score 0.0 on the EOS, the token that chose to stop, so that
+    stopping early scores like going on wrongly: without it, the group's normalisation made
+    the later items' zeros negative rewards that only the completions which went on paid,
+    and a policy learned to stop after the first column. An unparsable prompt: all 0.0.
     """
     return [
         _step_rewards(text_of(prompt), text_of(completion))

@@ -1,24 +1,10 @@
-"""A task as a plugin: rows, a verifier, an answer extractor and, optionally, a step verifier.
+"""A task as a plugin: rows, a verifier, an answer extractor and, optionally, a step verifier:
+what `grpo eval`, `grpo compare` and the demo need to measure a model on it (`Task`).
 
-A task is whatever `grpo eval`, `grpo compare` and the demo need to measure a model on it:
-- `verifier`: a reward function with TRL's signature, `fn(prompts, completions, **columns)
-  -> list[float | None]`, the same kind a training config's `rewards` names; a completion
-  is correct when its score is >= `threshold` (None: cannot score, so not correct);
-- `extract_answer`: completion text -> a hashable final answer, or None for no answer: the
-  votes of maj@k;
-- `rows` (optional): `rows(n, *, seed) -> list[dict]`, n generated data rows with a
-  "prompt" key and whatever columns the verifier reads, the same for the same seed; a
-  task without it only verifies rows of the user's own data;
-- `step_verifier` (optional): a process reward function: per completion a list of
-  (end, reward) steps, or `{"steps": that list, "expected": K, "missing": 0.0}` to say how
-  many steps it expected, so that each step the completion leaves out is scored `missing`
-  (a wrong step) where it stopped; without that, stopping early escapes the later steps'
-  rewards and a policy learns to stop (see `grpo.rewards.scoring.score_steps`).
-
-A task is named by a spec, 'pkg.module:name', where the module attribute is a `Task` or a
-function of no arguments that returns one. Built-in tasks are registered exactly like a
-user's, as specs: `TASKS` only gives them short names ("arithmetic" stands for
-"grpo.tasks.arithmetic:task").
+A task is named by a spec, 'pkg.module:name', whose attribute is a `Task` or a function of
+no arguments that returns one. Built-in tasks are registered exactly like a user's: `TASKS`
+only gives their specs short names ("arithmetic" stands for "grpo.tasks.arithmetic:task").
+The user's guide: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -51,7 +37,17 @@ _FORM = "pkg.module:name"
 
 @dataclass(frozen=True)
 class Task:
-    """A verifiable task (see the module docstring for each field's contract)."""
+    """A verifiable task.
+
+    - `verifier`: a reward function with TRL's signature, as a config's `rewards` names; a
+      completion is correct when its score is >= `threshold` (None: cannot score, not correct);
+    - `extract_answer`: completion text -> a hashable final answer, None for none (maj@k's votes);
+    - `rows(n, *, seed)` (optional): n generated rows with a "prompt" and what the verifier
+      reads, the same for the same seed; without it the task verifies the user's rows only;
+    - `step_verifier` (optional): a process reward: per completion (end, reward) steps, or
+      `{"steps": ..., "expected": K, "missing": 0.0}`, so that the steps a completion leaves
+      out are scored as wrong where it stopped (`grpo.rewards.scoring.score_steps` says why).
+    """
 
     name: str  # in messages and reports
     verifier: RewardFn  # TRL signature; correct when score >= threshold

@@ -1,43 +1,13 @@
 """The built-in multi-turn task: multiplication with a `multiply(a, b)` tool.
 
-A tiny model cannot multiply two 2-digit numbers in its head: it would have to learn
-thousands of products. With a tool it only has to copy: the operands into a call, the
-tool's answer into its own. So the task shows what tools are for at toy scale, and what
-RL does with them: a warmed-up model that calls the tool only some of the time learns,
-from the outcome reward alone, to call it (with the right arguments) and to answer with
-its result.
-
-The conversation (`chat_tokenizer`'s template, the Qwen2.5/Hermes tool-call format that
-`grpo.rollout.tools` parses, compact so that a character tokenizer keeps it short):
-
-    <|im_start|>system
-    tools: multiply<|im_end|>                        only when the prompt shows tools
-    <|im_start|>user
-    37*58<|im_end|>
-    <|im_start|>assistant
-    <tool_call>{"name": "multiply", "arguments": {"a": 37, "b": 58}}</tool_call><|im_end|>
-    <|im_start|>tool
-    2146<|im_end|>
-    <|im_start|>assistant
-    2146<|im_end|>
-
-or, answered in the head (with or without tools shown), one turn: `2146<|im_end|>`.
-
-- Rows (`make_rows`): `{"prompt": [{"role": "user", "content": "37*58"}], "answer": "2146"}`,
-  operands of `digits` digits.
-- The verifier (`correctness_reward`, TRL's signature): 1.0 when the model's last turn is
-  the product and nothing else (digits only), 0.0 otherwise; a completion whose last
-  message is not the model's (a tool's) is wrong, so that a tool's answer is never taken
-  for the model's. `extract_answer` reads the same turn (the votes of maj@k).
-- `tool_use(prompt, completion)`: how a sample used the tool (`"none"`, `"right"`: a call
-  of multiply with the prompt's operands, in either order, `"wrong"`: any other call).
-- SFT data (`conversations`): a share of the rows show the tool and call it, the others
-  answer in the head (the true product, which a tiny model cannot learn), some with the
-  tool shown, some without: the warmed-up model then calls the tool only part of the
-  time, which leaves RL something to raise.
-
-`task` is a `grpo.tasks.Task` registered as the spec "grpo.tasks.multiply:task" (the
-built-in name "multiply" stands for it), exactly as a user's task would be.
+A tiny model cannot multiply two 2-digit numbers in its head; with the tool it only has to
+copy the operands into a call and the tool's answer into its own. So the task shows at toy
+scale what RL does with tools: a warmed-up model that calls the tool only some of the time
+learns, from the outcome reward alone, to call it and answer with its result. The turns are
+`chat_tokenizer`'s compact ChatML template in the Hermes tool-call format (`CHAT_TEMPLATE`).
+Rows `make_rows`, verifier `correctness_reward`, votes `extract_answer`, warm-up rows
+`conversations`; `task` registers it as a user's task would be ("grpo.tasks.multiply:task",
+built-in "multiply"). docs/tools.md shows it.
 """
 
 from __future__ import annotations
@@ -231,7 +201,8 @@ def _call(a: int, b: int) -> dict:
 def conversations(n: int, *, seed: int, digits: int = 2, tool_share: float = 0.5, shown_share: float = 0.75) -> list:
     """`n` `grpo sft` rows ({"messages", "tools"}): a share `shown_share` of them show the
     tool, and of those a share `tool_share` call it (then answer with its result); every
-    other row answers in the head, with the true product."""
+    other row answers in the head, with the true product (which a tiny model cannot learn).
+    The warmed-up model then calls the tool only part of the time: RL has something to raise."""
     if not (0.0 <= tool_share <= 1.0 and 0.0 <= shown_share <= 1.0):
         raise UserError(f"multiply: tool_share and shown_share must be in [0, 1], got {tool_share} and {shown_share}")
     rng, schema = random.Random(seed), _schema()

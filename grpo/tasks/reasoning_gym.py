@@ -1,39 +1,12 @@
-"""reasoning-gym's procedural tasks as data, a reward and a task (the optional `gym` extra).
+"""reasoning-gym's procedural tasks (the optional `gym` extra) as data, a reward and a task.
 
-reasoning-gym (on PyPI, offline) generates problems of ~100 kinds (arithmetic, algebra,
-logic, graphs, games, ...), each with a scorer of its own. This adapter makes one of them a
-data source wherever a data path goes, with the spec
-
-    reasoning_gym:NAME?size=N&seed=S&format=text|chat&OPTION=VALUE...
-
-- NAME: a task name of reasoning-gym's registry (`task_names()`); a misspelt one is a
-  UserError that lists the close names.
-- `size` (default `DEFAULT_SIZE`, reasoning-gym's own default) rows, generated with `seed`
-  (default `DEFAULT_SEED`). reasoning-gym draws item i from the seed seed + i, so the rows
-  of seed S are items S .. S+size-1: two specs share rows when those ranges overlap. Rows
-  held out from training need a seed at least `size` away from the training one.
-- `format`: `text` (default: the prompt is the question) or `chat` (the prompt is
-  `[{"role": "user", "content": question}]`, for a chat template).
-- Any other key is one of the task's own options (the fields of its config dataclass, e.g.
-  `min_digits` for chain_sum), read as a YAML scalar (`2`, `true`, `0.5`, `[1, 2]`); values
-  may be %-escaped. A config gives them under `data.task_options` instead (both may be used;
-  a key given in both is an error). Unknown options and values the task's own validation
-  rejects are one-line UserErrors.
-
-A row holds: the prompt (under the data's prompt column), `answer` (the task's answer
-string), `completion` (the same answer: what `grpo sft --data` trains on), `metadata` (the
-entry's metadata, made JSON-safe), and what scoring needs: `reasoning_gym_task` (NAME),
-`reasoning_gym_options` (the task's options, size and seed included) and
-`reasoning_gym_entry` (the entry as generated; the task's scorer may read any of it).
-
-`reward` (the built-in reward `reasoning_gym`) scores each completion with its row's task's
-own `score_answer`: the answer is the content of the completion's last
-`<answer>...</answer>` (reasoning-gym's convention) or else the whole completion, stripped.
-The task object is rebuilt once per (task, options) and cached. Scores are the task's own,
-partial credit included (many scorers give a fraction for an answer that contains the
-right one); a scorer that raises on an answer scores it 0.0 (a malformed answer is a wrong
-one). `task` (the built-in task `reasoning_gym`, what `grpo eval` checks such rows with)
-counts a completion correct only at 1.0, and its maj@k votes are the same answers.
+reasoning-gym generates problems of ~100 kinds, offline, each with a scorer of its own. A
+spec `reasoning_gym:NAME?size=N&seed=S&format=text|chat&OPTION=VALUE...` stands wherever a
+data path goes (`parse_spec`, `make_rows`): rows with the prompt, `answer`, `completion`
+(the same answer, what `grpo sft --data` trains on) and what scoring needs. `reward` (the
+built-in reward `reasoning_gym`) scores a completion with its row's task's own
+`score_answer`, partial credit included; `task` (what `grpo eval` checks such rows with)
+counts it correct only at 1.0. The user's guide: docs/reasoning-gym.md.
 """
 
 from __future__ import annotations
@@ -99,7 +72,7 @@ def task_names() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class GymSpec:
-    """A parsed 'reasoning_gym:NAME?...' spec (see the module docstring)."""
+    """A parsed 'reasoning_gym:NAME?...' spec (docs/reasoning-gym.md)."""
 
     name: str
     size: int = DEFAULT_SIZE
@@ -239,7 +212,10 @@ def _json_safe(value: Any) -> Any:
 
 
 def make_rows(path: str, *, prompt_column: str = "prompt", task_options: Mapping[str, Any] | None = None) -> list[dict]:
-    """The rows a 'reasoning_gym:NAME?...' spec names (columns: see the module docstring)."""
+    """The rows a 'reasoning_gym:NAME?...' spec names: the prompt (under `prompt_column`),
+    `answer`, `completion` (the same answer), `metadata` (JSON-safe), and for scoring
+    `reasoning_gym_task`, `reasoning_gym_options` (size and seed included) and
+    `reasoning_gym_entry` (the entry as generated). reasoning-gym draws item i from seed + i."""
     spec = parse_spec(path, task_options)
     options = spec.dataset_options
     dataset = _create(spec.name, options, path)

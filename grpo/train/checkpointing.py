@@ -1,22 +1,13 @@
 """A run's checkpoints, as one object: save, restore, save after a failure, the final model.
 
-`Checkpointer` knows the two formats (grpo.infra.checkpoint writes and reads them): one
-process saves every state dict whole in `state.pt`; several processes (FSDP2) save the
-trained models and the optimizer as shards (torch.distributed.checkpoint), each its own
-random state, and process 0 what they share. The loop asks when (`due`) and saves: after a step that is due, after a failure
-(`save_after_failure`), at the end (`save_final`).
-
-A run saves every train.checkpoint_every steps and every train.checkpoint_minutes, but the
-first of its time-based checkpoints comes after the first step that ends a minute into the
-run (`FIRST_CHECKPOINT_MINUTES`): a disk that fills in its first minutes leaves a checkpoint
-to resume from, and a disk too small for one is found after a minute rather than ten.
-
-A checkpoint of step N is the state after N completed steps. When step N+1 fails before it
-changed any weight, the random and data state taken as it began (`snapshot`) stand in for
-the current ones, so that the checkpoint is still that of step N.
-
-A checkpoint whose write fails (a full disk) leaves nothing behind and the previous one in
-place (grpo.infra.checkpoint), so that `--resume` continues from that one; `kept` says so.
+`Checkpointer` knows the two formats that grpo.infra.checkpoint writes: one process saves
+every state dict in `state.pt`; several (FSDP2) save the trained models and the optimizer
+as shards, each its own random state, and process 0 what they share. The loop asks when
+(`due`: every train.checkpoint_every steps and train.checkpoint_minutes, the first
+time-based one early, `FIRST_CHECKPOINT_MINUTES`) and saves after a step, after a failure
+(`save_after_failure`: the state taken as the failed step began, `snapshot`, so that the
+checkpoint is still that of the last completed step) and at the end (`save_final`). A write
+that fails leaves the previous checkpoint in place; `kept` says so. docs/resume.md.
 """
 
 from __future__ import annotations

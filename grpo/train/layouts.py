@@ -3,19 +3,12 @@ serve a model.
 
 A layout is how a pass runs: every row in full or a group's prompt once (its KV cache indexed
 out to the group's rows), with or without activation checkpointing, through the full logits
-or the LM head chunk by chunk. Each gives the same log-probs; `decide_layouts` tries them once
-on a model before the first step and keeps those that do (tests/train/test_architectures.py).
-
-Log-probabilities come from the last hidden states through the LM head chunk by chunk
-(train.chunked_head, grpo.algo.head_logprobs): the forward passes keep the head's input and
-let the head itself compute nothing, so no (N, T, V) logits exist in any pass. The hidden
-states are taken where the head receives them (a hook on `get_output_embeddings()`), through
-the model's own forward: whatever it does before its head (final norm, scaling, a PEFT
-wrapper, FSDP2's hooks on the root module) runs as always. A model whose logits are not its
-head's output (Gemma 2/3's final_logit_softcapping, Cohere's logit_scale, Granite's
-logits_scaling, Chameleon's masked image tokens) or whose head is not a plain nn.Linear (a
-LoRA-adapted or quantized head) is detected once (`chunkable_head`) and runs the plain path:
-full logits, then token_logprobs.
+or the LM head chunk by chunk (train.chunked_head, `grpo.algo.head_logprobs`: the hidden
+states taken by a hook where the head receives them, so that no (N, T, V) logits exist).
+Each gives the same log-probs; `decide_layouts` tries them once on a model before the first
+step and keeps those that do (tests/train/test_architectures.py). A model whose logits are
+not its plain nn.Linear head's output (softcapping, logit scales, a LoRA or quantized head)
+runs the plain path (`chunkable_head`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """The three seams where GRPO and PPO differ (DeepSeekMath §4.1), each a small class.
 
-1. The baseline: where advantages come from.
-   - `GroupBaseline` (GRPO): A_i = (r_i - mean(group)) / (std(group) + eps), for every token;
-   - `ProcessBaseline` (GRPO, §4.1.3): step rewards normalised over the group, a token's
-     advantage the sum of the normalised rewards of the steps ending at or after it;
-   - `GAEBaseline` (PPO): per-token rewards, then GAE against the critic's values, whitened.
-2. The KL placement: where the penalty beta * KL(pi_theta || pi_ref) goes.
-   - `KLInLoss` (GRPO, eq. 3): a term of the per-token loss (k3 by default);
-   - `KLInReward` (PPO, eq. 2): subtracted from the per-token reward (k1 by default);
-   - `NoKL` (beta = 0): nowhere, and no reference model is held.
+1. The baseline: `GroupBaseline` (GRPO: (r - group mean) / (group std + eps) for every
+   token), `ProcessBaseline` (GRPO §4.1.3: normalised step rewards, summed over the steps
+   ending at or after a token), `GAEBaseline` (PPO: GAE against the critic's values).
+2. The KL placement of beta * KL(pi_theta || pi_ref): `KLInLoss` (GRPO eq. 3, k3),
+   `KLInReward` (PPO eq. 2, k1, per-token reward), `NoKL` (beta = 0, no reference held).
 3. The critic: `Critic` (PPO's value model, trained beside the policy) or `NoCritic`.
 
-`build_seams` picks one of each from the config, once; the step then calls them without
-asking which it has. The preset table in `grpo/config/schema.py` says which names each algorithm
-takes; `BASELINES` and `KL_PLACEMENTS` below say which class each name is.
+`build_seams` picks one of each from the config, once; the step calls them without asking
+which it has. `BASELINES` and `KL_PLACEMENTS` name the classes; the presets in
+`grpo/config/schema.py` say which names each algorithm takes.
 """
 
 from __future__ import annotations

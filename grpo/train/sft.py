@@ -1,69 +1,12 @@
-"""Supervised fine-tuning (SFT) before RL: on your own rows, or from scratch on arithmetic.
+"""Supervised fine-tuning (SFT) before RL: `grpo sft --model M --data FILE` fine-tunes a causal
+LM on the user's rows (`FineTuneConfig`); `grpo sft --task arithmetic` trains the demo's tiny
+Llama from scratch (`SFTConfig`).
 
-Two modes, one training loop (`_fit`: AdamW, warm-up then cosine, the completion-only loss):
-- `grpo sft --model M --data FILE --output DIR` (`FineTuneConfig`): fine-tune an existing
-  causal LM on the user's rows; the warm-up before `grpo train` on one's own task.
-- `grpo sft --task arithmetic`, or plain `grpo sft --output DIR` (`SFTConfig`): train a tiny
-  Llama from scratch on the built-in arithmetic task; the base model of `grpo demo`.
-
-Why a warm-up: GRPO's advantage is a reward minus the mean reward of its group, so a prompt
-whose G samples all earn the same reward (all wrong, or all right) contributes nothing. RL
-only moves a policy that already solves some prompts some of the time (PAPER.md,
-"Small-scale facts"). A random model solves nothing and a perfect one leaves nothing to
-learn; `sft` stops in between, by training briefly, not to convergence.
-
-What both modes share:
-- sequence: context + completion + EOS, right padded. The context is encoded exactly as the
-  RL sampler encodes a prompt (`grpo.rollout.prompts.prompt_text`: a plain prompt as is,
-  chat messages through the tokenizer's chat template with add_generation_prompt=True; then
-  tokenized with the tokenizer's special tokens), so the model learns from the context it
-  will sample from, and to stop with the EOS the sampler stops on
-- loss: next-token cross-entropy on the completion tokens (and their EOS) only; the
-  context's and the padding's labels are -100. Mean over the batch's completion tokens
-- optimiser: AdamW, linear warm-up then cosine decay to 0 (`grpo.train.schedule`), so the
-  stopping point is a smooth end of training rather than a snapshot mid-step of a high lr
-- dropout off (`model.eval()`, as in `grpo train`; gradients flow regardless of the mode)
-- deterministic: the data order (and a LoRA adapter's or a new model's initialisation) come
-  from `seed`; the global random states are neither read nor moved
-
-Your own rows (`FineTuneConfig`) come from `grpo.data.load_rows`, so every format `grpo
-train` reads works (.jsonl, .json, .parquet, .csv, `datasets` directories and names). Two
-shapes:
-- prompt/completion columns (`prompt_column`, `completion_column`): the prompt a string or
-  a list of chat messages, the completion a string (or TRL's conversational
-  `[{"role": "assistant", "content": ...}]`, whose content is learned)
-- conversational `messages` (`messages_column`; used by default when the rows have no prompt
-  column): every assistant message is learned, each from the conversation before it
-  rendered as the sampler renders a prompt, followed by EOS. Messages may call tools
-  (`tool_calls`, then `tool` messages, as a multi-turn rollout's are) and a `tools` column
-  may list the tools the prompt shows (docs/tools.md). When the chat template does not
-  render a conversation as those pieces in a row (a template that rewrites earlier turns, or
-  ends a turn with something other than the EOS token), only its last assistant message is
-  learned, and a warning counts such rows
-The model loads as `grpo train` loads a policy (`load_causal_lm`: `dtype`; attention by
-device; no remote code) and trains on the same devices. With `lora_r` > 0 an adapter made by
-`grpo train`'s `apply_lora` trains, and is merged into the weights before saving: the output
-is a plain model directory, which `grpo train` (`model: DIR`), `grpo eval` and any
-`from_pretrained` load without peft or the base model, and which `grpo train` may give a
-fresh adapter of its own. A row longer than the model's positions is an error; with
-`max_length`, longer rows keep their last tokens (the prompt loses its start, as the sampler
-cuts a long prompt), and a warning counts them. The defaults (`FineTuneConfig`: a small
-learning rate, a few epochs, a short warm-up, gradients clipped) are those of a light
-fine-tuning of a pretrained model: a warm-up should teach the task's format, not rewrite the
-model.
-
-From scratch (`SFTConfig`), the recipe:
-- data: fresh problems every step from a private `random.Random(seed)` (no file, no epochs;
-  with 2 digits there are only 8100 problems, so later batches repeat earlier ones); the
-  character tokenizer adds no BOS to the prompt
-- the weights' initialisation and the problems both come from `seed`
-
-The default `SFTConfig` (a tiny 2-layer model, trained briefly) lands in the regime RL
-needs: it solves some held-out problems some of the time. The number of updates (`steps`) is
-the knob; benchmarks/README.md ("grpo sft --task arithmetic") has pass@1 and pass@16 by
-number of updates, and the spread over seeds.
-
-`grpo eval` measures a saved model; evaluation is not part of `sft`.
+RL moves a policy only once it solves some prompts some of the time (a group whose samples
+all earn one reward teaches nothing), so `sft` trains briefly to get there, not to
+convergence. Both modes share one loop (`_fit`: AdamW, warm-up then cosine, next-token loss
+on the completion and its EOS only), encode a context exactly as the RL sampler encodes a
+prompt (`encode_pieces`), and draw everything from `seed`. The user's guide: docs/sft.md.
 """
 
 from __future__ import annotations
@@ -108,7 +51,8 @@ Example = tuple[list[int], list[int]]
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """The from-scratch warm-up's settings; the defaults are the demo's (see the module docstring)."""
+    """The from-scratch warm-up's settings; the defaults are the demo's. pass@k by number of
+    updates, and its spread over seeds: benchmarks/README.md ("grpo sft --task arithmetic")."""
 
     task: str = opt("arithmetic", "The built-in task to learn; only arithmetic (addition with worked column steps).")
     digits: int | list[int] = opt(
@@ -130,7 +74,9 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class FineTuneConfig:
-    """Fine-tuning an existing causal LM on the user's rows (see the module docstring)."""
+    """Fine-tuning an existing causal LM on the user's rows (docs/sft.md). The defaults are a
+    light fine-tuning of a pretrained model: a warm-up teaches the task's format, it does not
+    rewrite the model."""
 
     model: str = opt(REQUIRED, "The model to start from: a Hugging Face directory or hub id (as `grpo train`'s model).")
     data: str = opt(

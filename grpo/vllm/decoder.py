@@ -1,22 +1,13 @@
-"""`rollout.sampler: vllm`: the Decoder (grpo.rollout.decoders) that samples with a vLLM engine
-in the training process (`grpo.vllm.engine.LocalEngine`), or with a `grpo vllm-serve` server's
-(`rollout.vllm.server`: `grpo.vllm.client.RemoteEngine`, the same methods over HTTP; one
-client per server and process, `remote_engine`). Everything below holds for both.
+"""`rollout.sampler: vllm`: the Decoder (grpo.rollout.decoders) that samples with a vLLM engine,
+in the training process (`grpo.vllm.engine.LocalEngine`) or a `grpo vllm-serve` server's
+(`grpo.vllm.client.RemoteEngine`, the same methods over HTTP).
 
-One engine per process, built at the first `start` or `prepare` and kept for the run: a
-Sampler built later (iterative RL's, evaluation's) gets the same one when it asks for the
-same model and options (`shared_engine`). `prepare(policy, version)` syncs the policy's
-weights into it when the version differs from the one it holds (None: always), and checks
-them; `release` does not destroy it (on CUDA with sleep mode it frees the engine's memory
-for the update).
-
-Prompts reach vLLM as the token ids our Sampler rendered, left padding removed; a prompt's
-G completions are one request with `n = G`. Random numbers: each prompt's request gets an
-int seed drawn from the generator the Sampler passes for it (one for the call, or one per
-prompt), so a seeded run draws the same tokens again; vLLM's own sampler draws them, so they
-are not the tokens `fast` or `hf` draw from the same seed.
-
-Nothing at import time needs torch or vLLM (the registry imports this module).
+One engine per process, built at the first `start` or `prepare` and shared by every Sampler
+that asks for the same model and options (`shared_engine`); `prepare(policy, version)` syncs
+and checks the weights when the version differs, and `release` frees its memory (CUDA sleep
+mode) without destroying it. A prompt's G completions are one request with `n = G` and an
+int seed drawn from the Sampler's generator, so a seeded run draws the same tokens again
+(vLLM's own, not those `fast` or `hf` draw). Nothing at import time needs torch or vLLM.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """`grpo vllm-serve`: one vLLM engine in its own process, for a trainer elsewhere (server mode,
 `rollout.vllm.server: HOST:PORT`; the client is grpo.vllm.client).
 
-The process holds one `LocalEngine`, built from a model directory (transformers loads it; the
-engine is built from its config and given its weights, checked by log-probs, as a trainer's
-colocated engine is), and answers a small JSON API over HTTP (the standard library's server,
-one thread per connection; the engine serves one request at a time):
-
-- GET /health: what it holds: the model's directory and architecture (`client.identity`,
-  and its fingerprint), the engine's dtype and longest sequence, the grpo and vLLM versions,
-  the API's version, this process's boot id, the pushes so far.
-- POST /generate {prompts: token ids, params: our SamplingParams' fields, counts, seeds,
-  weights}: counts[i] completions of prompt i drawn with seeds[i] -> {outputs: per prompt,
-  [ids, sampled-token log-probs] per completion} (`LocalEngine.sample`).
-- POST /weights {transport: file, path, token}: load a safetensors file of the weights
-  (Hugging Face names) in place (`LocalEngine.load_weights`), then hold `token`;
-  {transport: file, probe: FOLDER}: whether this process sees that folder (the trainer's).
-- POST /prompt_logprobs {ids, weights}: the engine's log-prob of each token after the first
-  (the trainer's fixed-sequence check).
-
-`weights` in a request is the token of the trainer's last push: a server that holds other
-weights since (another trainer's push, or none: it restarted) refuses it. A refusal is
-HTTP 400 (409 for the token) with {error: one line}; an engine failure is 500, and the
-server goes on serving. Weights by NCCL (vLLM's weight transfer engine) are not built in
-this version: /weights refuses any transport but `file`.
+The process holds one `LocalEngine`, built from a model directory as a trainer's colocated
+engine is, and answers a small JSON API over HTTP (`handler`: health, generate, weights by
+file push, prompt log-probs), one request at a time. Every request names the weights it
+expects (the token of the trainer's last push), and a server that holds others since (another
+trainer's push, a restart) refuses it. The user's guide: docs/vllm-server.md.
 """
 
 from __future__ import annotations
@@ -171,6 +154,12 @@ ROUTES = {
 
 
 def handler(served: Served) -> type[BaseHTTPRequestHandler]:
+    """The HTTP API (the standard library's server, one thread per connection), as
+    docs/vllm-server.md tables it: GET /health, POST /generate (`LocalEngine.sample`), POST
+    /weights (a file push, or `probe: FOLDER`: whether this process sees it; any other
+    transport is refused), POST /prompt_logprobs. A refusal is HTTP 400 (409 for weights no
+    longer held) with {error: one line}; an engine failure is 500, and serving goes on."""
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 

@@ -159,8 +159,8 @@ class _Cache:
 
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """Attention of one new query per row over the cache: (B, heads, 1, D). Two batched
-    matmuls; for a single query this is several times faster on a CPU than the fused
-    scaled_dot_product_attention kernel. Grouped-query heads share their key/value head."""
+    matmuls, which for a single query beat the fused scaled_dot_product_attention kernel on
+    a CPU. Grouped-query heads share their key/value head."""
     b, heads, _, d = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     q = q.reshape(b, kv_heads, heads // kv_heads, d)  # the query heads of each key/value head
@@ -226,14 +226,11 @@ def _forward(
     return _linear(_rms_norm(last, w.norm, w.eps), w.head, w.head_bias, few_rows_layout)  # (B or len(heads), V)
 
 
-# Below this many rows, rollout.draw: fast computes each matmul of the loop as W @ x^T. On a
-# CPU, MKL runs x @ W^T (F.linear) for a few rows several times slower than W @ x^T when the
-# weights come from memory, not from cache: ~30 ms against 5-10 ms for 2-8 rows of a
-# 151,936 x 256 head; SmolLM2's 30 layers for one token, 46 against 37 ms at 8 rows, 62
-# against 16 at 2; its 49,152 x 576 head, 19.6 against 8.5 ms at 8 rows (2026-12-02,
-# AVX-512 EPYC, 2 threads). From about 12 rows up both take the same kernel, and the same
-# time. The two differ in float rounding, so not under rollout.draw: generate, whose tokens
-# are generate's bit for bit.
+# Below this many rows, rollout.draw: fast computes each matmul of the loop as W @ x^T: on a
+# CPU, MKL takes a slow path for x @ W^T (F.linear) with a handful of rows when the weights
+# come from memory (benchmarks/README.md, `bench_sampling.py`, has the timings); from about
+# 12 rows up both take the same kernel. The two differ in float rounding, so not under
+# rollout.draw: generate, whose tokens are generate's bit for bit.
 FEW_ROWS = 12
 
 
