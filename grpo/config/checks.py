@@ -1,5 +1,9 @@
 """Checking a config before anything is loaded: every impossible value, and every combination
-that cannot run, raised as `UserError` with one line that starts with its key."""
+that cannot run, raised as `UserError` with one line that starts with its key.
+
+A range check is a `_require` here; a refused combination or value is a row of
+`grpo.refusals`, raised by name from one `if` (`refuse`), so that lifting one is deleting
+the row and its `if`."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import re
 
 from grpo.config.schema import Config, TrainConfig
 from grpo.errors import UserError
+from grpo.refusals import refuse
 from grpo.rollout.decoders import fast_only_refusal, lora_refusal
 from grpo.vllm import split_address, unsupported
 
@@ -50,37 +55,25 @@ def validate(c: Config) -> None:
     )
     for i, r in enumerate(c.rewards):
         _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
-        _require(
-            not r.process or r.model is not None,
-            f"rewards.{i}.process: only reward models have a process mode; a function returns its own steps",
-        )
-        _require(
-            not r.process or c.loss.supervision == "process", f"rewards.{i}.process: needs loss.supervision: process"
-        )
+        if r.process and r.model is None:
+            refuse("process+function", i=i)
+        if r.process and c.loss.supervision != "process":
+            refuse("process-model+outcome", i=i)
         _require(bool(r.step_separator), f"rewards.{i}.step_separator: must not be empty")
         _require(math.isfinite(r.weight), f"rewards.{i}.weight: must be a finite number")
         _require(
             r.timeout is None or r.timeout > 0, f"rewards.{i}.timeout: must be > 0 seconds or null, got {r.timeout}"
         )
-        _require(
-            r.function is not None or (r.timeout is None and not r.isolate),
-            f"rewards.{i}: timeout and isolate apply to reward functions, not reward models",
-        )
+        if r.model is not None and (r.timeout is not None or r.isolate):
+            refuse("reward-model+timeout", i=i)
     ro, tr, lo = c.rollout, c.train, c.loss
-    if lo.baseline == "group":
-        _require(
-            ro.group_size >= 2,
-            f"rollout.group_size: the group baseline needs at least 2 completions per prompt, got {ro.group_size}",
-        )
-        _require(
-            lo.kl_in == "loss",
-            "loss.kl_in: the group baseline takes sequence rewards, so the KL goes in the loss ('loss')",
-        )
+    if lo.baseline == "group" and ro.group_size < 2:
+        refuse("group+one-sample", group_size=ro.group_size)
+    if lo.baseline == "group" and lo.kl_in != "loss":
+        refuse("group+kl-in-reward")
     _require(ro.group_size >= 1, f"rollout.group_size: must be >= 1, got {ro.group_size}")
-    _require(
-        not lo.drop_zero_std_groups or ro.group_size >= 2,
-        "loss.drop_zero_std_groups: needs rollout.group_size >= 2 (a group of one has no spread)",
-    )
+    if lo.drop_zero_std_groups and ro.group_size < 2:
+        refuse("drop-zero-std+one-sample")
     _require(
         ro.max_tool_calls is None or ro.max_tool_calls >= 0,
         f"rollout.max_tool_calls: must be >= 0 or null, got {ro.max_tool_calls}",
@@ -89,10 +82,8 @@ def validate(c: Config) -> None:
         ro.tool_timeout is None or ro.tool_timeout > 0,
         f"rollout.tool_timeout: must be > 0 seconds or null, got {ro.tool_timeout}",
     )
-    _require(
-        not (ro.tools or ro.environment is not None) or lo.supervision == "outcome",
-        "rollout.tools / rollout.environment: process supervision of multi-turn rollouts is not supported; use loss.supervision: outcome",
-    )
+    if (ro.tools or ro.environment is not None) and lo.supervision != "outcome":
+        refuse("multi-turn+process")
     _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
     _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
     _require(
@@ -124,11 +115,10 @@ def validate(c: Config) -> None:
         _require(refused is None, refused)
     if v.server:
         split_address(v.server)  # HOST:PORT, or one line
-        _require(ro.sampler == "vllm", "rollout.vllm.server: the server samples with rollout.sampler: vllm; set it")
-        _require(
-            v.transport == "file",
-            f"rollout.vllm.transport: {v.transport} is not available in this version; use file (trainer and server on one machine)",
-        )
+    if v.server and ro.sampler != "vllm":
+        refuse("server+not-vllm")
+    if v.server and v.transport != "file":
+        refuse("transport-nccl", transport=v.transport)
     _require(v.timeout > 0, f"rollout.vllm.timeout: must be > 0, got {v.timeout}")
     _require(
         ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
@@ -145,10 +135,8 @@ def validate(c: Config) -> None:
         f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}",
     )
     _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
-    _require(
-        tr.old_logprobs != "sampler" or ro.sampler != "hf",
-        "train.old_logprobs: sampler needs a sampler that returns log-probs (fast or vllm); transformers' generate (rollout.sampler: hf) gives none",
-    )
+    if tr.old_logprobs == "sampler" and ro.sampler == "hf":
+        refuse("sampler-logprobs+hf")
     _require(
         len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
     )
@@ -177,30 +165,18 @@ def validate(c: Config) -> None:
     _require(0 <= lo.lam <= 1, f"loss.lam: must be in [0, 1], got {lo.lam}")
     _require(lo.value_clip is None or lo.value_clip > 0, "loss.value_clip: must be > 0 or null")
     _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
-    _require(
-        lo.supervision == "outcome" or lo.baseline == "group",
-        "loss.supervision: process supervision needs the group baseline (loss.baseline: group)",
-    )
+    if lo.supervision == "process" and lo.baseline != "group":
+        refuse("process+critic")
     u = c.reward_model_update
-    if u.verifier is not None:
-        _require(
-            not (ro.tools or ro.environment is not None),
-            "reward_model_update: iterative RL samples single-turn completions for the reward model; with "
-            "rollout.tools / rollout.environment it is not supported yet",
-        )
-        models = [i for i, r in enumerate(c.rewards) if r.model is not None]
-        _require(
-            bool(models),
-            "reward_model_update.verifier: there is no reward model to update; add a rewards entry with a `model`",
-        )
-        _require(
-            u.reward == -1 or u.reward in models,
-            f"reward_model_update.reward: rewards.{u.reward} is not a reward model",
-        )
-        _require(
-            tr.iterations >= 2,
-            "reward_model_update.verifier: the reward model is updated between iterations; set train.iterations >= 2",
-        )
+    if u.verifier is not None and (ro.tools or ro.environment is not None):
+        refuse("iterative+tools")
+    models = [i for i, r in enumerate(c.rewards) if r.model is not None]
+    if u.verifier is not None and not models:
+        refuse("iterative+no-reward-model")
+    if u.verifier is not None and u.reward != -1 and u.reward not in models:
+        refuse("iterative+function-reward", index=u.reward)
+    if u.verifier is not None and tr.iterations < 2:
+        refuse("iterative+one-iteration")
     _require(0 <= u.replay < 1, f"reward_model_update.replay: must be in [0, 1), got {u.replay}")
     for name in ("prompts", "epochs", "batch_size", "max_pairs_per_prompt"):
         _require(getattr(u, name) >= 1, f"reward_model_update.{name}: must be >= 1")
@@ -210,8 +186,8 @@ def validate(c: Config) -> None:
     )
     _require(u.lr > 0, "reward_model_update.lr: must be > 0")
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
-    refusal = lora_refusal(c.rollout.sampler)
-    _require(c.lora.r == 0 or refusal is None, refusal)
+    refused = lora_refusal(c.rollout.sampler)
+    _require(c.lora.r == 0 or refused is None, refused)
 
 
 def lookahead(c: Config) -> int:
@@ -241,25 +217,13 @@ def _validate_async(c: Config) -> None:
         f"rollout.async.max_staleness: {a.max_staleness} leaves the generator no step ahead: a step takes "
         f"train.epochs x train.minibatches = {updates} optimizer steps{lag}; set it to at least {updates + a.push_every - 1}",
     )
-    _require(
-        ro.sampler != "hf",
-        "rollout.async: rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's "
-        "ratio needs; use fast, auto or vllm",
-    )
-    _require(
-        tr.old_logprobs != "recompute" or c.loss.engine_correction != "none",
-        "train.old_logprobs: recompute with rollout.async anchors the ratio at the current weights, and only "
-        "loss.engine_correction (token_tis or sequence_mask) then corrects for the weights that sampled; set one, or use auto",
-    )
-    _require(
-        not (ro.tools or ro.environment is not None),
-        "rollout.async: multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
-    )
-    _require(c.lora.r == 0, "rollout.async: LoRA (lora.r > 0) is not supported yet")
-    # The generator owns the server's weights; iterative RL's sampler, in the trainer, would
-    # push its own between iterations, and the server would then refuse the generator's requests.
-    _require(
-        not (ro.vllm.server and c.reward_model_update.verifier is not None),
-        "rollout.async with rollout.vllm.server: iterative RL (reward_model_update.verifier) would push the "
-        "trainer's weights into the generator's server between iterations; not supported yet",
-    )
+    if ro.sampler == "hf":
+        refuse("async+hf")
+    if tr.old_logprobs == "recompute" and c.loss.engine_correction == "none":
+        refuse("async+recompute-uncorrected")
+    if ro.tools or ro.environment is not None:
+        refuse("async+tools")
+    if c.lora.r:
+        refuse("async+lora")
+    if ro.vllm.server and c.reward_model_update.verifier is not None:
+        refuse("async+server+iterative")

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.errors import UserError
+from grpo.refusals import refuse
 
 
 def launched_world_size() -> int:
@@ -227,34 +228,22 @@ BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
 def check_launch(world_size: int, c, device: torch.device) -> str:
     """The backend for this launch (train.backend; auto: NCCL on GPUs, gloo on CPUs); a
-    UserError for a launch that cannot work. Runs before the process group exists, from the
-    config (a grpo.config.Config) and the environment alone, so every process reaches the
-    same verdict and none waits for another."""
+    UserError for a launch that cannot work (a row of `grpo.refusals`). Runs before the
+    process group exists, from the config (a grpo.config.Config) and the environment alone,
+    so every process reaches the same verdict and none waits for another."""
     backend = c.train.backend
     if backend == "nccl" and device.type != "cuda":
-        raise UserError(
-            f"train.backend: nccl needs CUDA devices, but this run is on the {device.type} (train.device: {c.train.device}); use gloo or auto"
-        )
+        refuse("nccl+cpu", device=device.type, setting=c.train.device)
     if world_size == 1:
         return backend
-    prompts = c.rollout.prompts_per_step
-    if prompts % world_size:
-        raise UserError(
-            f"rollout.prompts_per_step: {prompts} prompts cannot be split evenly over {world_size} processes "
-            f"(each samples prompts_per_step / world_size prompts with all their completions); use a multiple of {world_size}"
-        )
+    if c.rollout.prompts_per_step % world_size:
+        refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
     if c.lora.r:
-        raise UserError(
-            f"lora.r: LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process"
-        )
+        refuse("lora+torchrun", world_size=world_size)
     if c.reward_model_update.verifier:
-        raise UserError(
-            f"reward_model_update.verifier: iterative reward-model training is not supported over several processes yet (this launch has {world_size}); run it in one process"
-        )
+        refuse("iterative+torchrun", world_size=world_size)
     if c.rollout.async_.max_staleness:
-        raise UserError(
-            f"rollout.async.max_staleness: asynchronous rollouts are not supported over several processes yet (this launch has {world_size}); run it in one process"
-        )
+        refuse("async+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

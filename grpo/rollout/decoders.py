@@ -19,9 +19,10 @@ prompt (prompt i's rows draw from generators[i], whatever is sampled beside them
 in place of a generator is the global stream.
 
 Nothing here imports torch until a decoder runs: `grpo.config` reads the names
-(rollout.sampler's values) and `lora_refusal` from this module. The registry names where
-each decoder is ('module:class', `decoder_class`), so that `grpo.config` -> here -> a
-decoder's module (`grpo.vllm.decoder`) runs one way.
+(rollout.sampler's values) and `lora_refusal` from this module (whose words, as every
+refusal's, are a row of `grpo.refusals`). The registry names where each decoder is
+('module:class', `decoder_class`), so that `grpo.config` -> here -> a decoder's module
+(`grpo.vllm.decoder`) runs one way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from grpo.errors import UserError
 from grpo.infra.imports import import_object
+from grpo.refusals import refuse, refusal
 from grpo.rollout.params import FAST_ONLY, SamplingParams
 
 if TYPE_CHECKING:
@@ -268,9 +270,7 @@ def choose(name: str, model, total_length: int, options: dict[str, dict] | None 
         )
     reason = decoder_class(name).refuses(model, total_length, **options.get(name, {}))
     if reason is not None:
-        raise UserError(
-            f"rollout.sampler: {name} cannot decode this model: {reason}; use {_either([n for n in NAMES if n != name])}"
-        )
+        refuse("sampler+model", sampler=name, why=reason, others=_either([n for n in NAMES if n != name]))
     return name
 
 
@@ -283,10 +283,7 @@ def fast_only_refusal(options, sampler: str) -> str | None:
     for name in FAST_ONLY:
         value, default = getattr(options, name), _FAST_ONLY_DEFAULTS[name]
         if value != default:
-            return (
-                f"rollout.{name}: {value} is the fast loop's {name}; rollout.sampler: {sampler} draws its own way; "
-                f"set rollout.{name}: {default} (or sample with the fast loop)"
-            )
+            return refusal("fast-only", name=name, value=value, sampler=sampler, default=default)
     return None
 
 
@@ -297,7 +294,4 @@ def lora_refusal(name: str) -> str | None:
         return None
     able = [n for n in DECODERS if decoder_class(n).decodes_lora]
     fallback = next(n for n in able if decoder_class(n).in_auto)
-    return (
-        f"rollout.sampler: {name} cannot decode a LoRA-wrapped policy; use {AUTO} (falls back to {fallback}) or "
-        f"{_either(able)}"
-    )
+    return refusal("lora+sampler", sampler=name, auto=AUTO, fallback=fallback, able=_either(able))

@@ -1,0 +1,239 @@
+"""What a run refuses, in one table: every combination of features, and every option value,
+that cannot run (a plain range check, "must be >= 1", is not one), worded once, here.
+
+A row names the refusal, the config key its one-line message starts with, what is refused,
+the reason (str.format fields filled in by the check) and the limit behind it: an engine's,
+the math's, or this design's (not built yet). The config check (`grpo.config.checks`), the
+launch check (`grpo.infra.distributed.check_launch`) and the decoders raise a row by name;
+docs/refusals.md lists the rows and their limits (tests/test_refusals.py keeps the two
+alike). A row that goes goes with the one `if` that raises it.
+
+A leaf: it imports nothing of grpo but grpo.errors, so that config, infra and rollout all
+read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NoReturn
+
+from grpo.errors import UserError
+
+__all__ = ["REFUSALS", "Refusal", "refusal", "refuse"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    key: str  # what the message starts with: the config key to change
+    what: str  # the combination (or the value) refused, as docs/refusals.md lists it
+    reason: str  # the rest of the one line; {fields} filled in by the check
+    limit: str  # the engine's, the math's or the design's limit behind it, for docs/refusals.md
+
+
+REFUSALS: dict[str, Refusal] = {
+    # ---- rewards
+    "process+function": Refusal(
+        "rewards.{i}.process",
+        "`rewards[].process: true` on a reward function",
+        "only reward models have a process mode; a function returns its own steps",
+        "none: a function scores steps by returning them (docs/reward-models.md)",
+    ),
+    "process-model+outcome": Refusal(
+        "rewards.{i}.process",
+        "a process reward model with `loss.supervision: outcome`",
+        "needs loss.supervision: process",
+        "math: an outcome loss takes one reward per completion, not one per step",
+    ),
+    "reward-model+timeout": Refusal(
+        "rewards.{i}",
+        "`rewards[].timeout` or `rewards[].isolate` on a reward model",
+        "timeout and isolate apply to reward functions, not reward models",
+        "design: they contain user code; a reward model is our own forward pass",
+    ),
+    # ---- the loss
+    "group+one-sample": Refusal(
+        "rollout.group_size",
+        "`loss.baseline: group` with `rollout.group_size: 1`",
+        "the group baseline needs at least 2 completions per prompt, got {group_size}",
+        "math: the baseline is the group's mean and std; one sample has no std",
+    ),
+    "group+kl-in-reward": Refusal(
+        "loss.kl_in",
+        "`loss.baseline: group` with `loss.kl_in: reward`",
+        "the group baseline takes sequence rewards, so the KL goes in the loss ('loss')",
+        "math: the group baseline normalises one reward per completion; a per-token penalty has no place in it",
+    ),
+    "drop-zero-std+one-sample": Refusal(
+        "loss.drop_zero_std_groups",
+        "`loss.drop_zero_std_groups` with `rollout.group_size: 1`",
+        "needs rollout.group_size >= 2 (a group of one has no spread)",
+        "math: a group of one always has zero spread",
+    ),
+    "process+critic": Refusal(
+        "loss.supervision",
+        "`loss.supervision: process` with `loss.baseline: critic`",
+        "process supervision needs the group baseline (loss.baseline: group)",
+        "design: process advantages are normalised over the group (DeepSeekMath §4.1.3); GAE over step rewards "
+        "is not built",
+    ),
+    "multi-turn+process": Refusal(
+        "rollout.tools / rollout.environment",
+        "`rollout.tools` or `rollout.environment` with `loss.supervision: process`",
+        "process supervision of multi-turn rollouts is not supported; use loss.supervision: outcome",
+        "design: steps are character offsets in one completion's text; placing them around tool messages is not built",
+    ),
+    "sampler-logprobs+hf": Refusal(
+        "train.old_logprobs",
+        "`train.old_logprobs: sampler` with `rollout.sampler: hf`",
+        "sampler needs a sampler that returns log-probs (fast or vllm); transformers' generate (rollout.sampler: hf) "
+        "gives none",
+        "engine: `generate` returns no log-probs of the tokens it drew",
+    ),
+    # ---- sampling
+    "fast-only": Refusal(
+        "rollout.{name}",
+        "`rollout.draw: fast` (an option only the fast loop reads) with `rollout.sampler: hf` or `vllm`, or `auto` "
+        "where it picks hf",
+        "{value} is the fast loop's {name}; rollout.sampler: {sampler} draws its own way; set rollout.{name}: "
+        "{default} (or sample with the fast loop)",
+        "engine: `generate` and vLLM draw with their own random numbers",
+    ),
+    "lora+sampler": Refusal(
+        "rollout.sampler",
+        "LoRA (`lora.r` > 0) with `rollout.sampler: fast`",
+        "{sampler} cannot decode a LoRA-wrapped policy; use {auto} (falls back to {fallback}) or {able}",
+        "design: the fast loop fuses the base model's weight matrices, without the adapters",
+    ),
+    "sampler+model": Refusal(
+        "rollout.sampler",
+        "a decoder named in `rollout.sampler` with a model it cannot run (the fast loop: a model outside the Llama "
+        "family, or a sliding window shorter than the sequence; vLLM on a CPU: a head size its attention lacks)",
+        "{sampler} cannot decode this model: {why}; use {others}",
+        "engine: each decoder's own (docs/speed.md, docs/vllm.md)",
+    ),
+    "vllm+top_p+min_p": Refusal(
+        "rollout.sampler",
+        "`rollout.sampler: vllm` with both `rollout.top_p` and `rollout.min_p`",
+        "vllm applies min_p before top_p (generate after), so it cannot sample rollout.top_p and rollout.min_p "
+        "together as the other decoders do; set one of them",
+        "engine: vLLM's order of the sampling filters",
+    ),
+    "server+not-vllm": Refusal(
+        "rollout.vllm.server",
+        "`rollout.vllm.server` without `rollout.sampler: vllm`",
+        "the server samples with rollout.sampler: vllm; set it",
+        "engine: the server is a vLLM engine",
+    ),
+    "transport-nccl": Refusal(
+        "rollout.vllm.transport",
+        "`rollout.vllm.transport: nccl`",
+        "{transport} is not available in this version; use file (trainer and server on one machine)",
+        "not built: vLLM's GPU-to-GPU weight transfer cannot be tested without GPUs (docs/vllm-server.md)",
+    ),
+    # ---- asynchronous rollouts
+    "async+hf": Refusal(
+        "rollout.async",
+        "asynchronous rollouts (`rollout.async.max_staleness` >= 1) with `rollout.sampler: hf`",
+        "rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's ratio needs; "
+        "use fast, auto or vllm",
+        "engine: `generate` returns no log-probs, and the weights that drew a stale batch are gone",
+    ),
+    "async+recompute-uncorrected": Refusal(
+        "train.old_logprobs",
+        "`train.old_logprobs: recompute` with asynchronous rollouts and `loss.engine_correction: none`",
+        "recompute with rollout.async anchors the ratio at the current weights, and only loss.engine_correction "
+        "(token_tis or sequence_mask) then corrects for the weights that sampled; set one, or use auto",
+        "math: without the correction nothing weighs a stale batch for the weights that drew it (docs/async.md)",
+    ),
+    "async+tools": Refusal(
+        "rollout.async",
+        "asynchronous rollouts with `rollout.tools` or `rollout.environment`",
+        "multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
+        "not built: the generator process builds no tools",
+    ),
+    "async+lora": Refusal(
+        "rollout.async",
+        "asynchronous rollouts with LoRA (`lora.r` > 0)",
+        "LoRA (lora.r > 0) is not supported yet",
+        "not built: the generator process loads no adapter",
+    ),
+    "async+server+iterative": Refusal(
+        "rollout.async with rollout.vllm.server",
+        "asynchronous rollouts with a vLLM server (`rollout.vllm.server`) and iterative RL "
+        "(`reward_model_update.verifier`)",
+        "iterative RL (reward_model_update.verifier) would push the trainer's weights into the generator's server "
+        "between iterations; not supported yet",
+        "not built: iterative RL's sampler, in the trainer, and the generator would both push weights to the server",
+    ),
+    # ---- iterative RL
+    "iterative+tools": Refusal(
+        "reward_model_update",
+        "iterative RL (`reward_model_update.verifier`) with `rollout.tools` or `rollout.environment`",
+        "iterative RL samples single-turn completions for the reward model; with rollout.tools / "
+        "rollout.environment it is not supported yet",
+        "not built: iterative RL's sampler is single-turn",
+    ),
+    "iterative+no-reward-model": Refusal(
+        "reward_model_update.verifier",
+        "`reward_model_update.verifier` with no reward model among `rewards`",
+        "there is no reward model to update; add a rewards entry with a `model`",
+        "none: there is nothing to train",
+    ),
+    "iterative+function-reward": Refusal(
+        "reward_model_update.reward",
+        "`reward_model_update.reward` naming a reward function",
+        "rewards.{index} is not a reward model",
+        "none: a function has no weights to train",
+    ),
+    "iterative+one-iteration": Refusal(
+        "reward_model_update.verifier",
+        "`reward_model_update.verifier` with `train.iterations: 1`",
+        "the reward model is updated between iterations; set train.iterations >= 2",
+        "math: DeepSeekMath's Algorithm 1 updates the reward model between iterations",
+    ),
+    # ---- the launch (torchrun)
+    "nccl+cpu": Refusal(
+        "train.backend",
+        "`train.backend: nccl` on a CPU",
+        "nccl needs CUDA devices, but this run is on the {device} (train.device: {setting}); use gloo or auto",
+        "engine: NCCL runs on CUDA devices only",
+    ),
+    "torchrun+uneven-prompts": Refusal(
+        "rollout.prompts_per_step",
+        "`rollout.prompts_per_step` not a multiple of the number of processes",
+        "{prompts} prompts cannot be split evenly over {world_size} processes (each samples prompts_per_step / "
+        "world_size prompts with all their completions); use a multiple of {world_size}",
+        "design: a group never spans processes, and every process samples as many prompts",
+    ),
+    "lora+torchrun": Refusal(
+        "lora.r",
+        "LoRA (`lora.r` > 0) under torchrun (several processes)",
+        "LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process",
+        "not built: FSDP2 sharding of an adapter-wrapped policy",
+    ),
+    "iterative+torchrun": Refusal(
+        "reward_model_update.verifier",
+        "iterative RL (`reward_model_update.verifier`) under torchrun (several processes)",
+        "iterative reward-model training is not supported over several processes yet (this launch has "
+        "{world_size}); run it in one process",
+        "not built: the reward model's update runs in one process",
+    ),
+    "async+torchrun": Refusal(
+        "rollout.async.max_staleness",
+        "asynchronous rollouts under torchrun (several processes)",
+        "asynchronous rollouts are not supported over several processes yet (this launch has {world_size}); run it "
+        "in one process",
+        "not built: one generator process per run",
+    ),
+}
+
+
+def refusal(name: str, /, **fields) -> str:
+    """The one-line message of row `name`, its {fields} filled in: 'key: reason'."""
+    row = REFUSALS[name]
+    return f"{row.key}: {row.reason}".format(**fields)
+
+
+def refuse(name: str, /, **fields) -> NoReturn:
+    """Raise row `name` as a UserError (`refusal`'s line)."""
+    raise UserError(refusal(name, **fields))

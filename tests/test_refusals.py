@@ -1,0 +1,183 @@
+"""The refusal table (grpo/refusals.py): every row is listed in docs/refusals.md with the limit
+behind it, every row's wording stands nowhere else in grpo/ (worded once), and every row is
+raised by the check that owns it, in its own words."""
+
+import ast
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo
+from grpo.config import config_from_dict
+from grpo.errors import UserError
+from grpo.infra.distributed import check_launch
+from grpo.refusals import REFUSALS, refusal, refuse
+from grpo.rollout import decoders
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = Path(grpo.__file__).parent
+PAGE = ROOT / "docs" / "refusals.md"
+
+
+# ---- the docs list every row ------------------------------------------------------------------
+
+
+def docs_line(name, row) -> str:
+    """A row as docs/refusals.md's table shows it."""
+    return f"| `{name}` | {row.what} | {row.limit} |"
+
+
+def test_docs_list_every_row_and_no_other():
+    shown = [line for line in PAGE.read_text().splitlines() if re.match(r"^\| `[^`]+` \|", line)]
+    expected = [docs_line(name, row) for name, row in REFUSALS.items()]
+    assert shown == expected, "docs/refusals.md's table should read:\n" + "\n".join(expected)
+
+
+def test_the_docs_page_is_linked_from_the_readme():
+    assert "(docs/refusals.md)" in (ROOT / "README.md").read_text()
+
+
+# ---- worded once ------------------------------------------------------------------------------
+
+
+def strings(path: Path) -> list[str]:
+    """The string constants of a module (an implicit concatenation is one; an f-string's
+    literal parts each)."""
+    return [
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+
+
+def fragments(text: str) -> list[str]:
+    """The literal runs of a row's reason between its {fields}, those long enough to be words."""
+    return [part.strip() for part in re.split(r"\{\w+\}", text) if len(part.strip()) >= 12]
+
+
+def rewordings(root: Path, table: dict) -> list[str]:
+    """Where a module under `root` other than the table's spells a row's reason again."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "refusals.py" and path.parent == root:
+            continue
+        texts = strings(path)
+        for name, row in table.items():
+            for part in fragments(row.reason):
+                if any(part in text for text in texts):
+                    found.append(f"{path.relative_to(root)} words {name!r} again: {part!r}")
+    return found
+
+
+def test_every_row_is_worded_once():
+    assert rewordings(PACKAGE, REFUSALS) == []
+
+
+def test_the_wording_check_sees_a_row_spelt_again(tmp_path):
+    (tmp_path / "refusals.py").write_text("")
+    (tmp_path / "check.py").write_text(
+        'def check(c):\n    if c.lora.r:\n        raise ValueError(\n            "rollout.async: LoRA (lora.r > 0) is "\n'
+        '            "not supported yet")\n'
+    )
+    assert rewordings(tmp_path, REFUSALS) == [
+        "check.py words 'async+lora' again: 'LoRA (lora.r > 0) is not supported yet'"
+    ]
+
+
+def test_refusal_fills_the_fields_and_refuse_raises_it():
+    assert refusal("async+torchrun", world_size=2).startswith("rollout.async.max_staleness: asynchronous rollouts")
+    assert "(this launch has 2)" in refusal("async+torchrun", world_size=2)
+    with pytest.raises(UserError, match=r"^rollout.async: LoRA \(lora.r > 0\) is not supported yet$"):
+        refuse("async+lora")
+
+
+# ---- the checks raise every row ---------------------------------------------------------------
+
+MODEL_REWARD = {"model": "tiny-reward-model"}
+VERIFIER = {"verifier": "exact_answer"}
+TOOLS = ["tests.rollout.tool_models:multiply"]
+SERVER = {"sampler": "vllm", "vllm": {"server": "127.0.0.1:8000"}}
+ASYNC = {"async": {"max_staleness": 1}}
+
+
+def minimal(**sections) -> dict:
+    data = {"model": "tiny-model", "data": {"path": "prompts.jsonl"}, "rewards": [{"function": "exact_answer"}]}
+    data.update(sections)
+    return data
+
+
+def launch(world_size, **sections):
+    return lambda: check_launch(world_size, config_from_dict(minimal(**sections)), torch.device("cpu"))
+
+
+def sample_with(name):
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))  # no Llama: fast cannot
+    return lambda: decoders.choose(name, model, 20)
+
+
+# row -> what raises it (a config mapping for config_from_dict, or a call)
+TRIGGERS = {
+    "process+function": minimal(rewards=[{"function": "exact_answer", "process": True}]),
+    "process-model+outcome": minimal(rewards=[{**MODEL_REWARD, "process": True}]),
+    "reward-model+timeout": minimal(rewards=[{**MODEL_REWARD, "timeout": 5}]),
+    "group+one-sample": minimal(rollout={"group_size": 1}),
+    "group+kl-in-reward": minimal(loss={"kl_in": "reward"}),
+    "drop-zero-std+one-sample": minimal(
+        algorithm="ppo", rollout={"group_size": 1}, loss={"drop_zero_std_groups": True}
+    ),
+    "process+critic": minimal(algorithm="ppo", loss={"supervision": "process"}),
+    "multi-turn+process": minimal(rollout={"tools": TOOLS}, loss={"supervision": "process"}),
+    "sampler-logprobs+hf": minimal(rollout={"sampler": "hf"}, train={"old_logprobs": "sampler"}),
+    "fast-only": minimal(rollout={"sampler": "hf", "draw": "fast"}),
+    "lora+sampler": minimal(rollout={"sampler": "fast"}, lora={"r": 4}),
+    "sampler+model": sample_with("fast"),
+    "vllm+top_p+min_p": minimal(rollout={"sampler": "vllm", "top_p": 0.9, "min_p": 0.1}),
+    "server+not-vllm": minimal(rollout={"vllm": {"server": "127.0.0.1:8000"}}),
+    "transport-nccl": minimal(rollout={**SERVER, "vllm": {"server": "127.0.0.1:8000", "transport": "nccl"}}),
+    "async+hf": minimal(rollout={**ASYNC, "sampler": "hf"}),
+    "async+recompute-uncorrected": minimal(
+        rollout=ASYNC, train={"old_logprobs": "recompute"}, loss={"engine_correction": "none"}
+    ),
+    "async+tools": minimal(rollout={**ASYNC, "tools": TOOLS}),
+    "async+lora": minimal(rollout=ASYNC, lora={"r": 4}),
+    "async+server+iterative": minimal(
+        rewards=[MODEL_REWARD], rollout={**ASYNC, **SERVER}, train={"iterations": 2}, reward_model_update=VERIFIER
+    ),
+    "iterative+tools": minimal(
+        rewards=[MODEL_REWARD], rollout={"tools": TOOLS}, train={"iterations": 2}, reward_model_update=VERIFIER
+    ),
+    "iterative+no-reward-model": minimal(train={"iterations": 2}, reward_model_update=VERIFIER),
+    "iterative+function-reward": minimal(
+        rewards=[{"function": "exact_answer"}, MODEL_REWARD],
+        train={"iterations": 2},
+        reward_model_update={**VERIFIER, "reward": 0},
+    ),
+    "iterative+one-iteration": minimal(rewards=[MODEL_REWARD], reward_model_update=VERIFIER),
+    "nccl+cpu": launch(1, train={"backend": "nccl"}),
+    "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
+    "lora+torchrun": launch(2, lora={"r": 4}),
+    "iterative+torchrun": launch(2, rewards=[MODEL_REWARD], train={"iterations": 2}, reward_model_update=VERIFIER),
+    "async+torchrun": launch(2, rollout=ASYNC),
+}
+
+
+def pattern(name) -> str:
+    """Row `name`'s one line, any value in its {fields}."""
+    row = REFUSALS[name]
+    return "^" + ".+".join(re.escape(part) for part in re.split(r"\{\w+\}", f"{row.key}: {row.reason}")) + "$"
+
+
+def test_every_row_has_a_trigger():
+    assert sorted(REFUSALS) == sorted(TRIGGERS), "a row without a trigger here, or a trigger of a row that is gone"
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_the_check_raises_the_row_in_its_words(name):
+    assert name in REFUSALS, f"{name} is no longer refused: delete its trigger here and its line in docs/refusals.md"
+    trigger = TRIGGERS[name]
+    with pytest.raises(UserError) as info:
+        trigger() if callable(trigger) else config_from_dict(trigger)
+    assert re.match(pattern(name), str(info.value)), str(info.value)
