@@ -17,3 +17,29 @@ def random_batch(seed, n, t_len, *, min_len=1):
     advantages = torch.randn(n, generator=g, dtype=torch.float64)
     lengths = torch.randint(min_len, t_len + 1, (n,), generator=g)
     return logprobs, old_logprobs, advantages, right_padded_mask(lengths, t_len).double()
+
+
+def run_generator(c, e, tools=None):
+    """The generator a run of config `c` builds for engine `e` (grpo.train.loop), the policy's
+    current weights published to it."""
+    from grpo.train.loop import build_run_generator
+
+    generator = build_run_generator(c, e, tools)
+    generator.publish(e.policy, e.version)
+    return generator
+
+
+def sample(e, generator, rows, seeds=None, step=0):
+    """`rows`' rollout, drawn by `generator` with the policy's current weights (published
+    first when the generator holds older ones), as the loop takes a step's batch."""
+    if generator.published != e.version:
+        generator.publish(e.policy, e.version)
+    generator.request(step, rows, seeds)
+    return generator.take(step)
+
+
+def sampled_step(e, generator, rows, seeds=None, step=0):
+    """One training step on `rows`, sampled by `generator` (the loop's take, then train_step)."""
+    from grpo.train.step import train_step
+
+    return train_step(e, sample(e, generator, rows, seeds, step), step)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from grpo.data import PromptStream
 from grpo.rewards import WeightedReward, score
 from grpo.rewards.model import RewardModel
-from grpo.rollout import Sampler
+from grpo.rollout.generator import PAIRS, Generator
 
 
 def comparisons(
@@ -41,7 +41,6 @@ def comparisons(
 class RewardModelUpdater:
     model: RewardModel
     verifier: WeightedReward
-    sampler: Sampler  # samples `samples_per_prompt` completions per prompt
     prompts: PromptStream  # its own stream: the training stream's order is not disturbed
     prompt_column: str
     prompts_per_update: int
@@ -51,12 +50,24 @@ class RewardModelUpdater:
     fit_kwargs: dict
     history: list[dict] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    updates: int = 0  # the reward model's updates so far (its batches' keys)
 
-    def update(self, policy) -> dict:
+    def update(self, policy, version: int, generator: Generator) -> dict:
+        """Train the reward model on `samples_per_prompt` completions per prompt of `policy`
+        (at `version`), drawn by the run's generator (its "pairs" sampler; published first
+        where it holds older weights)."""
+        if generator.published != version:
+            generator.publish(policy, version)
         rows = self.prompts.take(self.prompts_per_update)
-        batch = self.sampler.sample(policy, rows)
+        self.updates += 1
+        generator.request(self.updates, rows, None, PAIRS)
+        batch = generator.take(self.updates, PAIRS)
         prompts = [row[self.prompt_column] for row in batch.rows]
-        labels = score([self.verifier], prompts, batch.completions, batch.columns(exclude=self.prompt_column)).total
+        completions = batch.messages if batch.messages is not None else batch.completions  # multi-turn: messages
+        columns = batch.columns(exclude=self.prompt_column)
+        if batch.environments is not None:
+            columns["environments"] = batch.environments
+        labels = score([self.verifier], prompts, completions, columns).total
         new = comparisons(
             batch.rows,
             batch.completions,

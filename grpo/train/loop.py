@@ -20,6 +20,7 @@ import json
 import math
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,15 +35,18 @@ from grpo.infra.distributed import SingleProcess, World, check_launch, init_worl
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
 from grpo.infra.space import no_space
-from grpo.infra.seed import prompt_seed, seed_everything
+from grpo.infra.seed import seed_everything
 from grpo.rewards import WeightedReward, load_rewards
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import load_tokenizer, model_config
-from grpo.rollout import Sampler, check_context
+from grpo.rollout import check_context
+from grpo.rollout.generator import Generator, GeneratorSpec
+from grpo.rollout.worker import build_generator, refuse_in_generator
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
-from grpo.train.models import apply_lora, enable_checkpointing, load_causal_lm, count_parameters, trainable_parameters
+from grpo.infra.hf import load_causal_lm
+from grpo.train.models import apply_lora, enable_checkpointing, count_parameters, trainable_parameters
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
 from grpo.train.schedule import lr_lambda
@@ -52,9 +56,9 @@ from grpo.train.output_dir import OutputFolder, check_resume_config, record_upda
 from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
-from grpo.train.step import Engine
-from grpo.train.asynchronous import refuse_in_generator, rollouts_for
-from grpo.train.asynchronous import summary as async_summary
+from grpo.train.step import Engine, train_step
+from grpo.train.rollouts import Rollouts, share_of
+from grpo.train.rollouts import summary as async_summary
 from grpo.vllm import missing
 from grpo.vllm.decoder import close_shared_engine
 
@@ -134,12 +138,11 @@ def build_engine(
     rewards: list[WeightedReward],
     device: torch.device | None = None,
     world: World = SingleProcess(),
-    tools: Toolbox | None = None,
 ) -> Engine:
     """Load the models onto `device` (train.device's) and choose, once, the pieces in which
     GRPO and PPO differ. Over several processes, the policy and the critic are sharded
-    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why). `tools`:
-    the run's tools and environment (multi-turn rollouts), None for single-turn ones."""
+    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why). What
+    samples the policy is the run's Generator (`build_run_generator`), built beside it."""
     device = resolve_device(c.train.device) if device is None else device
     tokenizer = load_tokenizer(c.model)
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
@@ -177,21 +180,9 @@ def build_engine(
     )
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
-    sampler = Sampler.from_config(
-        tokenizer,
-        c.rollout,
-        prompt_column=c.data.prompt_column,
-        autocast=compute_dtype,
-        seed=c.seed,
-        rank=world.rank,
-        tools=tools,
-    )
-    if not c.rollout.async_.max_staleness:  # asynchronous: the generator process builds its own
-        sampler.start(policy)  # vLLM's engine, built once for the run: what it refuses is known before the first step
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
-        sampler=sampler,
         rewards=rewards,
         score=build_scorer(c),
         reference=reference,
@@ -244,23 +235,24 @@ def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) ->
     }
 
 
+def build_run_generator(c: Config, e: Engine, tools: Toolbox | None = None) -> Generator:
+    """What samples the run's batches (and iterative RL's): in this process, or with
+    rollout.async in a worker process of its own (one per torchrun process). `tools`: the
+    run's tools and environment (multi-turn rollouts), None for single-turn ones."""
+    spec = GeneratorSpec.of(c, autocast=e.compute_dtype, rank=e.world.rank, device=str(e.device))
+    worker = c.rollout.async_.max_staleness > 0
+    return build_generator(spec, e.tokenizer, tools=tools, world=e.world, worker=worker)
+
+
 def build_updater(
-    c: Config, e: Engine, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]
+    c: Config, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]
 ) -> RewardModelUpdater:
     """Iterative RL: what keeps training the reward model between iterations."""
     u = c.reward_model_update
     index = u.reward if u.reward >= 0 else min(models)
-    sampler = Sampler.from_config(
-        e.tokenizer,
-        c.rollout,
-        prompt_column=c.data.prompt_column,
-        autocast=e.compute_dtype,
-        group_size=u.samples_per_prompt,
-    )
     return RewardModelUpdater(
         model=models[index],
         verifier=verifier,
-        sampler=sampler,
         prompts=PromptStream(rows, seed=c.seed + 1, shuffle=True),
         prompt_column=c.data.prompt_column,
         prompts_per_update=u.prompts,
@@ -276,7 +268,7 @@ def build_updater(
 class NoUpdater:
     """No iterative reward-model training: the reward stays as it is."""
 
-    def update(self, policy) -> None:
+    def update(self, policy, version, generator) -> None:
         return None
 
     def state_dict(self) -> None:
@@ -422,8 +414,8 @@ def _run(
     rewards, reward_models = load_reward_models(c, functions, device)
     if toolbox is not None:
         rewards += toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
-    e = build_engine(c, rewards, device, world, tools=toolbox)
-    updater = build_updater(c, e, verifier, reward_models, rows) if verifier else NoUpdater()
+    e = build_engine(c, rewards, device, world)
+    updater = build_updater(c, verifier, reward_models, rows) if verifier else NoUpdater()
     checkpoints = Checkpointer(e, c, stream, updater)
     if world.world_size > 1:
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
@@ -439,7 +431,6 @@ def _run(
     sinks = Sinks([JsonlSink(metrics_path), dashboards] if world.is_main else [])
     steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
     held = models_held(e, c)
-    share = c.rollout.prompts_per_step // world.world_size  # prompts per process and step
     unscored = 0
     completed, last_metrics = start, None  # steps done (saved or to be saved), and the last one's metrics
 
@@ -448,9 +439,14 @@ def _run(
     bar = Progress(
         c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
     )
-    # Each step's batch: sampled here, or by a generator process ahead of the step
-    # (rollout.async), started from the weights just restored.
-    rollouts = rollouts_for(c, e, stream, rows, start)
+    # Each step's batch: sampled here when the step takes it, or by a generator process
+    # ahead of the step (rollout.async), started from the weights just restored.
+    generator = build_run_generator(c, e, toolbox)
+    try:
+        rollouts = Rollouts(c, e, generator, stream, rows, start)  # publishes the first weights (vLLM's engine built)
+    except BaseException:
+        generator.close()
+        raise
     with Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -461,16 +457,20 @@ def _run(
                 if step > 0 and step % steps_per_iteration == 0:
                     # Algorithm 1, between iterations: the reward model learns from the policy's
                     # new samples (iterative RL), then the reference becomes the policy.
-                    update = updater.update(e.policy)
+                    update = updater.update(e.policy, e.version, rollouts.generator)
                     if update is not None:
                         snapshot["updates"] = None  # the reward model moved: this step cannot be undone
                         record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
                     e.reference.reset_to(e.policy)
                 # Every process takes the step's prompts from the same stream and keeps its share.
-                batch_rows = stream.take(c.rollout.prompts_per_step)
-                ours = range(world.rank * share, (world.rank + 1) * share)  # our prompts' indices in the step's batch
-                seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
-                result = rollouts.train_step(e, [batch_rows[i] for i in ours], seeds, step)
+                ours, seeds = share_of(c, world.rank, world.world_size, step, stream.take(c.rollout.prompts_per_step))
+                began = time.perf_counter()
+                sampled, taken = rollouts.take(e, step, ours, seeds)
+                result = train_step(e, sampled, step, taken["time/generate"])
+                result.metrics.update(taken)
+                result.metrics.update(rollouts.after_update(e))  # the new weights to the generator, when due
+                if rollouts.asynchronous:
+                    result.metrics["time/step"] = time.perf_counter() - began
                 number = completed = step + 1
                 snapshot = None
                 metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}

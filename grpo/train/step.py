@@ -1,9 +1,8 @@
-"""One RL step, the same for GRPO and PPO: sample, score, baseline, update.
+"""One RL step on a sampled batch, the same for GRPO and PPO: score, baseline, update.
 
-The step is two halves: `collect` (sample, score, the truncation and group filters) and
-`learn` (the passes before the update, the baseline, the update). What `collect` returns, a
-`Collected`, holds everything `learn` and the step's metrics need, so that generation can
-run apart from training; `train_step` is the two in sequence.
+The batch comes from the run's Generator (grpo.rollout.generator; the loop takes it). The
+step is two halves: `collect` (score, the truncation and group filters) and `learn` (the
+passes before the update, the baseline, the update); `train_step` is the two in sequence.
 
 The algorithms differ in exactly three places, the seams of `grpo.train.seams`, chosen once
 when the engine is built: the baseline (group, or critic + GAE), the KL placement (in the
@@ -27,7 +26,7 @@ from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import WeightedReward
-from grpo.rollout import Rollout, Sampler
+from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
 from grpo.train.layouts import completion_logprobs, micro_batches, no_grad_pass, policy_logprobs
 from grpo.train.networks import Reference
@@ -39,12 +38,11 @@ from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Sc
 
 @dataclass
 class Engine:
-    """What a step needs: the models, the optimizer, the three seams, the sampler, and the
+    """What a step needs: the models, the optimizer, the three seams, the rewards, and the
     config sections they were built from (the one home of every setting)."""
 
     policy: nn.Module
     tokenizer: object  # the caller's, unchanged; saved with the trained model
-    sampler: Sampler
     rewards: list[WeightedReward]
     score: Scorer  # OutcomeScorer, or ProcessScorer (process supervision)
     reference: Reference
@@ -153,42 +151,28 @@ def _placeholder(sampled: Rollout, steps: list | None) -> tuple[Rollout, Scored]
     return group, Scored(scores, None if steps is None else [[] for _ in range(len(group))])
 
 
-def train_step(
-    e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0, sampled: Rollout | None = None
-) -> StepResult:
-    """One step on `rows` (this process's share of prompts_per_step data rows): collect
-    (sample, each row's completions from its own seed when `seeds` are given; score;
-    filter), then learn from it (passes, baseline, update). Every statistic over the batch
-    (counts, reward scaling, whitening, the metrics) is one over all processes' rows.
-    `step`: the steps done before this one (what reward functions see as
-    trainer_state.global_step). `sampled`: the rows' rollout drawn elsewhere (a generator
-    process, grpo.train.asynchronous), as `collect` takes it."""
-    collected = collect(e, rows, seeds, step, sampled=sampled)
+def train_step(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float = 0.0) -> StepResult:
+    """One step on `sampled` (this process's share of the step's prompts, G completions
+    each, drawn by a Generator, grpo.rollout.generator): collect (score, filter), then learn
+    (passes, baseline, update). Every statistic over the batch (counts, reward scaling,
+    whitening, the metrics) is one over all processes' rows. `step`: the steps done before
+    this one (what reward functions see as trainer_state.global_step); `generate_seconds`:
+    what sampling it took (time/generate)."""
+    collected = collect(e, sampled, step, generate_seconds)
     metrics = learn(e, collected)
     return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
 
 
-def collect(
-    e: Engine, rows: list[dict], seeds: list[int] | None = None, step: int = 0, sampled: Rollout | None = None
-) -> Collected:
-    """Sample G completions for each of `rows`, score them, and filter what the update sees:
-    the truncation mask (loss.mask_truncated_completions) and the group filter
-    (loss.drop_zero_std_groups). `sampled`: the rollout of `rows` that a generator process
-    drew (asynchronous rollouts, grpo.train.asynchronous), with the version of the weights
-    that drew it; None: sampled here, with the current weights."""
+def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float = 0.0) -> Collected:
+    """Score the G completions of each prompt in `sampled` (stamped with the version of the
+    weights that drew it), and filter what the update sees: the truncation mask
+    (loss.mask_truncated_completions) and the group filter (loss.drop_zero_std_groups)."""
     start = time.perf_counter()
     group_size, world = e.rollout.group_size, e.world
-
-    # 1. Sample G completions for each prompt (the sharded policy gathered whole meanwhile).
-    if sampled is None:
-        with world.gathered(e.policy):
-            sampled = e.sampler.sample(e.policy, rows, seeds, step=step, version=e.version)
-        sampled.policy_version = e.version  # the weights that drew it, whatever sampler drew it
     batch = sampled = sampled.to(e.device)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
-    generated = time.perf_counter()
 
-    # 2. Score them; NaN = no reward function could score it. With process supervision a
+    # 2. Score them (1., sampling, was the Generator's); NaN = no reward function could score it. With process supervision a
     #    completion's score is its mean step reward (for the metrics and the group spread).
     prompts = [row[e.prompt_column] for row in batch.rows]
     # A reward that fails in one process fails the step in all (each raises the same
@@ -232,7 +216,11 @@ def collect(
     if e.loss.drop_zero_std_groups:
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
-    seconds = {"generate": generated - start, "score": scored_at - generated, "collect": time.perf_counter() - start}
+    seconds = {
+        "generate": generate_seconds,
+        "score": scored_at - start,
+        "collect": generate_seconds + time.perf_counter() - start,
+    }
     return Collected(batch, scored, sampled, sampled_scored, truncated, spread, seconds)
 
 

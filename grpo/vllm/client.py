@@ -31,15 +31,16 @@ import http.client
 import json
 import os
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
 
 from grpo.errors import UserError
+from grpo.rollout.weights import weights_folder
 from grpo.vllm import split_address
-from grpo.vllm.engine import LocalEngine, base_model, head_dim
+from grpo.rollout.weights import base_model
+from grpo.vllm.engine import LocalEngine, head_dim
 
 API = 1  # the HTTP API's version: a trainer and a server of different ones refuse each other
 HEALTH_TIMEOUT = 10.0  # seconds: a server that is up answers at once (its engine is built before it listens)
@@ -86,12 +87,6 @@ def differences(server: dict, trainer: dict, shown: int = 3) -> str:
     keys = sorted(k for k in server.keys() & trainer.keys() if server[k] != trainer[k])
     parts = [f"{k}: {server[k]} there, {trainer[k]} here" for k in keys[:shown]]
     return "; ".join(parts + ([f"{len(keys) - shown} more"] if len(keys) > shown else []))
-
-
-def weights_folder() -> str:
-    """A fresh folder for one push's file: in /dev/shm (memory) where it exists, else the
-    system's temporary folder."""
-    return tempfile.mkdtemp(prefix="grpo-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def state_dict(weights) -> dict:

@@ -31,7 +31,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -39,17 +39,12 @@ import torch
 from grpo.errors import UserError
 from grpo.infra.imports import describe
 from grpo.rollout.params import SamplingParams
+from grpo.rollout.weights import base_model, policy_weights
 from grpo.vllm import INSTALL, missing, unsupported
 
 # vllm/v1/attention/backends/cpu_attn.py: get_supported_head_sizes.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 LOGPROBS_MODE = "processed_logprobs"  # of the distribution sampled from (module doc)
-
-
-def base_model(policy):
-    """The transformers model under a peft wrapper (the policy itself when there is none)."""
-    get = getattr(policy, "get_base_model", None)
-    return get() if callable(get) else policy
 
 
 def head_dim(config) -> int:
@@ -121,45 +116,6 @@ def completions(output) -> list[tuple[list[int], list[float] | None]]:
         logprobs = None if c.logprobs is None else [step[token].logprob for step, token in zip(c.logprobs, ids)]
         rows.append((ids, logprobs))
     return rows
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor: an FSDP2 shard (DTensor) gathered whole, autograd detached."""
-    full = getattr(t, "full_tensor", None)
-    return (full() if callable(full) else t).detach()
-
-
-def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's weights as vLLM's loaders want them: Hugging Face names, whole tensors
-    (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is tied to the
-    embedding (the spike: without it vLLM's tied head stays stale), and a LoRA policy's
-    adapted layers merged (W + scale * B @ A, computed, the model left as it is) under the
-    base model's names. Read lazily: the engine copies each into its own storage. Inside
-    `world.gathered(policy)` (where the Sampler prepares) they are views of the gathered
-    weights, freed when the gathering ends: consume them there."""
-    model = base_model(policy)
-    lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
-        name: module
-        for name, module in model.named_modules()
-        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
-    }
-    names = set()
-    for name, param in model.named_parameters():
-        if ".lora_" in name or "lora_" in name.rsplit(".", 1)[-1]:
-            continue
-        owner, _, leaf = name.rpartition(".")
-        tensor = _full(param)
-        if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora:
-            layer = lora[owner.removesuffix(".base_layer")]
-            if leaf == "weight" and not getattr(layer, "merged", False):
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        tensor = tensor + _full(layer.get_delta_weight(adapter)).to(tensor.dtype)
-            name = f"{owner.removesuffix('.base_layer')}.{leaf}"
-        names.add(name)
-        yield name, tensor
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in names:
-        yield "lm_head.weight", _full(model.get_input_embeddings().weight)
 
 
 @contextlib.contextmanager

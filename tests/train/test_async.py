@@ -23,10 +23,13 @@ from grpo.config import config_from_dict
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.rewards import load_rewards
-from grpo.train.asynchronous import NAME, AsyncRollouts, GeneratorSpec, _generator, _take_rollout, write_weights
-from grpo.train.loop import build_engine
+from grpo.rollout.generator import GeneratorSpec
+from grpo.rollout.worker import NAME, build_generator
+from grpo.train.loop import build_engine, build_run_generator
+from grpo.train.rollouts import Rollouts, share_of
 from grpo.train.layouts import policy_logprobs
 from grpo.train.step import _passes, train_step
+from tests.helpers import run_generator, sample, sampled_step
 from tests.train import rewards_for_tests
 from tests.train.test_learning import gain
 
@@ -72,37 +75,42 @@ def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, 
         for p in e.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     batch_rows = stream.take(c.rollout.prompts_per_step)
-    here = e.sampler.sample(e.policy, batch_rows, None, step=5, version=7)
-    spec = GeneratorSpec(
-        c.model, c.train.dtype, "cpu", None, c.rollout, c.data.prompt_column, c.seed, threads=1, folder=str(tmp_path)
-    )
-    context = torch.multiprocessing.get_context("spawn")
-    requests, results = context.Queue(), context.Queue()
-    process = context.Process(target=_generator, args=(spec, requests, results), daemon=True)
-    process.start()
+    spec = GeneratorSpec.of(c, autocast=None)
+    local, worker = build_generator(spec, e.tokenizer), build_generator(spec, e.tokenizer, worker=True)
     try:
-        weights = str(tmp_path / "weights.bin")
-        requests.put(("weights", 7, weights, write_weights(weights, e.policy.state_dict()), {}))
-        requests.put(("sample", 5, batch_rows, None))
-        kind, step, path, seconds = results.get(timeout=120)
-        there = _take_rollout(path)
-        requests.put(("stop",))
-        process.join(timeout=30)
+        for generator in (local, worker):
+            generator.publish(e.policy, 7)
+            generator.request(5, batch_rows)
+        here, there = local.take(5), worker.take(5)
+        seconds = worker.seconds
     finally:
-        if process.is_alive():
-            process.kill()
-    assert (kind, step, there.policy_version) == ("rollout", 5, 7)
+        worker.close()
+    assert (here.policy_version, there.policy_version) == (7, 7)
     assert there.completions == here.completions and len(set(here.completions)) > 1
     assert torch.equal(there.input_ids, here.input_ids)
     assert torch.allclose(there.sampled_logprobs, here.sampled_logprobs, atol=1e-6)
     assert seconds["generate"] > 0
 
 
+def schedule(c, e, stream, rows, ahead=None):
+    """The loop's schedule over the run's generator (a worker process with rollout.async)."""
+    generator = build_run_generator(c, e)
+    try:
+        return Rollouts(c, e, generator, stream, rows, 0, ahead=ahead)
+    except BaseException:
+        generator.close()
+        raise
+
+
 def run_steps(c, e, rows, stream, rollouts, steps):
+    """What the loop does with `rollouts` for `steps` steps: take, train, publish."""
     metrics = []
     try:
         for step in range(steps):
-            metrics.append(rollouts.train_step(e, stream.take(c.rollout.prompts_per_step), None, step).metrics)
+            ours, seeds = share_of(c, 0, 1, step, stream.take(c.rollout.prompts_per_step))
+            sampled, taken = rollouts.take(e, step, ours, seeds)
+            result = train_step(e, sampled, step, taken["time/generate"])
+            metrics.append({**result.metrics, **taken, **rollouts.after_update(e)})
     finally:
         rollouts.close()
     return metrics
@@ -113,7 +121,7 @@ def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
     """A schedule two steps ahead with K = 1 makes batches two optimizer steps stale: each is
     dropped, counted and sampled again, and no step trains on one staler than K."""
     c, e, rows, stream = engine_for(with_async(make_config, k=1))
-    metrics = run_steps(c, e, rows, stream, AsyncRollouts(c, e, stream, rows, 0, ahead=2), steps=5)
+    metrics = run_steps(c, e, rows, stream, schedule(c, e, stream, rows, ahead=2), steps=5)
     assert all(m["async/staleness"] <= 1 for m in metrics), [m["async/staleness"] for m in metrics]
     assert sum(m["async/dropped"] for m in metrics) >= 2
     assert max(m["async/staleness_max"] for m in metrics) == 2  # what was dropped, shown
@@ -123,7 +131,7 @@ def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
 @pytest.mark.slow
 def test_push_every_sends_the_weights_every_nth_update_within_the_bound(make_config):
     c, e, rows, stream = engine_for(with_async(make_config, k=2, async_push_every=2))
-    metrics = run_steps(c, e, rows, stream, AsyncRollouts(c, e, stream, rows, 0), steps=5)
+    metrics = run_steps(c, e, rows, stream, schedule(c, e, stream, rows), steps=5)
     assert [m["async/push_s"] > 0 for m in metrics] == [False, True, False, True, False]
     assert [m["async/staleness"] for m in metrics] == [0, 1, 2, 1, 2]  # one step ahead, weights up to 1 behind
     assert all(m["async/dropped"] == 0 for m in metrics)
@@ -135,8 +143,9 @@ def test_the_old_logprobs_of_a_stale_batch_are_the_sampling_policys(make_config)
     weights' log-probs (the sampler's, no pass over the current weights)."""
     c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0))
     sampling_policy = copy.deepcopy(e.policy)
-    stale = e.sampler.sample(e.policy, stream.take(4), None, step=0, version=e.version)
-    train_step(e, stream.take(4), None, step=1)  # the policy moves on
+    generator = run_generator(c, e)
+    stale = sample(e, generator, stream.take(4))
+    sampled_step(e, generator, stream.take(4), step=1)  # the policy moves on
     assert e.version == stale.policy_version + 1
     old = _passes(e, stale).old_logprobs
     with torch.no_grad():
@@ -165,13 +174,13 @@ def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path)
     broken = copy.deepcopy(c)
     broken.model = str(tmp_path / "no-such-model")  # the generator cannot load it
     with pytest.raises(UserError, match=r"^rollout.async: the generator failed: model: ") as failed:
-        run_steps(broken, e, rows, stream, AsyncRollouts(broken, e, stream, rows, 0), steps=1)
+        run_steps(broken, e, rows, stream, schedule(broken, e, stream, rows), steps=1)
     assert "\n" not in str(failed.value)
 
     patient = copy.deepcopy(c)
     patient.rollout.async_.timeout = 60.0  # the death is told at once, not at the timeout
-    rollouts = AsyncRollouts(patient, e, stream, rows, 0)
-    os.kill(rollouts.process.pid, signal.SIGKILL)
+    rollouts = schedule(patient, e, stream, rows)
+    os.kill(rollouts.generator.process.pid, signal.SIGKILL)
     with pytest.raises(UserError, match=r"the generator process died \(exit code -9\)"):
         run_steps(patient, e, rows, stream, rollouts, steps=1)
 
@@ -179,7 +188,7 @@ def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path)
     silent.rollout.async_.timeout = 0.5  # less than it takes to start
     start = time.monotonic()
     with pytest.raises(UserError, match=r"the generator sent no batch in 0.5 s \(rollout.async.timeout\)"):
-        run_steps(silent, e, rows, stream, AsyncRollouts(silent, e, stream, rows, 0), steps=1)
+        run_steps(silent, e, rows, stream, schedule(silent, e, stream, rows), steps=1)
     assert time.monotonic() - start < 30
 
 
@@ -195,32 +204,34 @@ def test_a_generator_killed_at_any_moment_or_hung_is_one_line_and_leaves_nothing
     the timeout), no process and no file of the run's folder left."""
     c, e, rows, stream = engine_for(with_async(make_config))
     c.rollout.async_.timeout = 120.0
-    rollouts = AsyncRollouts(c, e, stream, rows, 0)
+    rollouts = schedule(c, e, stream, rows)
+    generator = rollouts.generator
     stopped, stuck = [], False
 
     def receive():  # on a thread: a trainer stuck on the generator fails the test, not hangs it
         try:
             while True:
-                rollouts._receive(time.monotonic() + (2 if moment == "it hangs" else 60))
+                generator._receive(time.monotonic() + (2 if moment == "it hangs" else 60))
         except BaseException as err:
             stopped.append(err)
 
     try:
-        rollouts._receive(time.monotonic() + 120)  # up, and sampling step 1
-        while rollouts.results.empty():
+        generator._receive(time.monotonic() + 120)  # up, and sampling step 1
+        while generator.results.empty():
             time.sleep(0.05)
         if moment == "it reads new weights":
             many = {f"w{i}": torch.full((64,), float(i)) for i in range(3000)}
-            rollouts._push(SimpleNamespace(policy=SimpleNamespace(state_dict=lambda: many), version=1))
+            policy = SimpleNamespace(named_parameters=many.items, named_modules=dict().items, config=SimpleNamespace())
+            generator.publish(policy, 1)
             time.sleep(0.3)
-        os.kill(rollouts.process.pid, signal.SIGSTOP if moment == "it hangs" else signal.SIGKILL)
+        os.kill(generator.process.pid, signal.SIGSTOP if moment == "it hangs" else signal.SIGKILL)
         waiting = threading.Thread(target=receive, daemon=True)
         waiting.start()
         waiting.join(90)
         stuck = waiting.is_alive()
     finally:
         if stuck:
-            rollouts.process.kill()  # what the trainer waits on
+            generator.process.kill()  # what the trainer waits on
             waiting.join(30)
         rollouts.close()
     assert not stuck, "the trainer waited on the generator past its deadline"
@@ -229,8 +240,8 @@ def test_a_generator_killed_at_any_moment_or_hung_is_one_line_and_leaves_nothing
     assert "\n" not in str(error)
     if moment == "it hangs":
         assert "sent no batch in" in str(error)  # at the deadline, not stuck reading the queued batch
-    assert not rollouts.process.is_alive() and not generators()
-    assert not Path(rollouts.folder).exists()
+    assert not generator.process.is_alive() and not generators()
+    assert not Path(generator.folder).exists()
     assert "Traceback" not in capfd.readouterr().err
 
 
@@ -325,15 +336,6 @@ def test_a_stop_saves_the_step_and_resume_restarts_the_generator_from_it(make_co
         ({"train": {"epochs": 2}}, r"max_staleness: 1 leaves the generator no step ahead: .* at least 2$"),
         ({"rollout": {"async": {"max_staleness": 1, "push_every": 2}}}, r"push_every adds 1; set it to at least 2"),
         ({"rollout": {"sampler": "hf"}}, r"rollout.sampler: hf \(transformers' generate\) returns no log-probs"),
-        ({"rollout": {"tools": ["tests.rollout.tool_models:multiply"]}}, r"multi-turn rollouts .* not supported yet"),
-        ({"lora": {"r": 4}}, r"LoRA .* not supported yet"),
-        (
-            {
-                "rollout": {"sampler": "vllm", "vllm": {"server": "127.0.0.1:8000"}},
-                "reward_model_update": {"verifier": "tests.train.rewards_for_tests:sevens"},
-            },
-            r"^rollout.async with rollout.vllm.server: iterative RL .* not supported yet$",
-        ),
         ({"train": {"old_logprobs": "recompute"}}, r"only loss.engine_correction .* then corrects"),
     ],
 )
