@@ -145,34 +145,7 @@ REFUSALS: dict[str, Refusal] = {
         "(token_tis or sequence_mask) then corrects for the weights that sampled; set one, or use auto",
         "math: without the correction nothing weighs a stale batch for the weights that drew it (docs/async.md)",
     ),
-    "async+tools": Refusal(
-        "rollout.async",
-        "asynchronous rollouts with `rollout.tools` or `rollout.environment`",
-        "multi-turn rollouts (rollout.tools / rollout.environment) are not supported yet",
-        "not built: the generator process builds no tools",
-    ),
-    "async+lora": Refusal(
-        "rollout.async",
-        "asynchronous rollouts with LoRA (`lora.r` > 0)",
-        "LoRA (lora.r > 0) is not supported yet",
-        "not built: the generator process loads no adapter",
-    ),
-    "async+server+iterative": Refusal(
-        "rollout.async with rollout.vllm.server",
-        "asynchronous rollouts with a vLLM server (`rollout.vllm.server`) and iterative RL "
-        "(`reward_model_update.verifier`)",
-        "iterative RL (reward_model_update.verifier) would push the trainer's weights into the generator's server "
-        "between iterations; not supported yet",
-        "not built: iterative RL's sampler, in the trainer, and the generator would both push weights to the server",
-    ),
     # ---- iterative RL
-    "iterative+tools": Refusal(
-        "reward_model_update",
-        "iterative RL (`reward_model_update.verifier`) with `rollout.tools` or `rollout.environment`",
-        "iterative RL samples single-turn completions for the reward model; with rollout.tools / "
-        "rollout.environment it is not supported yet",
-        "not built: iterative RL's sampler is single-turn",
-    ),
     "iterative+no-reward-model": Refusal(
         "reward_model_update.verifier",
         "`reward_model_update.verifier` with no reward model among `rewards`",
@@ -217,13 +190,6 @@ REFUSALS: dict[str, Refusal] = {
         "iterative reward-model training is not supported over several processes yet (this launch has "
         "{world_size}); run it in one process",
         "not built: the reward model's update runs in one process",
-    ),
-    "async+torchrun": Refusal(
-        "rollout.async.max_staleness",
-        "asynchronous rollouts under torchrun (several processes)",
-        "asynchronous rollouts are not supported over several processes yet (this launch has {world_size}); run it "
-        "in one process",
-        "not built: one generator process per run",
     ),
 }
 

@@ -79,19 +79,21 @@ def test_every_row_is_worded_once():
 def test_the_wording_check_sees_a_row_spelt_again(tmp_path):
     (tmp_path / "refusals.py").write_text("")
     (tmp_path / "check.py").write_text(
-        'def check(c):\n    if c.lora.r:\n        raise ValueError(\n            "rollout.async: LoRA (lora.r > 0) is "\n'
-        '            "not supported yet")\n'
+        'def check(c):\n    if c.rollout.sampler == "hf":\n        raise ValueError(\n'
+        "            \"rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's \"\n"
+        '            "ratio needs; use fast, auto or vllm")\n'
     )
     assert rewordings(tmp_path, REFUSALS) == [
-        "check.py words 'async+lora' again: 'LoRA (lora.r > 0) is not supported yet'"
+        "check.py words 'async+hf' again: \"rollout.sampler: hf (transformers' generate) returns no log-probs, "
+        "which a stale batch's ratio needs; use fast, auto or vllm\""
     ]
 
 
 def test_refusal_fills_the_fields_and_refuse_raises_it():
-    assert refusal("async+torchrun", world_size=2).startswith("rollout.async.max_staleness: asynchronous rollouts")
-    assert "(this launch has 2)" in refusal("async+torchrun", world_size=2)
-    with pytest.raises(UserError, match=r"^rollout.async: LoRA \(lora.r > 0\) is not supported yet$"):
-        refuse("async+lora")
+    assert refusal("lora+torchrun", world_size=2).startswith("lora.r: LoRA is not supported over several processes")
+    assert "(this launch has 2)" in refusal("lora+torchrun", world_size=2)
+    with pytest.raises(UserError, match=r"^rollout.async: rollout.sampler: hf \(transformers' generate\) returns no"):
+        refuse("async+hf")
 
 
 # ---- the checks raise every row ---------------------------------------------------------------
@@ -141,14 +143,6 @@ TRIGGERS = {
     "async+recompute-uncorrected": minimal(
         rollout=ASYNC, train={"old_logprobs": "recompute"}, loss={"engine_correction": "none"}
     ),
-    "async+tools": minimal(rollout={**ASYNC, "tools": TOOLS}),
-    "async+lora": minimal(rollout=ASYNC, lora={"r": 4}),
-    "async+server+iterative": minimal(
-        rewards=[MODEL_REWARD], rollout={**ASYNC, **SERVER}, train={"iterations": 2}, reward_model_update=VERIFIER
-    ),
-    "iterative+tools": minimal(
-        rewards=[MODEL_REWARD], rollout={"tools": TOOLS}, train={"iterations": 2}, reward_model_update=VERIFIER
-    ),
     "iterative+no-reward-model": minimal(train={"iterations": 2}, reward_model_update=VERIFIER),
     "iterative+function-reward": minimal(
         rewards=[{"function": "exact_answer"}, MODEL_REWARD],
@@ -160,7 +154,6 @@ TRIGGERS = {
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
     "lora+torchrun": launch(2, lora={"r": 4}),
     "iterative+torchrun": launch(2, rewards=[MODEL_REWARD], train={"iterations": 2}, reward_model_update=VERIFIER),
-    "async+torchrun": launch(2, rollout=ASYNC),
 }
 
 

@@ -168,8 +168,6 @@ def validate(c: Config) -> None:
     if lo.supervision == "process" and lo.baseline != "group":
         refuse("process+critic")
     u = c.reward_model_update
-    if u.verifier is not None and (ro.tools or ro.environment is not None):
-        refuse("iterative+tools")
     models = [i for i, r in enumerate(c.rewards) if r.model is not None]
     if u.verifier is not None and not models:
         refuse("iterative+no-reward-model")
@@ -221,9 +219,3 @@ def _validate_async(c: Config) -> None:
         refuse("async+hf")
     if tr.old_logprobs == "recompute" and c.loss.engine_correction == "none":
         refuse("async+recompute-uncorrected")
-    if ro.tools or ro.environment is not None:
-        refuse("async+tools")
-    if c.lora.r:
-        refuse("async+lora")
-    if ro.vllm.server and c.reward_model_update.verifier is not None:
-        refuse("async+server+iterative")

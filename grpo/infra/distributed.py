@@ -242,8 +242,6 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         refuse("lora+torchrun", world_size=world_size)
     if c.reward_model_update.verifier:
         refuse("iterative+torchrun", world_size=world_size)
-    if c.rollout.async_.max_staleness:
-        refuse("async+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

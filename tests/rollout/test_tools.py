@@ -257,10 +257,6 @@ def test_the_config_takes_tools_and_an_environment_and_records_their_specs(make_
             config_from_dict(make_config(rollout=bad))
     with pytest.raises(UserError, match="process supervision of multi-turn"):
         config_from_dict(make_config(rollout={"tools": [multiply]}, loss={"supervision": "process"}))
-    iterative = make_config(rollout={"tools": [multiply]}, reward_model_update={"verifier": "exact_answer"})
-    iterative["rewards"] = [{"model": "rm"}]
-    with pytest.raises(UserError, match="reward_model_update: iterative RL samples single-turn"):
-        config_from_dict(iterative)
 
 
 # ---- rollouts on a model that calls the tools -------------------------------------------------

@@ -260,10 +260,6 @@ def test_overwrite_under_torchrun_starts_afresh_in_every_process(make_config, tm
             "rollout.prompts_per_step: 3 prompts cannot be split evenly over 2 processes",
         ),
         ({"train": {"backend": "nccl", "device": "cpu"}}, "train.backend: nccl needs CUDA devices"),
-        (
-            {"rollout": {"async": {"max_staleness": 1}}},
-            "rollout.async.max_staleness: asynchronous rollouts are not supported over several processes yet",
-        ),
     ],
 )
 def test_a_bad_launch_stops_every_process_with_one_line(make_config, tmp_path, settings, message):
@@ -304,3 +300,41 @@ def test_with_a_seed_per_prompt_a_run_does_not_depend_on_the_number_of_processes
     samples = [(tmp_path / name / "samples.jsonl").read_text() for name in ("one", "two")]
     assert samples[0] == samples[1]  # the first prompt's group, step by step: the same completions
     assert len({m["reward/mean"] for m in m1}) > 1  # the steps sampled differently
+
+
+@pytest.mark.learning
+@pytest.mark.resume
+def test_async_rollouts_on_two_processes_learn_and_resume(tiny_model, prompts_file, tmp_path):
+    """rollout.async under torchrun: a generator process per trainer process, each sampling
+    its share of whole prompts. Killed inside step 13 (every process), resumed from the
+    checkpoint of step 12: the run ends at step 30, with every step's completions counted over
+    both processes, the first batch after the resume fresh (staleness 0), and the reward up."""
+    config = {
+        "algorithm": "grpo",
+        "model": tiny_model,
+        "seed": 0,
+        "output_dir": str(tmp_path / "run"),
+        "data": {"path": prompts_file},
+        "rewards": [{"function": "tests.train.rewards_for_tests:sevens_then_die"}],
+        "rollout": {
+            "group_size": 8,
+            "prompts_per_step": 4,
+            "max_new_tokens": 8,
+            "min_new_tokens": 8,
+            "seed_per_prompt": True,
+            "async": {"max_staleness": 1},
+        },
+        "train": {"steps": 30, "checkpoint_every": 4, "lr": 2e-3, "sample_every": 0},
+        "loss": {"beta": 0.04},
+    }
+    path = write_config(tmp_path, "async", config)
+    killed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_DIE_AT": "13"})
+    assert killed.returncode != 0
+    assert [m["step"] for m in metrics_of(tmp_path / "run")] == list(range(1, 13))
+    resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    metrics = metrics_of(tmp_path / "run")
+    assert [m["step"] for m in metrics] == list(range(1, 31))
+    assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # both processes' groups, whole
+    assert [m["async/staleness"] for m in metrics] == ([0] + [1] * 11) * 1 + [0] + [1] * 17
+    assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]

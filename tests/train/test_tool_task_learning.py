@@ -48,7 +48,10 @@ def mean(values):
     return sum(values) / len(values)
 
 
-def test_grpo_on_the_multiply_task_learns_to_call_its_tool(tmp_path):
+@pytest.fixture(scope="module")
+def warmed_base(tmp_path_factory):
+    """The multiply task's base after its warm-up (`grpo sft`): calls the tool part of the time."""
+    tmp_path = tmp_path_factory.mktemp("multiply")
     data = tmp_path / "conversations.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in warm_up_rows()))
     base = tmp_path / "base"
@@ -62,6 +65,13 @@ def test_grpo_on_the_multiply_task_learns_to_call_its_tool(tmp_path):
         max_grad_norm=0.0,
     )
     sft(base, warm_up, progress=False, device="cpu")
+    return base
+
+
+@pytest.mark.parametrize("rollout", [{}, {"async": {"max_staleness": 1}}], ids=["sync", "async"])
+def test_grpo_on_the_multiply_task_learns_to_call_its_tool(warmed_base, tmp_path, rollout):
+    """The same with rollout.async (K = 1): the generator process runs the tool calls."""
+    base = warmed_base
     prompts = tmp_path / "prompts.jsonl"
     rows = [{"prompt": [{"role": "user", "content": f"{a}*{b}"}], "answer": str(a * b)} for a, b in PROBLEMS]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -79,6 +89,7 @@ def test_grpo_on_the_multiply_task_learns_to_call_its_tool(tmp_path):
             "temperature": 1.0,
             "tools": [TOOL],
             "max_tool_calls": 1,
+            **rollout,
         },
         "train": {"steps": 12, "lr": 1e-3, "gradient_checkpointing": False},
         "loss": {"beta": 0.04},
