@@ -111,9 +111,11 @@ class Rollouts:
 
     def after_update(self, e: Engine) -> dict:
         """Publish the new weights when due (every update in a synchronous run, every
-        push_every with rollout.async) and request the next step; the push's metrics."""
+        push_every with rollout.async; not after the last batch is sampled) and request the
+        next step; the push's metrics."""
         pushed = 0.0
-        if e.version - (self.generator.published or 0) >= self.push_every:
+        more = self.requested or self.next_request < self.c.train.steps  # a batch still to sample
+        if more and e.version - (self.generator.published or 0) >= self.push_every:
             start = time.perf_counter()
             self.generator.publish(e.policy, e.version)
             pushed = time.perf_counter() - start

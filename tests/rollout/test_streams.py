@@ -12,7 +12,7 @@ from grpo.data import PromptStream, load_rows
 from grpo.rewards import load_rewards
 from grpo.rollout import Sampler
 from grpo.train.loop import build_engine
-from grpo.train.step import train_step
+from tests.helpers import run_generator, sampled_step
 from tests.rollout.test_fast import ROWS, TOKENIZER, model_of
 
 
@@ -72,7 +72,7 @@ def test_a_training_step_samples_from_the_run_s_stream_for_that_step(make_config
     rows = PromptStream(load_rows(prompts_file, prompt_column="prompt"), seed=0).take(c.rollout.prompts_per_step)
     before = copy.deepcopy(e.policy)
     torch.manual_seed(123)
-    sampled = train_step(e, rows, step=6).rollout
+    sampled = sampled_step(e, run_generator(c, e), rows, step=6).rollout
     expected = Sampler.from_config(e.tokenizer, c.rollout, prompt_column="prompt", seed=5).sample(before, rows, step=6)
     assert sampled.completions == expected.completions
     assert sampled.policy_version == 0 and e.scheduler.last_epoch == 1

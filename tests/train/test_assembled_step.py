@@ -69,14 +69,6 @@ def fixed_rollout(tokenizer, prompts, group_size, completions=COMPLETIONS):
     )
 
 
-class FixedSampler:
-    def __init__(self, rollout):
-        self.rollout = rollout
-
-    def sample(self, model, rows, seeds=None, *, step=0, version=None):
-        return self.rollout
-
-
 def nudge(model, seed, scale=0.02):
     """Move every weight by seeded Gaussian noise (in place)."""
     g = torch.Generator().manual_seed(seed)
@@ -116,7 +108,6 @@ def engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epoch
     )
     e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)])
     rollout = fixed_rollout(e.tokenizer, prompts, group_size)
-    e.sampler = FixedSampler(rollout)
     for group in e.optimizer.param_groups:
         group["eps"] = ADAM_EPS
     reference = copy.deepcopy(e.policy).requires_grad_(False)  # the initial policy, frozen
@@ -132,7 +123,7 @@ def run_engine(e, rollout):
     e.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks]))
     )
-    metrics = train_step(e, rollout.rows[:: rollout.group_size]).metrics
+    metrics = train_step(e, rollout).metrics
     return metrics, seen
 
 

@@ -14,15 +14,26 @@ from grpo.rewards import load_rewards
 from grpo.rollout.sampler import Sampler, completion_mask
 from grpo.train.loop import build_engine
 from grpo.train.layouts import policy_logprobs
-from grpo.train.step import collect, learn, train_step
+from grpo.train.step import learn
+from tests.helpers import run_generator, sample, sampled_step
 
 
 def engine_for(config_dict):
     c = config_from_dict(config_dict)
     torch.manual_seed(c.seed)
     e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
+    e.generator = run_generator(c, e)  # the run's, for the steps below
     stream = PromptStream(load_rows(c.data.path, prompt_column=c.data.prompt_column), seed=c.seed)
     return e, c, stream
+
+
+def train_step(e, rows, seeds=None, step=0):
+    """A step of the loop on `rows`: sampled by the engine's generator, then trained."""
+    return sampled_step(e, e.generator, rows, seeds, step)
+
+
+def collect(e, rows, step=0):
+    return step_module.collect(e, sample(e, e.generator, rows, step=step), step)
 
 
 def test_completion_mask_stops_after_the_first_eos():
@@ -157,7 +168,7 @@ def test_chat_prompts_go_through_the_chat_template(make_config, tiny_model, tmp_
         train={"steps": 1},
     )
     e, c, stream = engine_for(config)
-    batch = e.sampler.sample(e.policy, stream.take(2))
+    batch = e.generator.samplers["train"].sample(e.policy, stream.take(2))
     assert sorted(set(batch.prompts)) == ["ab=", "ba="]
     assert grpo.train(config, progress=False).metrics[0]["step"] == 1
 
@@ -165,7 +176,7 @@ def test_chat_prompts_go_through_the_chat_template(make_config, tiny_model, tmp_
 def test_lora_reference_is_the_adapter_switched_off(make_config, tiny_model):
     e, c, stream = engine_for(make_config(lora={"r": 4, "alpha": 8}))
     base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    batch = e.sampler.sample(e.policy, stream.take(2))
+    batch = e.generator.samplers["train"].sample(e.policy, stream.take(2))
     for _ in range(3):
         train_step(e, stream.take(c.rollout.prompts_per_step))
     # The policy moved; the reference is still the base model, with no second copy held.
@@ -202,7 +213,7 @@ def test_train_attention_picks_the_kernel_of_policy_and_reference(make_config, a
 
 def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
     e, _, _ = engine_for(make_config(train={"autocast": "bfloat16"}))
-    assert e.compute_dtype is torch.bfloat16 and e.sampler.autocast is torch.bfloat16
+    assert e.compute_dtype is torch.bfloat16 and e.generator.samplers["train"].autocast is torch.bfloat16
     assert e.reference.model.lm_head.weight.dtype == torch.bfloat16
     assert e.policy.lm_head.weight.dtype == torch.float32  # the policy's weights stay in train.dtype
     e, _, _ = engine_for(make_config())

@@ -24,6 +24,7 @@ from grpo.rollout.params import SamplingParams
 from grpo.train.loop import build_engine
 from grpo.train.layouts import policy_logprobs
 from grpo.train.step import collect, learn
+from tests.helpers import run_generator, sample
 from tests.train.rewards_for_tests import sevens
 from tests.train.test_assembled_step import (
     BETA,
@@ -220,7 +221,7 @@ def test_the_metrics_are_those_of_the_rows_the_update_trained_on(make_config, sa
     e = build_engine(c, rewards)
     torch.manual_seed(0)
     rows = [{"prompt": p} for p in ["a", "b", "c", "ab"]]
-    collected = collect(e, rows)
+    collected = collect(e, sample(e, run_generator(c, e), rows))
     batch = collected.batch
     lengths = batch.completion_lengths
     assert len(batch) < len(collected.sampled)  # the group of "a" dropped

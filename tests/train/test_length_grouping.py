@@ -14,7 +14,7 @@ from grpo.train.loop import build_engine
 from grpo.train.layouts import completion_logprobs, micro_batches
 from grpo.train.networks import ValueModel
 from grpo.train.step import train_step
-from tests.train.test_assembled_step import ADAM_EPS, FixedSampler, named_grads, nudge
+from tests.train.test_assembled_step import ADAM_EPS, named_grads, nudge
 from tests.train.test_models import model_of, rollout
 
 T_LEN = 9  # rollout.max_new_tokens of the fixed rollouts
@@ -214,7 +214,6 @@ def engine_on_fixed_rollout(
     )
     e = build_engine(c, [WeightedReward(name="fixed", fn=rewards_by_text, weight=1.0)])
     batch = fixed_rollout(e.tokenizer, prompts, completions, group_size)
-    e.sampler = FixedSampler(batch)
     for group in e.optimizer.param_groups:
         group["eps"] = ADAM_EPS
     for seed, model in enumerate([e.policy, *e.critic.networks]):
@@ -230,7 +229,7 @@ def step_gradients(e, batch):
     )
     e.policy.get_input_embeddings().register_forward_pre_hook(lambda module, args: positions.append(args[0].numel()))
     torch.manual_seed(0)  # the minibatches' permutation
-    metrics = train_step(e, batch.rows[:: batch.group_size]).metrics
+    metrics = train_step(e, batch).metrics
     return seen, metrics, sum(positions)
 
 
@@ -289,7 +288,7 @@ def test_length_grouping_sends_fewer_padding_positions_through_the_model(make_co
             hook = e.policy.get_input_embeddings().register_forward_pre_hook(
                 lambda module, args: seen.append(args[0].numel())
             )
-            train_step(e, batch.rows)
+            train_step(e, batch)
             hook.remove()
         assert len(seen) == 8  # 4 micro-batches, twice: the same passes
         counts[name] = sum(seen)

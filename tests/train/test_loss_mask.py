@@ -270,7 +270,7 @@ def test_trimming_keeps_a_loss_masked_last_token_and_lengths_count_it(planted):
 def test_the_truncation_check_reads_the_last_token_there(planted):
     e, rollout = planted
     e.loss.mask_truncated_completions = True
-    collected = collect(e, rollout.rows[::3])
+    collected = collect(e, rollout)
     assert collected.truncated.tolist() == [False, False, False, False, True, False]  # "3a7c" ends in EOS
     # Out of the loss: every token of the cut-off completion; still there: all of them.
     assert torch.equal(collected.batch.completion_mask, rollout.completion_mask)

@@ -31,7 +31,8 @@ from tests.rollout.tool_models import (
     multiply,
 )
 from tests.train import test_loss_mask
-from tests.train.test_assembled_step import ADAM_EPS, BETA, LR, MAX_GRAD_NORM, TOLERANCE, FixedSampler, nudge
+from tests.helpers import run_generator
+from tests.train.test_assembled_step import ADAM_EPS, BETA, LR, MAX_GRAD_NORM, TOLERANCE, nudge
 from tests.train.test_loss_mask import run_engine
 
 SCORES = [1.0, 0.25, -0.5, 2.0, 0.0, 0.5]
@@ -79,19 +80,17 @@ def tool_engine(tool_model, tmp_path, algorithm, group_size):
             "loss": {"beta": BETA},
         }
     )
-    e = build_engine(
-        c, [WeightedReward(name="fixed", fn=fixed_scores, weight=1.0)], tools=Toolbox.from_config(c.rollout)
-    )
-    records = spy_on(e.sampler, e.policy)
+    e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_scores, weight=1.0)])
+    sampler = run_generator(c, e, Toolbox.from_config(c.rollout)).samplers["train"]
+    records = spy_on(sampler, e.policy)
     rows = [{"prompt": MULTIPLY_PROMPT}] * (len(SCORES) // group_size)
-    rollout = e.sampler.sample(e.policy, rows, step=0, version=0)
+    rollout = sampler.sample(e.policy, rows, step=0, version=0)
     sampled = torch.zeros_like(rollout.loss_mask)
     for i in range(len(rollout)):
-        mask = sampled_and_appended(rollout, records, e.sampler, i)
+        mask = sampled_and_appended(rollout, records, sampler, i)
         sampled[i, : len(mask)] = mask
     # The policy is moved below: the sampler's log-probs are not its own any more.
     rollout.sampled_logprobs, rollout.logprobs_exact = None, False
-    e.sampler = FixedSampler(rollout)
     for group in e.optimizer.param_groups:
         group["eps"] = ADAM_EPS
     reference = copy.deepcopy(e.policy).requires_grad_(False)

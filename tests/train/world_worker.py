@@ -88,10 +88,10 @@ def run_case(name, policy, reference, prompts_file, world):
     e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)], torch.device("cpu"), world)
 
     e.reference.load_state_dict(AutoModelForCausalLM.from_pretrained(reference).state_dict())
-    e.sampler = ShareOfFixedRollout(fixed_rollout(e.tokenizer, prompts, group_size, completions), world)
+    share = ShareOfFixedRollout(fixed_rollout(e.tokenizer, prompts, group_size, completions), world)
     for group in e.optimizer.param_groups:
         group["eps"] = ADAM_EPS
-    metrics = train_step(e, [])
+    metrics = train_step(e, share.rollout)
     weights = {f"policy.{k}": v.clone() for k, v in world.full_state_dict(e.policy).items()}
     for network in e.critic.networks:
         weights.update({f"critic.{k}": v.clone() for k, v in world.full_state_dict(network).items()})

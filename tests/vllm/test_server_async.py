@@ -20,10 +20,11 @@ import torch
 import grpo
 from grpo.errors import UserError
 from grpo.infra.checkpoint import list_checkpoints
-from grpo.train.asynchronous import AsyncRollouts
 from grpo.train.layouts import policy_logprobs
 from tests.train.rewards_for_tests import sevens
-from tests.train.test_async import engine_for
+from grpo.train.rollouts import share_of
+from grpo.train.step import train_step
+from tests.train.test_async import engine_for, schedule
 from tests.train.test_learning import gain
 from tests.vllm.models import save
 from tests.vllm.test_server import Server, free_port
@@ -86,12 +87,15 @@ def test_each_batch_is_drawn_by_the_version_it_carries_and_one_older_than_k_is_d
     with the weights the generator pushed, checked, and stamped."""
     config = async_config(make_config, model_dir, server.address, steps=5, lr=1e-2, min_new_tokens=0)
     c, e, rows, stream = engine_for(config)  # min_new_tokens 0: the engine's log-probs are the trainer's
-    rollouts = AsyncRollouts(c, e, stream, rows, 0, ahead=2)
+    rollouts = schedule(c, e, stream, rows, ahead=2)
     versions, trained = {}, []
     try:
         for step in range(c.train.steps):
             versions[e.version] = copy.deepcopy(e.policy)
-            result = rollouts.train_step(e, stream.take(c.rollout.prompts_per_step), None, step)
+            ours, seeds = share_of(c, 0, 1, step, stream.take(c.rollout.prompts_per_step))
+            sampled, taken = rollouts.take(e, step, ours, seeds)
+            result = train_step(e, sampled, step)
+            result.metrics.update({**taken, **rollouts.after_update(e)})
             trained.append((result.rollout, result.metrics))
     finally:
         rollouts.close()
