@@ -36,6 +36,8 @@ class Generator(Protocol):
 
     def take(self, step: int, purpose: str = TRAIN) -> Rollout: ...
 
+    def start(self, policy) -> None: ...
+
     def publish(self, policy, version: int) -> None: ...
 
     def close(self) -> None: ...
@@ -122,11 +124,16 @@ class LocalGenerator:
         self.pending: dict[tuple[str, int], tuple[list[dict], list[int] | None]] = {}
         self.seconds = {"generate": 0.0, "idle": 0.0}  # what the last `take` cost
 
-    def publish(self, policy, version: int) -> None:
-        if not self.publishers:  # the first: vLLM's engine is built now, before any step
+    def start(self, policy) -> None:
+        """Build what the samplers build once (vLLM's engine; a server reached and admitted),
+        so that what they refuse is known before the run writes anything."""
+        if not self.publishers:
             for purpose, sampler in self.samplers.items():
                 sampler.start(policy)
                 self.publishers[purpose] = publisher_of(sampler, policy)
+
+    def publish(self, policy, version: int) -> None:
+        self.start(policy)
         self.policy, self.published = policy, version
         if any(not isinstance(p, InPlace) for p in self.publishers.values()):
             with self.world.gathered(policy):

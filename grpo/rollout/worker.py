@@ -167,9 +167,12 @@ class WorkerGenerator:
         self.process = context.Process(target=_serve, args=(spec, self.requests, self.results), name=NAME, daemon=True)
         self.process.start()
         self.publisher = SharedFile(self.folder, self.requests.put)
-        self.published = None
+        self.published, self.closed = None, False
         self.ready: dict[tuple[str, int], tuple[Rollout, dict]] = {}
         self.seconds = {"generate": 0.0, "idle": 0.0}
+
+    def start(self, policy) -> None:
+        pass  # the worker builds its samplers as it starts: what they refuse comes back from `take`
 
     def publish(self, policy, version: int) -> None:
         self.publisher.publish(policy, version)
@@ -220,6 +223,9 @@ class WorkerGenerator:
 
     def close(self) -> None:
         """Stop the worker; what it sampled ahead is discarded (a resume samples it again)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.process.is_alive():
             try:
                 self.requests.put(("stop",))

@@ -407,14 +407,26 @@ def _run(
     progress: bool,
     toolbox: Toolbox | None = None,
 ) -> TrainResult:
-    out = Path(c.output_dir)
-    metrics_path = out / "metrics.jsonl"
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
     seed_everything(c.seed)  # the same in every process: the models start the same
     rewards, reward_models = load_reward_models(c, functions, device)
     if toolbox is not None:
         rewards += toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
     e = build_engine(c, rewards, device, world)
+    generator = build_run_generator(c, e, toolbox)
+    try:
+        generator.start(e.policy)  # vLLM's engine built, a server admitted: before output_dir changes
+        return _steps(
+            c, world, folder, rows, state, dashboards, progress, e, generator, stream, reward_models, verifier
+        )
+    finally:
+        generator.close()
+
+
+def _steps(c, world, folder, rows, state, dashboards, progress, e, generator, stream, reward_models, verifier):
+    """The run's steps, once its models and its generator are built."""
+    out = Path(c.output_dir)
+    metrics_path = out / "metrics.jsonl"
     updater = build_updater(c, verifier, reward_models, rows) if verifier else NoUpdater()
     checkpoints = Checkpointer(e, c, stream, updater)
     if world.world_size > 1:
@@ -441,12 +453,7 @@ def _run(
     )
     # Each step's batch: sampled here when the step takes it, or by a generator process
     # ahead of the step (rollout.async), started from the weights just restored.
-    generator = build_run_generator(c, e, toolbox)
-    try:
-        rollouts = Rollouts(c, e, generator, stream, rows, start)  # publishes the first weights (vLLM's engine built)
-    except BaseException:
-        generator.close()
-        raise
+    rollouts = Rollouts(c, e, generator, stream, rows, start)  # publishes the first weights
     with Signals() as signals:
         try:
             for step in range(start, c.train.steps):
