@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from grpo.errors import UserError
-from grpo.infra.hf import load_causal_lm  # noqa: F401 (old path, until loop.py, asynchronous.py, rollout/worker.py move)
 
 
 def autocast(model, dtype: torch.dtype | None):
