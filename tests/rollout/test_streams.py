@@ -65,8 +65,8 @@ def test_the_stream_is_the_step_s_and_the_process_s_the_same_on_every_rebuild():
 
 
 def test_a_training_step_samples_from_the_run_s_stream_for_that_step(make_config, prompts_file):
-    """train_step draws its samples from the stream of (seed, rank 0, step), whatever the
-    global stream holds."""
+    """The run's generator draws a step's samples from the stream of (seed, rank 0, step),
+    whatever the global stream holds, and the step trains on them."""
     c = config_from_dict(make_config(seed=5, rollout={"min_new_tokens": 0}))
     e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
     rows = PromptStream(load_rows(prompts_file, prompt_column="prompt"), seed=0).take(c.rollout.prompts_per_step)

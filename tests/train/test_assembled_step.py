@@ -82,8 +82,9 @@ def named_grads(models):
 
 
 def engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epochs):
-    """The engine as `build_engine` makes it, sampling the fixed rollout; its policy moved off
-    the reference. Returns it, the rollout and plain copies: reference, policy (and critic)."""
+    """The engine as `build_engine` makes it and the fixed rollout it trains on (as a
+    generator's batch); its policy moved off the reference. Returns it, the rollout and plain
+    copies: reference, policy (and critic)."""
     c = config_from_dict(
         make_config(
             algorithm,

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (rollout.async, grpo.train.asynchronous): K = 0 is today's step; the
+"""Asynchronous rollouts (rollout.async: grpo.train.rollouts over a grpo.rollout.worker): K = 0 is today's step; the
 generator process samples what the in-process sampler samples; a batch staler than K is
 dropped; the ratio's old log-probs are the sampling policy's; a K = 1 run learns; a generator
 that fails, dies at any moment or hangs is one line and leaves no process; a stop and resume
@@ -143,9 +143,12 @@ def test_the_old_logprobs_of_a_stale_batch_are_the_sampling_policys(make_config)
     weights' log-probs (the sampler's, no pass over the current weights)."""
     c, e, rows, stream = engine_for(with_async(make_config, min_new_tokens=0))
     sampling_policy = copy.deepcopy(e.policy)
-    generator = run_generator(c, e)
-    stale = sample(e, generator, stream.take(4))
-    sampled_step(e, generator, stream.take(4), step=1)  # the policy moves on
+    generator = run_generator(c, e)  # a worker process: closed before the assertions
+    try:
+        stale = sample(e, generator, stream.take(4))
+        sampled_step(e, generator, stream.take(4), step=1)  # the policy moves on
+    finally:
+        generator.close()
     assert e.version == stale.policy_version + 1
     old = _passes(e, stale).old_logprobs
     with torch.no_grad():

@@ -53,8 +53,9 @@ def plain_values(critic, b):
 
 
 def tool_engine(tool_model, tmp_path, algorithm, group_size):
-    """The engine on the tool model with its real sampler's multi-turn rollout, then fixed to
-    it; the rollout with its loss mask rebuilt from what the decoder sampled."""
+    """The engine on the tool model and a multi-turn rollout drawn by the run's generator's
+    sampler (the step trains on it as drawn); the rollout with its loss mask rebuilt from what
+    the decoder sampled."""
     c = config_from_dict(
         {
             "algorithm": algorithm,

@@ -41,16 +41,11 @@ CASES = {
 }
 
 
-class ShareOfFixedRollout:
-    """The sampler seam: this process's groups of the fixed rollout."""
-
-    def __init__(self, rollout, world):
-        groups = len(rollout) // rollout.group_size // world.world_size  # per process
-        rows = groups * rollout.group_size
-        self.rollout = rollout.select(torch.arange(world.rank * rows, (world.rank + 1) * rows))
-
-    def sample(self, model, rows, seeds=None, *, step=0, version=None):
-        return self.rollout
+def share_of(rollout, world):
+    """This process's groups of the fixed rollout: what its generator would have sampled."""
+    groups = len(rollout) // rollout.group_size // world.world_size  # per process
+    rows = groups * rollout.group_size
+    return rollout.select(torch.arange(world.rank * rows, (world.rank + 1) * rows))
 
 
 def run_case(name, policy, reference, prompts_file, world):
@@ -88,10 +83,10 @@ def run_case(name, policy, reference, prompts_file, world):
     e = build_engine(c, [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)], torch.device("cpu"), world)
 
     e.reference.load_state_dict(AutoModelForCausalLM.from_pretrained(reference).state_dict())
-    share = ShareOfFixedRollout(fixed_rollout(e.tokenizer, prompts, group_size, completions), world)
+    share = share_of(fixed_rollout(e.tokenizer, prompts, group_size, completions), world)
     for group in e.optimizer.param_groups:
         group["eps"] = ADAM_EPS
-    metrics = train_step(e, share.rollout)
+    metrics = train_step(e, share)
     weights = {f"policy.{k}": v.clone() for k, v in world.full_state_dict(e.policy).items()}
     for network in e.critic.networks:
         weights.update({f"critic.{k}": v.clone() for k, v in world.full_state_dict(network).items()})
