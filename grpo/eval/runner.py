@@ -244,7 +244,7 @@ def sample_completions(
                     tokenizer, settings, prompt_column=prompt_column, tools=tools
                 )
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
-            sampled = rollout.completions if rollout.messages is None else rollout.messages
+            sampled = rollout.scored_completions
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
                 completions[i].extend(sampled[j * group_size : (j + 1) * group_size])
                 if len(completions[i]) == n:

@@ -161,7 +161,7 @@ def call_concurrently(
         with _SigintNoted() as sigint, _exit_raises():
             outcomes = run_all(sigint)
     else:  # this thread runs a loop already (a notebook): asyncio.run needs a thread of its own
-        outcomes = _on_thread(lambda: run_all([]), ([], [], {}, {}), None)
+        outcomes = _on_thread(lambda: run_all([]), _NOTHING, None)
     return dict(zip(chosen, outcomes))
 
 
@@ -329,7 +329,7 @@ def _await(awaitable, deadline: float | None) -> Any:
     except RuntimeError:
         return asyncio.run(bounded())
     # This thread runs a loop already (a notebook): asyncio.run needs a thread of its own.
-    return _on_thread(lambda: asyncio.run(bounded()), ([], [], {}, {}), None)
+    return _on_thread(lambda: asyncio.run(bounded()), _NOTHING, None)
 
 
 def _on_thread(fn, batch: Batch, timeout: float | None) -> Any:

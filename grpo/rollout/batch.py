@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from grpo.errors import UserError
+
 
 @dataclass
 class Rollout:
@@ -86,6 +88,23 @@ class Rollout:
         """The data's other columns, one value per completion (what reward functions get)."""
         keys = [k for k in self.rows[0] if k != exclude] if self.rows else []
         return {k: [row.get(k) for row in self.rows] for k in keys}
+
+    @property
+    def scored_completions(self) -> list:
+        """Each completion as reward functions get it: its text, or in a multi-turn rollout its
+        messages (tool turns included), as TRL passes them."""
+        return self.completions if self.messages is None else self.messages
+
+    def reward_columns(self, exclude: str) -> dict[str, list]:
+        """`columns`, and with an environment its instances as `environments` (as TRL passes them)."""
+        columns = self.columns(exclude)
+        if self.environments is not None:
+            if "environments" in columns:
+                raise UserError(
+                    "data column 'environments' has the name of a reward-function argument; rename the column"
+                )
+            columns["environments"] = self.environments
+        return columns
 
     def select(self, index: Tensor, trim: bool = False) -> Rollout:
         """The rows in `index` (a 1-D long tensor), e.g. a minibatch; with `trim`, `trimmed()`."""

@@ -28,6 +28,7 @@ refusal's, are a row of `grpo.refusals`). The registry names where each decoder 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
@@ -240,8 +241,10 @@ AUTO = "auto"
 NAMES = (AUTO, *DECODERS)  # rollout.sampler's values
 
 
+@functools.cache
 def decoder_class(name: str) -> type[Decoder]:
-    """The decoder class rollout.sampler `name` (not auto) stands for."""
+    """The decoder class rollout.sampler `name` (not auto) stands for (imported once: auto's
+    choice asks at every sample)."""
     return import_object(DECODERS[name], kind="rollout.sampler")
 
 

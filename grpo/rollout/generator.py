@@ -82,26 +82,10 @@ def samplers_of(spec: GeneratorSpec, tokenizer, tools: Toolbox | None) -> dict[s
     """The samplers of a generator, by purpose: training's (the run's seed and rank: its own
     stream per step) and, with iterative RL, the reward model's (its group size, no seed:
     the global stream, as before training had a generator)."""
-    made = {
-        TRAIN: Sampler.from_config(
-            tokenizer,
-            spec.rollout,
-            prompt_column=spec.prompt_column,
-            autocast=spec.autocast,
-            seed=spec.seed,
-            rank=spec.rank,
-            tools=tools,
-        )
-    }
+    common = dict(prompt_column=spec.prompt_column, autocast=spec.autocast, tools=tools)
+    made = {TRAIN: Sampler.from_config(tokenizer, spec.rollout, seed=spec.seed, rank=spec.rank, **common)}
     if spec.pairs:
-        made[PAIRS] = Sampler.from_config(
-            tokenizer,
-            spec.rollout,
-            prompt_column=spec.prompt_column,
-            autocast=spec.autocast,
-            group_size=spec.pairs,
-            tools=tools,
-        )
+        made[PAIRS] = Sampler.from_config(tokenizer, spec.rollout, group_size=spec.pairs, **common)
     return made
 
 

@@ -63,11 +63,8 @@ class RewardModelUpdater:
         generator.request(self.updates, rows, None, PAIRS)
         batch = generator.take(self.updates, PAIRS)
         prompts = [row[self.prompt_column] for row in batch.rows]
-        completions = batch.messages if batch.messages is not None else batch.completions  # multi-turn: messages
-        columns = batch.columns(exclude=self.prompt_column)
-        if batch.environments is not None:
-            columns["environments"] = batch.environments
-        labels = score([self.verifier], prompts, completions, columns).total
+        columns = batch.reward_columns(exclude=self.prompt_column)
+        labels = score([self.verifier], prompts, batch.scored_completions, columns).total
         new = comparisons(
             batch.rows,
             batch.completions,

@@ -478,7 +478,7 @@ def decide_layouts(model, checkpointing: bool) -> bool:
 
 def _probe_batch(model) -> Rollout:
     """Two prompts of different lengths (one left-padded), two completions each (one ending
-    early): what a step's batch holds, in 14 token columns."""
+    early): what a step's batch holds, in 7 token columns."""
     vocab = model.get_input_embeddings().num_embeddings
     device = next(model.parameters()).device
     ids = (torch.arange(4 * 7).view(4, 7) * 7 + 5).remainder(vocab)  # (N, P + T)

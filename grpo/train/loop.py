@@ -417,13 +417,38 @@ def _run(
     try:
         generator.start(e.policy)  # vLLM's engine built, a server admitted: before output_dir changes
         return _steps(
-            c, world, folder, rows, state, dashboards, progress, e, generator, stream, reward_models, verifier
+            c,
+            world,
+            folder,
+            e,
+            generator,
+            stream=stream,
+            rows=rows,
+            state=state,
+            dashboards=dashboards,
+            progress=progress,
+            reward_models=reward_models,
+            verifier=verifier,
         )
     finally:
         generator.close()
 
 
-def _steps(c, world, folder, rows, state, dashboards, progress, e, generator, stream, reward_models, verifier):
+def _steps(
+    c: Config,
+    world: World,
+    folder: OutputFolder,
+    e: Engine,
+    generator: Generator,
+    *,
+    stream: PromptStream,
+    rows: list[dict],
+    state: dict | None,
+    dashboards: Sinks,
+    progress: bool,
+    reward_models: dict[int, RewardModel],
+    verifier: WeightedReward | None,
+) -> TrainResult:
     """The run's steps, once its models and its generator are built."""
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"

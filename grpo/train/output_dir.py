@@ -136,7 +136,11 @@ class OutputFolder:
 
 def _entries(out: Path, previous: bool = True) -> list[Path]:
     """The run's files present in `out` (with `previous`, also the logs set aside there)."""
-    names = [*RUN_FILES, *sorted(p.name for p in out.glob(f"{PREVIOUS}-*"))] if previous else RUN_FILES[:-1]
+    names = (
+        [*RUN_FILES, *sorted(p.name for p in out.glob(f"{PREVIOUS}-*"))]
+        if previous
+        else [n for n in RUN_FILES if n != PREVIOUS]
+    )
     return [out / name for name in names if (out / name).exists()]
 
 

@@ -172,7 +172,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
     batch = sampled = sampled.to(e.device)
     lengths = batch.completion_lengths  # (N,) of everything generated, kept or not
 
-    # 2. Score them (1., sampling, was the Generator's); NaN = no reward function could score it. With process supervision a
+    # 1. Score them; NaN = no reward function could score it. With process supervision a
     #    completion's score is its mean step reward (for the metrics and the group spread).
     prompts = [row[e.prompt_column] for row in batch.rows]
     # A reward that fails in one process fails the step in all (each raises the same
@@ -181,14 +181,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
         ids[:n] for ids, n in zip(batch.completion_ids.tolist(), lengths.long().tolist())
     ]  # up to and including EOS
     trainer_state = SimpleNamespace(global_step=step, max_steps=e.train.steps)  # what TRL's reward functions read
-    # Multi-turn rollouts: each completion as its messages (tool turns included) and, with an
-    # environment, the instances as `environments` (as TRL passes them).
-    columns = batch.columns(exclude=e.prompt_column)
-    if batch.environments is not None:
-        if "environments" in columns:
-            raise UserError("data column 'environments' has the name of a reward-function argument; rename the column")
-        columns["environments"] = batch.environments
-    completions = batch.messages if batch.messages is not None else batch.completions
+    columns, completions = batch.reward_columns(exclude=e.prompt_column), batch.scored_completions
     scored = sampled_scored = world.checked(
         lambda: e.score(
             e.rewards,
@@ -238,13 +231,13 @@ def learn(e: Engine, collected: Collected) -> dict:
         if not len(batch):
             batch, scored = _placeholder(collected.sampled, collected.sampled_scored.steps)
             live = torch.zeros(len(batch), dtype=torch.bool)
-        # 3. The passes before the update: the reference's, the old policy's, the critic's.
+        # 2. The passes before the update: the reference's, the old policy's, the critic's.
         passes = _passes(e, batch)
 
-        # 4. Advantages: from the group (GRPO) or from the critic (PPO).
+        # 3. Advantages: from the group (GRPO) or from the critic (PPO).
         targets = e.baseline(batch, scored, passes)
 
-        # 5. Update: mu epochs over minibatches, accumulating micro-batches.
+        # 4. Update: mu epochs over minibatches, accumulating micro-batches.
         stats = _update(e, batch, targets, passes, live, trained_rows)
     if e.device.type == "cuda":
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
