@@ -57,7 +57,7 @@ class Rollouts:
         self.c, self.generator, self.world = c, generator, e.world
         self.asynchronous = a.max_staleness > 0
         self.max_staleness = a.max_staleness
-        self.push_every = a.push_every if self.asynchronous else 1
+        self.push_every = a.push_every
         self.ahead = lookahead(c) if ahead is None else ahead  # `ahead`: a test's schedule, beyond what K allows
         self.rows_ahead = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
         self.rows_ahead.load_state_dict(stream.state_dict())
@@ -81,6 +81,8 @@ class Rollouts:
         the current weights, and what it cost: time/generate and, asynchronous, the async/
         metrics. Over several processes the staleness that decides a drop is the largest."""
         assert self.requested[step] == (rows, seeds), "the batch requested ahead is not the step's"  # one stream
+        if not self.asynchronous and self.generator.published != e.version:
+            self.generator.publish(e.policy, e.version)  # the step samples with the current weights
         waited, dropped, stalest = 0.0, 0, 0
         while True:
             start = time.perf_counter()
@@ -110,12 +112,13 @@ class Rollouts:
         }
 
     def after_update(self, e: Engine) -> dict:
-        """Publish the new weights when due (every update in a synchronous run, every
-        push_every with rollout.async; not after the last batch is sampled) and request the
-        next step; the push's metrics."""
+        """With rollout.async, publish the new weights when due (every push_every optimizer
+        steps, unless no batch is requested after them) and request the next step; the push's
+        metrics. A synchronous run publishes as the next step takes its batch (`take`), so that
+        a failed publish (a vLLM server gone) fails that step, not the one just completed."""
         pushed = 0.0
-        more = self.requested or self.next_request < self.c.train.steps  # a batch still to sample
-        if more and e.version - (self.generator.published or 0) >= self.push_every:
+        due = e.version - (self.generator.published or 0) >= self.push_every
+        if self.asynchronous and due and self.next_request < self.c.train.steps:
             start = time.perf_counter()
             self.generator.publish(e.policy, e.version)
             pushed = time.perf_counter() - start
