@@ -126,9 +126,17 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "transport-nccl": Refusal(
         "rollout.vllm.transport",
-        "`rollout.vllm.transport: nccl`",
+        "`rollout.vllm.transport: nccl` (or any transport but `file`)",
         "{transport} is not available in this version; use file (trainer and server on one machine)",
         "not built: vLLM's GPU-to-GPU weight transfer cannot be tested without GPUs (docs/vllm-server.md)",
+    ),
+    "server+torchrun": Refusal(
+        "rollout.vllm.server",
+        "`rollout.vllm.server` under torchrun (several processes)",
+        "one trainer process per server in this version (this launch has {world_size}); under torchrun, use the "
+        "engine in each training process (rollout.vllm.server: '')",
+        "design: each process would push its own weights over the others'; one push of the gathered weights is not "
+        "built",
     ),
     # ---- asynchronous rollouts
     "async+hf": Refusal(
@@ -137,6 +145,14 @@ REFUSALS: dict[str, Refusal] = {
         "rollout.sampler: hf (transformers' generate) returns no log-probs, which a stale batch's ratio needs; "
         "use fast, auto or vllm",
         "engine: `generate` returns no log-probs, and the weights that drew a stale batch are gone",
+    ),
+    "async+auto-hf": Refusal(
+        "rollout.async",
+        "asynchronous rollouts with `rollout.sampler: auto` on a model only `generate` can sample",
+        "rollout.sampler: auto chose transformers' generate for this model (the fast loop cannot run it), which "
+        "returns no log-probs, and a stale batch's ratio needs the sampling policy's; use rollout.sampler: vllm, or "
+        "no rollout.async",
+        "engine: as `async+hf`; known once the model is (docs/speed.md lists what the fast loop runs)",
     ),
     "async+recompute-uncorrected": Refusal(
         "train.old_logprobs",

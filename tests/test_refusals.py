@@ -16,6 +16,7 @@ from grpo.errors import UserError
 from grpo.infra.distributed import check_launch
 from grpo.refusals import REFUSALS, refusal, refuse
 from grpo.rollout import decoders
+from grpo.rollout.worker import refuse_auto_generate
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = Path(grpo.__file__).parent
@@ -115,9 +116,11 @@ def launch(world_size, **sections):
     return lambda: check_launch(world_size, config_from_dict(minimal(**sections)), torch.device("cpu"))
 
 
+GPT2 = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))  # no Llama: fast cannot run it
+
+
 def sample_with(name):
-    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))  # no Llama: fast cannot
-    return lambda: decoders.choose(name, model, 20)
+    return lambda: decoders.choose(name, GPT2, 20)
 
 
 # row -> what raises it (a config mapping for config_from_dict, or a call)
@@ -140,6 +143,7 @@ TRIGGERS = {
     "server+not-vllm": minimal(rollout={"vllm": {"server": "127.0.0.1:8000"}}),
     "transport-nccl": minimal(rollout={**SERVER, "vllm": {"server": "127.0.0.1:8000", "transport": "nccl"}}),
     "async+hf": minimal(rollout={**ASYNC, "sampler": "hf"}),
+    "async+auto-hf": lambda: refuse_auto_generate(config_from_dict(minimal(rollout=ASYNC)).rollout, GPT2),
     "async+recompute-uncorrected": minimal(
         rollout=ASYNC, train={"old_logprobs": "recompute"}, loss={"engine_correction": "none"}
     ),
@@ -152,6 +156,7 @@ TRIGGERS = {
     "iterative+one-iteration": minimal(rewards=[MODEL_REWARD], reward_model_update=VERIFIER),
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
+    "server+torchrun": launch(2, rollout=SERVER),
     "lora+torchrun": launch(2, lora={"r": 4}),
     "iterative+torchrun": launch(2, rewards=[MODEL_REWARD], train={"iterations": 2}, reward_model_update=VERIFIER),
 }

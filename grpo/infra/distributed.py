@@ -238,6 +238,8 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         return backend
     if c.rollout.prompts_per_step % world_size:
         refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
+    if c.rollout.vllm.server:
+        refuse("server+torchrun", world_size=world_size)
     if c.lora.r:
         refuse("lora+torchrun", world_size=world_size)
     if c.reward_model_update.verifier:

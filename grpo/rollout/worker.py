@@ -27,7 +27,9 @@ import time
 import torch
 
 from grpo.errors import UserError, first_line
+from grpo.refusals import refuse
 from grpo.infra.distributed import SingleProcess, World
+from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.generator import TRAIN, Generator, GeneratorSpec, LocalGenerator, samplers_of
 from grpo.rollout.tools import Toolbox
@@ -141,10 +143,7 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
             local.request(step, rows, seeds, purpose)
             rollout = local.take(step, purpose)
             if purpose == TRAIN and rollout.sampled_logprobs is None:
-                raise UserError(
-                    "rollout.async: the sampler chose transformers' generate (the model is not one the fast sampler "
-                    "supports), which returns no log-probs; the ratio of a stale batch needs the sampling policy's"
-                )
+                refuse("async+auto-hf")
             seconds = {"generate": local.seconds["generate"], "idle": idle}
             results.put(("rollout", purpose, step, _put_rollout(spec.folder, step, rollout.to("cpu")), seconds))
             idle, since = 0.0, time.perf_counter()
@@ -153,13 +152,21 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
         results.put(("error", message))
 
 
+def refuse_auto_generate(rollout, policy) -> None:
+    """rollout.sampler: auto falls back to `generate` for a model the fast loop cannot run,
+    and `generate` returns no log-probs: refuse it (`async+auto-hf`), here for the shortest
+    sequence, and in the worker for each batch's (a sliding window may fit one and not another)."""
+    if rollout.sampler == decoders.AUTO and decoders.choose(decoders.AUTO, policy, 1 + rollout.max_new_tokens) == "hf":
+        refuse("async+auto-hf")
+
+
 class WorkerGenerator:
     """The trainer's side of a worker process: publishing writes the weights into a file
     of the private folder, a request is a message, `take` waits for the step's batch (within
     rollout.async.timeout, watching that the worker lives), keeping those that come first."""
 
     def __init__(self, spec: GeneratorSpec):
-        self.timeout = spec.rollout.async_.timeout
+        self.timeout, self.rollout = spec.rollout.async_.timeout, spec.rollout
         self.folder = weights_folder()
         spec.folder = self.folder
         context = torch.multiprocessing.get_context("spawn")
@@ -172,7 +179,9 @@ class WorkerGenerator:
         self.seconds = {"generate": 0.0, "idle": 0.0}
 
     def start(self, policy) -> None:
-        pass  # the worker builds its samplers as it starts: what they refuse comes back from `take`
+        """Refuse now what the worker's samplers would refuse at their first batch; the rest of
+        what they refuse comes back from `take`."""
+        refuse_auto_generate(self.rollout, policy)
 
     def publish(self, policy, version: int) -> None:
         self.publisher.publish(policy, version)

@@ -37,6 +37,7 @@ import urllib.request
 import uuid
 
 from grpo.errors import UserError
+from grpo.refusals import refuse
 from grpo.rollout.weights import weights_folder
 from grpo.vllm import split_address
 from grpo.rollout.weights import base_model
@@ -119,9 +120,7 @@ class RemoteEngine:
     def __init__(self, address: str, *, timeout: float = 600.0, transport: str = "file"):
         host, port = split_address(address)
         if transport not in TRANSPORTS:
-            raise UserError(
-                f"rollout.vllm.transport: {transport} is not available in this version (only {', '.join(TRANSPORTS)})"
-            )
+            refuse("transport-nccl", transport=transport)
         self.address, self.port = address, port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         self.timeout, self.transport = timeout, transport
@@ -286,10 +285,7 @@ def remote_engine(policy, options) -> RemoteEngine:
         and torch.distributed.is_initialized()
         and torch.distributed.get_world_size() > 1
     ):
-        raise UserError(
-            "rollout.vllm.server: one trainer process per server in this version; under torchrun, use the engine in "
-            "each training process (rollout.vllm.server: '')"
-        )
+        refuse("server+torchrun", world_size=torch.distributed.get_world_size())
     engine = _REMOTE.get(options.server)
     if engine is None:
         engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport)

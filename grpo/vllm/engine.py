@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import UserError
+from grpo.refusals import refuse
 from grpo.infra.imports import describe
 from grpo.rollout.params import SamplingParams
 from grpo.rollout.weights import base_model, policy_weights
@@ -165,7 +166,7 @@ class LocalEngine:
     ):
         reason = refusal(policy, device)
         if reason is not None:
-            raise UserError(f"rollout.sampler: vllm cannot run this model: {reason}")
+            refuse("sampler+model", sampler="vllm", why=reason, others="auto, fast or hf")
         environment(kv_cache_gb)
         import vllm
 

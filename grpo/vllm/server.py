@@ -22,6 +22,7 @@ from typing import Literal
 
 from grpo.config import REQUIRED, opt
 from grpo.errors import UserError
+from grpo.refusals import refusal
 from grpo.vllm.client import API, TRANSPORTS, fingerprint, identity
 
 
@@ -122,7 +123,7 @@ class Served:
     def weights(self, body: dict) -> dict:
         transport = body.get("transport")
         if transport not in TRANSPORTS:
-            raise UserError(f"transport {transport!r} is not available in this version (only {', '.join(TRANSPORTS)})")
+            raise UserError(refusal("transport-nccl", transport=repr(transport)))
         if "probe" in body:
             return {"readable": os.path.isdir(body["probe"]) and os.access(body["probe"], os.R_OK)}
         path = body["path"]
