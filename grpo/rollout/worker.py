@@ -33,7 +33,7 @@ from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.generator import TRAIN, Generator, GeneratorSpec, LocalGenerator, samplers_of
 from grpo.rollout.tools import Toolbox
-from grpo.rollout.weights import SharedFile, load_weights, read_weights, weights_folder
+from grpo.rollout.weights import SharedFile, base_model, load_weights, read_weights, weights_folder
 
 POLL_S = 0.5  # how often a waiting side checks that the other is still there
 NAME = "grpo-generator"  # the worker process's name
@@ -155,8 +155,10 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
 def refuse_auto_generate(rollout, policy) -> None:
     """rollout.sampler: auto falls back to `generate` for a model the fast loop cannot run,
     and `generate` returns no log-probs: refuse it (`async+auto-hf`), here for the shortest
-    sequence, and in the worker for each batch's (a sliding window may fit one and not another)."""
-    if rollout.sampler == decoders.AUTO and decoders.choose(decoders.AUTO, policy, 1 + rollout.max_new_tokens) == "hf":
+    sequence, and in the worker for each batch's (a sliding window may fit one and not another).
+    The worker samples a plain model (LoRA merged): a trainer's LoRA policy is asked as its base."""
+    model = base_model(policy)
+    if rollout.sampler == decoders.AUTO and decoders.choose(decoders.AUTO, model, 1 + rollout.max_new_tokens) == "hf":
         refuse("async+auto-hf")
 
 
