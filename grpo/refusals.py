@@ -200,13 +200,6 @@ REFUSALS: dict[str, Refusal] = {
         "LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process",
         "not built: FSDP2 sharding of an adapter-wrapped policy",
     ),
-    "iterative+torchrun": Refusal(
-        "reward_model_update.verifier",
-        "iterative RL (`reward_model_update.verifier`) under torchrun (several processes)",
-        "iterative reward-model training is not supported over several processes yet (this launch has "
-        "{world_size}); run it in one process",
-        "not built: the reward model's update runs in one process",
-    ),
 }
 
 

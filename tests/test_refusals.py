@@ -158,7 +158,6 @@ TRIGGERS = {
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
     "server+torchrun": launch(2, rollout=SERVER),
     "lora+torchrun": launch(2, lora={"r": 4}),
-    "iterative+torchrun": launch(2, rewards=[MODEL_REWARD], train={"iterations": 2}, reward_model_update=VERIFIER),
 }
 
 

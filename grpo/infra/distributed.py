@@ -24,6 +24,8 @@ Data parallel, with the trained models sharded (FSDP2, `torch.distributed.fsdp.f
   and a reference copy can be stored in bf16 (half the memory). Sharded, the reference's
   pass all-gathers every block (slower than a replica's: benchmarks/README.md,
   `bench_reference_sharding.py`), to save memory that the policy's AdamW state dwarfs.
+  Iterative RL trains a reward model between iterations: its replicas learn data parallel
+  (`sum_gradients`, as DistributedDataParallel), so they stay the same.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class SingleProcess:
 
     def gather_objects(self, obj) -> list:
         return [obj]
+
+    def sum_gradients(self, parameters) -> None:
+        pass
 
     def barrier(self) -> None:
         pass
@@ -141,6 +146,14 @@ class ProcessGroup:
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def sum_gradients(self, parameters) -> None:
+        """Each parameter's gradient summed over every process, in place: data parallel for a
+        model replicated in each (a reward model), as DistributedDataParallel does; a process
+        without a gradient (no rows of the batch) adds zeros. Every process gets the same sum,
+        so replicas that take the same optimizer step stay the same."""
+        for p in parameters:
+            p.grad = self.sum(p.grad if p.grad is not None else torch.zeros_like(p))
 
     def barrier(self) -> None:
         import torch.distributed as dist
@@ -223,6 +236,14 @@ class ProcessGroup:
 
 World = SingleProcess | ProcessGroup
 
+
+def part(n: int, world: World) -> slice:
+    """This process's contiguous part of `n` items split over the processes in rank order:
+    sizes differ by at most one, and a part is empty when n < world_size (iterative RL's
+    prompts, a reward-model batch's pairs)."""
+    return slice(n * world.rank // world.world_size, n * (world.rank + 1) // world.world_size)
+
+
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
 
@@ -242,8 +263,6 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         refuse("server+torchrun", world_size=world_size)
     if c.lora.r:
         refuse("lora+torchrun", world_size=world_size)
-    if c.reward_model_update.verifier:
-        refuse("iterative+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

@@ -26,6 +26,7 @@ from grpo.algo import bradley_terry_loss, pairwise_wins
 from grpo.config import REQUIRED, opt
 from grpo.data import load_rows
 from grpo.errors import UserError, first_line
+from grpo.infra.distributed import SingleProcess, World, part
 from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
 from grpo.infra.progress import Progress
 
@@ -228,6 +229,7 @@ class RewardModel:
         seed: int = 0,
         progress: bool = True,
         log_every: int = 10,
+        world: World = SingleProcess(),
     ) -> list[float]:
         """Train on comparisons {prompt, chosen, rejected} with the Bradley-Terry loss.
 
@@ -235,6 +237,12 @@ class RewardModel:
         from a private generator seeded with `seed` (the global RNGs are not touched). A
         batch's chosen and rejected texts go through the model in one forward pass. Returns
         the loss of every batch, in order.
+
+        Over several processes (`world`: iterative RL under torchrun) each holds a replica and
+        the same `pairs` and `seed`, and they learn data parallel: each runs its part of every
+        batch, its loss scaled by its part's share, and the gradients are summed over processes
+        (`sum_gradients`), so every replica takes the whole batch's step (the losses and
+        accuracies are the whole batches').
 
         With `progress`, a bar on a terminal, else a line every `log_every` batches
         (grpo.infra.progress): the epoch, and the epoch's running loss and training
@@ -257,23 +265,29 @@ class RewardModel:
                 epoch_losses: list[float] = []
                 wins = 0.0  # this epoch's pairs with r(chosen) > r(rejected), ties 1/2
                 for start in range(0, len(pairs), batch_size):
-                    rows = [pairs[i] for i in order[start : start + batch_size]]
+                    batch = order[start : start + batch_size]
+                    rows = [pairs[i] for i in batch[part(len(batch), world)]]  # this process's part
                     b = len(rows)
-                    prompts = [row["prompt"] for row in rows] * 2
-                    completions = [row["chosen"] for row in rows] + [row["rejected"] for row in rows]
-                    rewards = self._forward(self._encode(prompts, completions))  # (2B,): chosen, then rejected
-                    loss = bradley_terry_loss(rewards[:b], rewards[b:])
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    ours = torch.zeros(2, dtype=torch.float64)  # this part's loss (as a share of the batch's), wins
+                    if rows:  # none: a process with no part of a short batch adds nothing but its zeros
+                        prompts = [row["prompt"] for row in rows] * 2
+                        completions = [row["chosen"] for row in rows] + [row["rejected"] for row in rows]
+                        rewards = self._forward(self._encode(prompts, completions))  # (2b,): chosen, then rejected
+                        loss = bradley_terry_loss(rewards[:b], rewards[b:]) * (b / len(batch))
+                        loss.backward()
+                        chosen, rejected = rewards[:b].detach(), rewards[b:].detach()
+                        ours = torch.stack([loss.detach().double().cpu(), pairwise_wins(chosen, rejected).sum().cpu()])
+                    world.sum_gradients(params)
                     optimizer.step()
-                    epoch_losses.append(loss.item())
-                    chosen, rejected = rewards[:b].detach(), rewards[b:].detach()
-                    wins += pairwise_wins(chosen, rejected).sum().item()
+                    batch_loss, batch_wins = world.sum(ours).tolist()
+                    epoch_losses.append(batch_loss)
+                    wins += batch_wins
                     bar.update(
                         1,
                         epoch=f"{epoch}/{epochs}",
                         loss=sum(epoch_losses) / len(epoch_losses),
-                        accuracy=wins / (start + b),
+                        accuracy=wins / (start + len(batch)),
                     )
                 losses.extend(epoch_losses)
         finally:

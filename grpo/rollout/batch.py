@@ -67,6 +67,13 @@ class Rollout:
         if self.loss_mask is None:
             self.loss_mask = self.completion_mask.clone()
 
+    @classmethod
+    def empty(cls, group_size: int) -> Rollout:
+        """A rollout of no rows: a process's part of a batch split over more processes than it
+        has prompts (iterative RL's, grpo.train.iterative)."""
+        ids = torch.zeros(0, 1, dtype=torch.long)
+        return cls(ids, ids.clone(), torch.zeros(0, 1), prompts=[], completions=[], rows=[], group_size=group_size)
+
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 

@@ -130,8 +130,12 @@ class LocalGenerator:
     def take(self, step: int, purpose: str = TRAIN) -> Rollout:
         rows, seeds = self.pending.pop((purpose, step))
         start = time.perf_counter()
-        with self.world.gathered(self.policy):
-            rollout = self.samplers[purpose].sample(self.policy, rows, seeds, step=step, version=self.published)
+        sampler = self.samplers[purpose]
+        with self.world.gathered(self.policy):  # a collective: entered by every process, with rows or none
+            if rows:
+                rollout = sampler.sample(self.policy, rows, seeds, step=step, version=self.published)
+            else:
+                rollout = Rollout.empty(sampler.group_size)
         rollout.policy_version = self.published  # the weights that drew it, whatever decoder drew it
         self.seconds = {"generate": time.perf_counter() - start, "idle": 0.0}
         return rollout

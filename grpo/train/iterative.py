@@ -5,6 +5,16 @@ names; within each prompt's samples, a higher-scored completion is preferred ove
 lower-scored one. The reward model then trains on these new comparisons plus a replay of
 a fraction (10% by default) of all earlier comparisons, so it follows the policy's
 distribution without forgetting what it knew.
+
+Under torchrun every process holds a replica of the reward model. Each samples and labels
+its part of the update's prompts (whole groups), the labelled samples are gathered to every
+process (text: cheap), and every process builds the same pairs from them, replays the same
+history and learns data parallel (`RewardModel.fit`: gradients summed over processes). The
+pairs are gathered, not kept where they were drawn, because the history that replay draws
+from and a checkpoint saves must be the whole run's; the learning is data parallel, rather
+than the same update run whole in every process, so that the replicas stay the same by
+construction (one summed gradient, one AdamW step) and not by every process's float rounding
+happening to agree, and each process runs its share of the update.
 """
 
 from __future__ import annotations
@@ -13,17 +23,17 @@ import random
 from dataclasses import dataclass, field
 
 from grpo.data import PromptStream
+from grpo.infra.distributed import SingleProcess, World, part
 from grpo.rewards import WeightedReward, score
 from grpo.rewards.model import RewardModel
 from grpo.rollout.generator import PAIRS, Generator
 
 
 def comparisons(
-    rows: list[dict],
+    prompts: list,
     completions: list[str],
     labels: list[float],
     group_size: int,
-    prompt_column: str,
     max_pairs: int,
     rng: random.Random,
 ) -> list[dict]:
@@ -33,7 +43,7 @@ def comparisons(
         members = range(g, g + group_size)
         ordered = [(i, j) for i in members for j in members if labels[i] > labels[j]]
         for i, j in rng.sample(ordered, min(max_pairs, len(ordered))):
-            pairs.append({"prompt": rows[i][prompt_column], "chosen": completions[i], "rejected": completions[j]})
+            pairs.append({"prompt": prompts[i], "chosen": completions[i], "rejected": completions[j]})
     return pairs
 
 
@@ -51,32 +61,37 @@ class RewardModelUpdater:
     history: list[dict] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     updates: int = 0  # the reward model's updates so far (its batches' keys)
+    world: World = field(default_factory=SingleProcess)
 
     def update(self, policy, version: int, generator: Generator) -> dict:
         """Train the reward model on `samples_per_prompt` completions per prompt of `policy`
         (at `version`), drawn by the run's generator (its "pairs" sampler; published first
-        where it holds older weights)."""
+        where it holds older weights): this process's part of the prompts (module doc)."""
         if generator.published != version:
             generator.publish(policy, version)
-        rows = self.prompts.take(self.prompts_per_update)
+        rows = self.prompts.take(self.prompts_per_update)  # the same rows in every process
         self.updates += 1
-        generator.request(self.updates, rows, None, PAIRS)
-        batch = generator.take(self.updates, PAIRS)
+        generator.request(self.updates, rows[part(len(rows), self.world)], None, PAIRS)
+        batch = generator.take(self.updates, PAIRS)  # in every process, of no rows too (sampling is collective)
         prompts = [row[self.prompt_column] for row in batch.rows]
         columns = batch.reward_columns(exclude=self.prompt_column)
-        labels = score([self.verifier], prompts, batch.scored_completions, columns).total
-        new = comparisons(
-            batch.rows,
-            batch.completions,
-            labels.tolist(),  # NaN: in no pair
-            self.samples_per_prompt,
-            self.prompt_column,
-            self.max_pairs_per_prompt,
-            self.rng,
+        # A verifier that fails in one process fails in all, so none waits for it in a collective.
+        labels = self.world.checked(
+            lambda: score([self.verifier], prompts, batch.scored_completions, columns).total.tolist() if prompts else []
         )
+        return self.learn(prompts, batch.completions, labels)
+
+    def learn(self, prompts: list, completions: list[str], labels: list[float]) -> dict:
+        """Train the reward model on the comparisons within each group of this process's
+        labelled samples (NaN: in no pair) and every other process's, gathered in rank order,
+        plus a replay of the history; the update's statistics."""
+        parts = self.world.gather_objects((prompts, completions, labels))
+        prompts, completions, labels = ([x for p in parts for x in p[k]] for k in range(3))
+        new = comparisons(prompts, completions, labels, self.samples_per_prompt, self.max_pairs_per_prompt, self.rng)
         replayed = self.rng.sample(self.history, round(self.replay * len(self.history)))
         seed = self.rng.randrange(2**31)  # a fresh order of the pairs at every update
-        losses = self.model.fit(new + replayed, seed=seed, progress=False, **self.fit_kwargs) if new + replayed else []
+        pairs = new + replayed
+        losses = self.model.fit(pairs, seed=seed, progress=False, world=self.world, **self.fit_kwargs) if pairs else []
         stats = {
             "new_pairs": len(new),
             "replayed": len(replayed),

@@ -245,9 +245,14 @@ def build_run_generator(c: Config, e: Engine, tools: Toolbox | None = None) -> G
 
 
 def build_updater(
-    c: Config, verifier: WeightedReward, models: dict[int, RewardModel], rows: list[dict]
+    c: Config,
+    verifier: WeightedReward,
+    models: dict[int, RewardModel],
+    rows: list[dict],
+    world: World = SingleProcess(),
 ) -> RewardModelUpdater:
-    """Iterative RL: what keeps training the reward model between iterations."""
+    """Iterative RL: what keeps training the reward model between iterations (in every
+    process, on its replica: grpo.train.iterative)."""
     u = c.reward_model_update
     index = u.reward if u.reward >= 0 else min(models)
     return RewardModelUpdater(
@@ -262,6 +267,7 @@ def build_updater(
         fit_kwargs=dict(lr=u.lr, epochs=u.epochs, batch_size=u.batch_size),
         history=load_pairs(u.data) if u.data else [],
         rng=random.Random(c.seed),
+        world=world,
     )
 
 
@@ -452,7 +458,7 @@ def _steps(
     """The run's steps, once its models and its generator are built."""
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
-    updater = build_updater(c, verifier, reward_models, rows) if verifier else NoUpdater()
+    updater = build_updater(c, verifier, reward_models, rows, world) if verifier else NoUpdater()
     checkpoints = Checkpointer(e, c, stream, updater)
     if world.world_size > 1:
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
@@ -492,7 +498,8 @@ def _steps(
                     update = updater.update(e.policy, e.version, rollouts.generator)
                     if update is not None:
                         snapshot["updates"] = None  # the reward model moved: this step cannot be undone
-                        record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
+                        if world.is_main:  # every process's replica is the same
+                            record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
                     e.reference.reset_to(e.policy)
                 # Every process takes the step's prompts from the same stream and keeps its share.
                 ours, seeds = share_of(c, world.rank, world.world_size, step, stream.take(c.rollout.prompts_per_step))

@@ -4,6 +4,9 @@
   2 processes as in 1 (GRPO in each aggregation mode, batch scaling, dropped groups; PPO);
 - a 2-process run of the tiny model learns, and its final/ is one plain HF directory;
 - a 2-process run killed with SIGKILL and resumed writes the metrics of one never interrupted;
+- iterative RL: each process samples its part of an update's prompts, the reward model's
+  replicas end every update the same, and as one process's update on all the samples; a
+  killed iterative run resumes with its updated reward model;
 - 2 nodes x 1 process through torchrun's c10d rendezvous on 127.0.0.1 run the same program:
   the same metrics as 1 node x 2 processes;
 - bad launches stop every process with one line from process 0.
@@ -21,7 +24,13 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from grpo.config import load_config
+from grpo.data import load_rows
 from grpo.infra.hf import load_tokenizer
+from grpo.rewards import load_rewards
+from grpo.rewards.model import RewardModel
+from grpo.train.loop import build_updater
+from tests.conftest import sevens_pairs
 from tests.train.test_learning import gain
 from tests.train.test_resume import DETERMINISTIC, results
 from tests.train.world_worker import CASES, run_all
@@ -338,3 +347,112 @@ def test_async_rollouts_on_two_processes_learn_and_resume(tiny_model, prompts_fi
     assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # both processes' groups, whole
     assert [m["async/staleness"] for m in metrics] == ([0] + [1] * 11) * 1 + [0] + [1] * 17
     assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
+
+
+def iterative_config(tiny_model, prompts_file, tmp, name):
+    """3 steps in 3 iterations: the reward model (untrained, from the tiny base) is updated
+    before steps 2 and 3 on 3 prompts (1 sampled by process 0, 2 by process 1), 4 pairs a
+    batch (2 each), with a replay of the 8 pairs of `data`; checkpoints at 2 and 3."""
+    rm_dir = tmp / "rm"
+    if not rm_dir.exists():
+        RewardModel.from_base(tiny_model, seed=0).save(rm_dir)
+        (tmp / "history.jsonl").write_text("".join(json.dumps(p) + "\n" for p in sevens_pairs(8, seed=3)))
+    config = {
+        "algorithm": "grpo",
+        "model": tiny_model,
+        "seed": 0,
+        "output_dir": str(tmp / name),
+        "data": {"path": prompts_file},
+        "rewards": [
+            {"model": str(rm_dir)},
+            {"function": "tests.train.rewards_for_tests:sevens_then_die", "weight": 0.0},
+        ],
+        "rollout": {"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 8, "min_new_tokens": 8},
+        "train": {"steps": 3, "iterations": 3, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 0},
+        "loss": {"beta": 0.04},
+        "reward_model_update": {
+            "verifier": "tests.train.rewards_for_tests:sevens",
+            "data": str(tmp / "history.jsonl"),
+            "prompts": 3,
+            "samples_per_prompt": 4,
+            "max_pairs_per_prompt": 4,
+            "replay": 0.25,
+            "batch_size": 4,
+            "lr": 1e-3,
+        },
+    }
+    return write_config(tmp, name, config), str(rm_dir)
+
+
+@pytest.fixture(scope="module")
+def iterative_run(tiny_model, prompts_file, tmp_path_factory):
+    """The 2-process iterative run, each process's updates recorded (tests/train/iterative_worker.py)."""
+    tmp = tmp_path_factory.mktemp("iterative")
+    path, rm_dir = iterative_config(tiny_model, prompts_file, tmp, "straight")
+    run = torchrun("-m", "tests.train.iterative_worker", str(path), str(tmp), timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [torch.load(tmp / f"rank-{r}.pt") for r in (0, 1)]
+    return path, rm_dir, ranks
+
+
+def test_iterative_rl_on_two_processes_updates_one_reward_model_as_one_process_would(iterative_run):
+    """Each process samples its part of the update's prompts (whole groups); the replicas end
+    every update the same, and the same (up to float rounding) as one process learning from
+    both processes' samples: what a process training on its own pairs alone, or without
+    summing the gradients, would not give."""
+    path, rm_dir, ranks = iterative_run
+    assert [len(r) for r in ranks] == [2, 2]  # two updates, in each process
+    assert [[len(u["completions"]) for u in r] for r in ranks] == [[4, 4], [8, 8]]  # 1 prompt and 2, x4 samples
+    c = load_config(path)
+    u = c.reward_model_update
+    rows = load_rows(c.data.path, prompt_column=c.data.prompt_column)
+    one = build_updater(c, load_rewards([(u.verifier, 1.0)])[0], {0: RewardModel.from_pretrained(rm_dir)}, rows)
+    before = {k: v.clone() for k, v in one.model.model.state_dict().items()}
+    for update in range(2):
+        zero, first = ranks[0][update], ranks[1][update]
+        for name in zero["weights"]:
+            assert torch.equal(zero["weights"][name], first["weights"][name]), (update, name)
+        # Each update starts from the 2-process weights before it: AdamW would grow one
+        # update's float rounding in the next.
+        one.model.model.load_state_dict(before)
+        samples = [zero[k] + first[k] for k in ("prompts", "completions", "labels")]  # rank order
+        stats = one.learn(*samples)  # one process, both processes' samples
+        assert stats == pytest.approx(zero["stats"], rel=1e-5) and stats["new_pairs"] >= 8, (stats, zero["stats"])
+        after = one.model.model.state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in after), update  # the reward model moved
+        for name in after:
+            torch.testing.assert_close(
+                zero["weights"][name], after[name], rtol=1e-5, atol=2e-5, msg=f"{update}: {name}"
+            )
+        before = zero["weights"]
+    out = Path(c.output_dir)
+    assert len((out / "reward_model_updates.jsonl").read_text().splitlines()) == 2  # process 0 alone writes
+    saved = torch.load(out / "checkpoints" / "step-000003" / "state.pt", weights_only=True)
+    for name, value in saved["reward_model_update"]["model"].items():
+        assert torch.equal(value, ranks[0][1]["weights"][name]), name  # the checkpoint holds the updated model
+
+
+@pytest.mark.resume
+def test_a_killed_two_process_iterative_run_resumes_with_its_updated_reward_model(
+    iterative_run, tiny_model, prompts_file
+):
+    """Killed inside step 3 (after the second update), resumed from step 2's checkpoint,
+    which holds the once-updated reward model: the run redoes the second update from it and
+    ends as the straight run did (metrics, updates, reward model)."""
+    path, _, _ = iterative_run
+    tmp = path.parent
+    killed_path, _ = iterative_config(tiny_model, prompts_file, tmp, "killed")
+    killed = torchrun("-m", "grpo", "train", str(killed_path), "--quiet", env={"GRPO_TEST_DIE_AT": "3"}, timeout=180)
+    assert killed.returncode != 0
+    assert [m["step"] for m in results(tmp / "killed")] == [1, 2]
+    resumed = torchrun("-m", "grpo", "train", str(killed_path), "--quiet", "--resume", timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert results(tmp / "killed") == results(tmp / "straight")
+    updates = [(tmp / run / "reward_model_updates.jsonl").read_text() for run in ("straight", "killed")]
+    assert updates[0] == updates[1]
+    models = [
+        torch.load(tmp / run / "checkpoints" / "step-000003" / "state.pt", weights_only=True)["reward_model_update"]
+        for run in ("straight", "killed")
+    ]
+    for name, value in models[0]["model"].items():
+        assert torch.equal(value, models[1]["model"][name]), name

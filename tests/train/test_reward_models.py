@@ -96,3 +96,26 @@ def test_grpo_with_a_process_reward_model_runs(make_config, sevens_rm):
     )
     metrics = grpo.train(config, progress=False).metrics
     assert len(metrics) == 2 and all(m["reward/mean"] is not None for m in metrics)
+
+
+def test_a_process_with_no_prompt_of_an_update_takes_a_rollout_of_no_rows(make_config, sevens_rm):
+    """Under torchrun an update's prompts are split over the processes, and one may get none
+    (fewer prompts than processes); it still takes its batch (sampling gathers a sharded
+    policy, a collective), of no rows."""
+    from grpo.config import config_from_dict
+    from grpo.rollout.generator import PAIRS
+    from grpo.train.loop import build_engine
+    from tests.helpers import run_generator
+
+    c = config_from_dict(
+        make_config(
+            rewards=[{"model": sevens_rm[0]}],
+            train={"iterations": 2},
+            reward_model_update={"verifier": "tests.train.rewards_for_tests:sevens"},
+        )
+    )
+    e = build_engine(c, [], torch.device("cpu"))
+    generator = run_generator(c, e)
+    generator.request(1, [], None, PAIRS)
+    batch = generator.take(1, PAIRS)
+    assert len(batch) == 0 and batch.rows == [] and batch.completions == [] and batch.group_size == 4
