@@ -194,12 +194,6 @@ REFUSALS: dict[str, Refusal] = {
         "world_size prompts with all their completions); use a multiple of {world_size}",
         "design: a group never spans processes, and every process samples as many prompts",
     ),
-    "lora+torchrun": Refusal(
-        "lora.r",
-        "LoRA (`lora.r` > 0) under torchrun (several processes)",
-        "LoRA is not supported over several processes yet (this launch has {world_size}); run it in one process",
-        "not built: FSDP2 sharding of an adapter-wrapped policy",
-    ),
 }
 
 

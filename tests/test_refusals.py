@@ -91,8 +91,8 @@ def test_the_wording_check_sees_a_row_spelt_again(tmp_path):
 
 
 def test_refusal_fills_the_fields_and_refuse_raises_it():
-    assert refusal("lora+torchrun", world_size=2).startswith("lora.r: LoRA is not supported over several processes")
-    assert "(this launch has 2)" in refusal("lora+torchrun", world_size=2)
+    assert refusal("server+torchrun", world_size=2).startswith("rollout.vllm.server: one trainer process per server")
+    assert "(this launch has 2)" in refusal("server+torchrun", world_size=2)
     with pytest.raises(UserError, match=r"^rollout.async: rollout.sampler: hf \(transformers' generate\) returns no"):
         refuse("async+hf")
 
@@ -157,7 +157,6 @@ TRIGGERS = {
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
     "server+torchrun": launch(2, rollout=SERVER),
-    "lora+torchrun": launch(2, lora={"r": 4}),
 }
 
 

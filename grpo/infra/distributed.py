@@ -166,15 +166,18 @@ class ProcessGroup:
         Gradients are summed, not averaged, over processes (see the module doc)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        blocks = set(getattr(model, "_no_split_modules", None) or [])
-        for module in model.modules():
+        # LoRA: the root is the transformers model inside peft's wrapper, which every forward
+        # (the adapters on or off) and `generate` enter; FSDP2 needs its root to run first.
+        root = model.get_base_model() if hasattr(model, "get_base_model") else model
+        blocks = set(getattr(root, "_no_split_modules", None) or [])
+        for module in root.modules():
             inner = getattr(module, "backbone", None)  # the critic: blocks of its backbone
             if inner is not None:
                 blocks |= set(getattr(inner, "_no_split_modules", None) or [])
-        for module in list(model.modules()):
+        for module in list(root.modules()):
             if type(module).__name__ in blocks:
                 fully_shard(module)
-        fully_shard(model)
+        fully_shard(root)
         for unit in model.modules():
             if isinstance(unit, FSDPModule):
                 unit.set_gradient_divide_factor(1.0)  # sum: each loss is already divided by the whole batch's counts
@@ -261,8 +264,6 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
     if c.rollout.vllm.server:
         refuse("server+torchrun", world_size=world_size)
-    if c.lora.r:
-        refuse("lora+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

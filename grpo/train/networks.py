@@ -26,6 +26,7 @@ from grpo.train.layouts import policy_logprobs
 class Reference(Protocol):
     held: bool  # whether a network is held for it (for the "models held" count)
     networks: list  # the networks it holds beside the policy (for the parameter count)
+    runs_policy: bool  # whether its passes run the policy's own weights (sharded: gathered for them)
 
     def logprobs(self, batch: Rollout, temperature: float, repetition_penalty: float = 1.0) -> Tensor | None: ...
     def reset_to(self, policy) -> None: ...
@@ -38,6 +39,7 @@ class NoReference:
 
     held = False
     networks: list = []
+    runs_policy = False
 
     def logprobs(self, batch, temperature, repetition_penalty=1.0):
         return None
@@ -61,6 +63,7 @@ class FrozenCopy:
     embeddings stay in the policy's dtype, as autocast computes them."""
 
     held = True
+    runs_policy = False
 
     def __init__(
         self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True
@@ -98,6 +101,7 @@ class AdapterOff:
 
     held = True
     networks: list = []  # the policy's own weights
+    runs_policy = True
 
     def __init__(self, policy, chunked_head: bool = True):
         self.policy = policy

@@ -256,11 +256,15 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
     size, temperature, penalty = e.train.micro_batch_size, e.rollout.temperature, e.rollout.repetition_penalty
     by_length = e.train.length_grouping
     from_sampler = e.old_logprobs_from_sampler(batch)
-    policy_pass = [e.policy] if e.needs_old_logprobs(batch) else []  # gathered whole only when it runs
+    old_pass = e.needs_old_logprobs(batch)
+    # The policy gathered whole only when a pass runs it: the old policy's, or the reference's
+    # when that is the policy with its adapters off (LoRA). Gathered, a pass runs no collective,
+    # so a process may run fewer than another (a placeholder's rows).
+    policy_pass = [e.policy] if old_pass or e.reference.runs_policy else []
     with autocast(e.policy, e.compute_dtype), e.world.gathered(*policy_pass, *e.critic.networks):
         if from_sampler:  # (N, T), 0 past each completion as sampled
             old = batch.sampled_logprobs
-        elif policy_pass:
+        elif old_pass:
             old = no_grad_pass(
                 lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
                 batch,

@@ -10,6 +10,8 @@ KL and its gradient are not 0).
 """
 
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -17,6 +19,8 @@ from transformers import AutoModelForCausalLM
 from grpo.config import config_from_dict
 from grpo.infra.distributed import SingleProcess, init_world
 from grpo.rewards import WeightedReward
+from grpo.rollout.weights import policy_weights
+from grpo.train.checkpointing import Checkpointer
 from grpo.train.loop import build_engine
 from grpo.train.step import train_step
 
@@ -32,12 +36,20 @@ GRPO_COMPLETIONS = ["7", "3a7c", "b0", "77", "c1a2b", "", "7", "7", "7", "b0", "
 PPO_PROMPTS = ["a", "cab", "b0", "c"]
 PPO_COMPLETIONS = ["3a7c", "7", "c1a2b", "77"]
 
+LORA = {"r": 8, "alpha": 32}
+
+# name: (algorithm, loss, train, lora)
 CASES = {
-    "grpo-seq-mean-token-mean": ("grpo", {}, {}),
-    "grpo-token-mean-micro-batches": ("grpo", {"aggregation": "token-mean"}, {"micro_batch_size": 2}),
-    "grpo-sum-norm-batch-scale": ("grpo", {"aggregation": "seq-mean-token-sum-norm", "scale": "batch"}, {}),
-    "grpo-drop-zero-std-groups": ("grpo", {"drop_zero_std_groups": True}, {"micro_batch_size": 2}),
-    "ppo": ("ppo", {}, {}),
+    "grpo-seq-mean-token-mean": ("grpo", {}, {}, {}),
+    "grpo-token-mean-micro-batches": ("grpo", {"aggregation": "token-mean"}, {"micro_batch_size": 2}, {}),
+    "grpo-sum-norm-batch-scale": ("grpo", {"aggregation": "seq-mean-token-sum-norm", "scale": "batch"}, {}, {}),
+    "grpo-drop-zero-std-groups": ("grpo", {"drop_zero_std_groups": True}, {"micro_batch_size": 2}, {}),
+    "ppo": ("ppo", {}, {}, {}),
+    # Two updates: the first moves lora_B off 0, so that the second gives lora_A a gradient too.
+    "grpo-lora": ("grpo", {}, {"epochs": 2}, LORA),
+    # Process 1 keeps no row (a placeholder's passes): the reference's passes, the policy with
+    # its adapters off, run as many times in each process as its rows need.
+    "grpo-lora-drop-zero-std-groups": ("grpo", {"drop_zero_std_groups": True}, {"micro_batch_size": 2}, LORA),
 }
 
 
@@ -49,8 +61,11 @@ def share_of(rollout, world):
 
 
 def run_case(name, policy, reference, prompts_file, world):
-    """The case's weights after one step (whole, as plain tensors) and its metrics."""
-    algorithm, loss, train = CASES[name]
+    """The case's weights after one step (whole, as plain tensors) and its metrics. With LoRA,
+    also what a sampler is sent (`policy_weights`: read from the shards, as a generator
+    process's publish does, and gathered, as a vLLM engine's), the policy after the
+    reference's reset (the adapters merged into the base) and what `final/` then holds."""
+    algorithm, loss, train, lora = CASES[name]
     prompts, completions = (GRPO_PROMPTS, GRPO_COMPLETIONS) if algorithm == "grpo" else (PPO_PROMPTS, PPO_COMPLETIONS)
     group_size = 3 if algorithm == "grpo" else 1
     c = config_from_dict(
@@ -77,6 +92,7 @@ def run_case(name, policy, reference, prompts_file, world):
                 **train,
             },
             "loss": {"beta": 0.1, **loss},
+            "lora": lora,
         }
     )
     torch.manual_seed(0)
@@ -90,6 +106,17 @@ def run_case(name, policy, reference, prompts_file, world):
     weights = {f"policy.{k}": v.clone() for k, v in world.full_state_dict(e.policy).items()}
     for network in e.critic.networks:
         weights.update({f"critic.{k}": v.clone() for k, v in world.full_state_dict(network).items()})
+    if lora:
+        weights.update({f"published.{k}": v.clone() for k, v in policy_weights(e.policy)})
+        with world.gathered(e.policy):
+            weights.update({f"gathered.{k}": v.clone() for k, v in policy_weights(e.policy)})
+        e.reference.reset_to(e.policy)  # train.iterations: the adapters merged into the shards of the base
+        weights.update({f"reset.{k}": v.clone() for k, v in world.full_state_dict(e.policy).items()})
+        with tempfile.TemporaryDirectory() as final:  # process 0 alone writes (and reads) it
+            Checkpointer(e, c, None, None).save_final(Path(final))
+            if world.is_main:
+                saved = AutoModelForCausalLM.from_pretrained(final).state_dict()
+                weights.update({f"final.{k}": v for k, v in saved.items()})
     return weights, {
         k: metrics.metrics[k]
         for k in ("loss", "kl", "entropy", "grad_norm", "clip_fraction", "reward/mean", "tokens/trained")
