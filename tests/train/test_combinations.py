@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 import grpo
 from grpo.rewards.model import RewardModel
 from tests.rollout.tool_models import INCREMENT_PROMPT, MULTIPLY_PROMPT, DatasetIncrementEnv, async_add, multiply
+from tests.train import varying_tools
 from tests.train.test_learning import gain
 
 ASYNC = {"max_staleness": 1}
@@ -86,9 +87,13 @@ def test_async_with_lora_learns_the_sevens_reward(make_config):
     assert not any("lora" in k for k in final.state_dict())
 
 
+TOOL_ANSWERS_SCORED: list[int] = []  # per verifier call: how many completions hold a tool's answer
+
+
 def sevens_in_messages(prompts, completions, **kwargs):
     """The verifier of iterative RL on multi-turn rollouts: a score from the messages (which
     must be messages: a string's characters have no .get), the tool's included."""
+    TOOL_ANSWERS_SCORED.append(sum(any(m.get("role") == "tool" for m in c) for c in completions))
     return [float(sum(len(str(m.get("content", ""))) for m in c)) for c in completions]
 
 
@@ -102,16 +107,19 @@ def test_iterative_rl_with_tools_trains_the_reward_model_on_multi_turn_samples(t
     RewardModel.from_base(tool_model, seed=0).save(rm_dir)
     rollout = {"group_size": 4, "async": ASYNC} if mode == "async" else {"group_size": 4}
     config = tool_run(tool_model, tmp_path, [{"prompt": MULTIPLY_PROMPT}] * 2, steps=2, **rollout)
-    config["rollout"]["temperature"] = 1.0  # samples that differ: comparisons to learn from
     config["rewards"] = [{"model": str(rm_dir)}]
-    config["train"]["iterations"] = 2
+    config["train"].update(iterations=2, lr=1e-6)  # what is under test is the reward model's update
     config["reward_model_update"] = {
         "verifier": "tests.train.test_combinations:sevens_in_messages",
         "prompts": 2,
         "samples_per_prompt": 4,
         "save": True,
     }
-    result = grpo.train(config, tools=[multiply, async_add], progress=False)
+    TOOL_ANSWERS_SCORED.clear()
+    # The tool model answers each prompt the same way: a tool whose answers vary makes samples
+    # that differ, hence comparisons (a planted worker without the toolbox scores none here).
+    result = grpo.train(config, tools=[varying_tools.multiply, async_add], progress=False)
+    assert sum(TOOL_ANSWERS_SCORED) > 0, f"the comparisons were sampled without the tools: {TOOL_ANSWERS_SCORED}"
     (update,) = [
         json.loads(line) for line in (result.output_dir / "reward_model_updates.jsonl").read_text().splitlines()
     ]

@@ -439,6 +439,11 @@ def test_async_rollouts_on_two_processes_learn_and_resume(tiny_model, prompts_fi
     assert [m["step"] for m in metrics] == list(range(1, 31))
     assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # both processes' groups, whole
     assert [m["async/staleness"] for m in metrics] == ([0] + [1] * 11) * 1 + [0] + [1] * 17
+    # Each process's generator samples with the weights its trainer published: on the fresh
+    # batches (steps 1 and 13) the sampler's log-probs are the trainer's, up to float noise
+    # (0.002-0.003 here; 0.13 when process 1's generator kept the weights it started with).
+    fresh = [m["rollout/mismatch_kl"] for m in metrics if m["async/staleness"] == 0]
+    assert len(fresh) == 2 and max(fresh) < 0.02, fresh
     assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
 
 
