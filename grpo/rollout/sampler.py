@@ -209,44 +209,52 @@ class Sampler:
         `version`: the optimizer steps `model`'s weights have taken (the Rollout's
         policy_version), so that a decoder does its per-version work once; None: redone.
         Prompts longer than max_prompt_length keep their last tokens (see the module doc).
-        With tools, each completion is a multi-turn rollout (`grpo.rollout.turns`)."""
-        if self.tools is not None:
-            return sample_turns(self, model, rows, seeds, step=step, version=version, generator=generator)
-        tok = self.tokenizer
-        texts = [prompt_text(row[self.prompt_column], tok) for row in rows]
-        unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, self.max_prompt_length)  # (B, P), (B, P), (B,)
-        check_fits(model, unique_ids.shape[1], self.max_prompt_length, self.params.max_new_tokens)
-        device = next(model.parameters()).device
-        unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)
-        prompt_ids = unique_ids.repeat_interleave(self.group_size, 0)  # (N, P)
-        prompt_mask = unique_mask.repeat_interleave(self.group_size, 0)
-        decoder = self.decoder(model, prompt_ids.shape[1])
-        decoder.prepare(model, version)
-        try:
-            completion_ids, logprob_pieces = self._decode(decoder, unique_ids, unique_mask, seeds, generator, step)
-            exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
-        finally:
-            if not self.hold_prepared:
-                decoder.release()
-        pad = self.params.pad_token_id  # the tokenizer's (0 when it has none)
-        mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
-        # Tokens after EOS become padding, so they can never be mistaken for content.
-        completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))
-        sampled_logprobs = None
-        if all(logprobs is not None for logprobs in logprob_pieces):
-            sampled_logprobs = torch.where(mask.bool(), pad_cat(logprob_pieces, 0.0), 0.0)  # (N, T), 0 past the end
-        completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
-        repeated_rows = [row for row in rows for _ in range(self.group_size)]
-        return Rollout(
-            input_ids=torch.cat([prompt_ids, completion_ids], 1),
-            attention_mask=torch.cat([prompt_mask, mask.long()], 1),
-            completion_mask=mask,
-            prompts=[t for t in texts for _ in range(self.group_size)],
-            completions=completions,
-            rows=repeated_rows,
-            group_size=self.group_size,
-            prompt_truncated=cut.repeat_interleave(self.group_size).to(device),
-            sampled_logprobs=sampled_logprobs,
-            policy_version=0 if version is None else version,
-            logprobs_exact=exact and sampled_logprobs is not None,
-        )
+        Two strategies: `sample_single`, or with tools `grpo.rollout.turns.sample_turns`
+        (each completion a multi-turn rollout)."""
+        strategy = sample_turns if self.tools is not None else sample_single
+        return strategy(self, model, rows, seeds, step=step, version=version, generator=generator)
+
+
+@torch.no_grad()
+def sample_single(sampler: Sampler, model, rows: list[dict], seeds, *, step: int, version, generator) -> Rollout:
+    """`Sampler.sample` for a sampler without tools: G single-turn completions of each row's
+    prompt, decoded in one call per generation batch (`Sampler._decode`); the multi-turn
+    strategy beside it is `grpo.rollout.turns.sample_turns`."""
+    tok = sampler.tokenizer
+    texts = [prompt_text(row[sampler.prompt_column], tok) for row in rows]
+    unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)  # (B, P), (B, P), (B,)
+    check_fits(model, unique_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
+    device = next(model.parameters()).device
+    unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)
+    prompt_ids = unique_ids.repeat_interleave(sampler.group_size, 0)  # (N, P)
+    prompt_mask = unique_mask.repeat_interleave(sampler.group_size, 0)
+    decoder = sampler.decoder(model, prompt_ids.shape[1])
+    decoder.prepare(model, version)
+    try:
+        completion_ids, logprob_pieces = sampler._decode(decoder, unique_ids, unique_mask, seeds, generator, step)
+        exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
+    finally:
+        if not sampler.hold_prepared:
+            decoder.release()
+    pad = sampler.params.pad_token_id  # the tokenizer's (0 when it has none)
+    mask = completion_mask(completion_ids.cpu(), tok.eos_token_id).to(device)  # (N, T)
+    # Tokens after EOS become padding, so they can never be mistaken for content.
+    completion_ids = torch.where(mask.bool(), completion_ids, torch.full_like(completion_ids, pad))
+    sampled_logprobs = None
+    if all(logprobs is not None for logprobs in logprob_pieces):
+        sampled_logprobs = torch.where(mask.bool(), pad_cat(logprob_pieces, 0.0), 0.0)  # (N, T), 0 past the end
+    completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
+    repeated_rows = [row for row in rows for _ in range(sampler.group_size)]
+    return Rollout(
+        input_ids=torch.cat([prompt_ids, completion_ids], 1),
+        attention_mask=torch.cat([prompt_mask, mask.long()], 1),
+        completion_mask=mask,
+        prompts=[t for t in texts for _ in range(sampler.group_size)],
+        completions=completions,
+        rows=repeated_rows,
+        group_size=sampler.group_size,
+        prompt_truncated=cut.repeat_interleave(sampler.group_size).to(device),
+        sampled_logprobs=sampled_logprobs,
+        policy_version=0 if version is None else version,
+        logprobs_exact=exact and sampled_logprobs is not None,
+    )
