@@ -1,28 +1,17 @@
-"""The decoders a Sampler can run, behind one registry (as `grpo.train.seams.BASELINES` is).
+"""The decoders a Sampler can run, behind one registry (docs/sampling.md, docs/speed.md).
 
-A decoder samples completions of left-padded prompts. `prepare(policy, version)` does the
-work a policy version needs once (the fast loop's fused weights); `decode(prompt_ids,
-prompt_mask, counts, generators)` then draws counts[i] completions of prompt i, in
-consecutive rows, and returns their token ids and, where the decoder has them, the
-log-probs of the tokens it drew under the distribution it drew them from. Every decoder is
-built with the same `SamplingParams` (`grpo.rollout.params`) and must draw the same tokens
-from the same random numbers.
+A decoder samples completions of left-padded prompts: `prepare(policy, version)` does a
+version's one-time work (the fast loop's fused weights), `decode(prompt_ids, prompt_mask,
+counts, generators)` draws counts[i] completions of prompt i and, where it can, the
+log-probs of the drawn tokens under the distribution they were drawn from. All take the
+same `SamplingParams` and draw the same tokens from the same random numbers: "fast" (our
+KV-cache loop, Llama family), "hf" (transformers' `generate`, any causal LM, no log-probs),
+"vllm" (`grpo.vllm.decoder`); "auto" takes the first that can run the model among those it
+may choose (`in_auto`: not vllm). `generators`: one for the call, or one per prompt.
 
-- "fast": `grpo.rollout.fast`, our KV-cache loop for Llama-family models; log-probs too;
-- "hf": transformers' `generate` (any causal LM, e.g. a peft-wrapped policy); no log-probs;
-- "vllm": `grpo.vllm.decoder`, a vLLM engine in the training process; log-probs too;
-- "auto" (`AUTO`) is no decoder of its own: the first of DECODERS that can decode the model,
-  among those that auto may choose (`in_auto`; not vllm, which must be asked for).
-
-Random numbers: `generators` holds one torch.Generator for all the call's rows, or one per
-prompt (prompt i's rows draw from generators[i], whatever is sampled beside them); a None
-in place of a generator is the global stream.
-
-Nothing here imports torch until a decoder runs: `grpo.config` reads the names
-(rollout.sampler's values) and `lora_refusal` from this module (whose words, as every
-refusal's, are a row of `grpo.refusals`). The registry names where each decoder is
-('module:class', `decoder_class`), so that `grpo.config` -> here -> a decoder's module
-(`grpo.vllm.decoder`) runs one way.
+The registry holds import paths ('module:Class', `decoder_class`), so `grpo.config` reads
+the names without importing torch or vLLM, and config -> decoders -> a decoder's module
+runs one way. Refusals are rows of `grpo.refusals`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
-"""The Sampler: from prompts to a Rollout of G completions each.
+"""The Sampler: from prompts to a Rollout of G completions each (docs/sampling.md).
 
-One class, its decoders behind one registry (`grpo.rollout.decoders`; rollout.sampler
-names one): "fast", our KV-cache loop for Llama-family models, which computes each prompt's
-prefix once for its G completions, draws the same tokens as `generate` and gives their
-log-probs; "hf", transformers' `generate` (any causal LM, e.g. a peft-wrapped policy);
-"auto" (default), "fast" where the model is supported, else "hf". Every decoder samples by
-the same `SamplingParams`, built once.
+One class for training, iterative RL and evaluation (`Sampler.from_config`), its decoders
+behind one registry (`grpo.rollout.decoders`: fast, hf, vllm; auto picks), all drawing by
+the same `SamplingParams`. Two strategies: `sample_single`, and with tools
+`grpo.rollout.turns.sample_turns`; prompts are encoded the same way for both
+(`grpo.rollout.prompts`).
 
-Random numbers. Built with the run's seed (training's sampler is), the sampler draws each
-step from a generator of its own, seeded by the seed, the process's rank and the step: not
-from the global stream, which the update's random permutations draw from, so that neither
-changes what the other draws, whichever runs first. With per-prompt seeds
-(rollout.seed_per_prompt) each prompt's completions draw from a generator of that seed.
-Built without a seed (evaluation, the demo, iterative RL's reward-model samples), it draws
-from the global stream, as `generate` does; its callers seed that.
-
-`Sampler.from_config` builds it from the rollout config; training, iterative RL and
-evaluation all get theirs from there. The sampler works on its own copy of the tokenizer
-(set to pad on the left, where prompts must end), so the caller's tokenizer, and the one
-saved with a trained model, is never changed.
-
-Prompts are rendered, encoded and cut to rollout.max_prompt_length by `grpo.rollout.prompts`
-(its module doc says how), the same for single-turn and multi-turn rollouts.
+Random numbers: built with the run's seed, the sampler draws each step from a generator of
+its own (seed, rank, step), not from the global stream the update's permutations use, so
+neither changes the other; with rollout.seed_per_prompt each prompt draws from its own.
+Built without a seed (evaluation, the demo, iterative RL's comparisons) it draws from the
+global stream, as `generate` does. It works on its own copy of the tokenizer (padding on the
+left), so the caller's, and the one saved with a trained model, never changes.
 """
 
 from __future__ import annotations

@@ -1,36 +1,17 @@
-"""Multi-turn rollouts: the model's turns and its tools' answers, one completion per rollout.
+"""Multi-turn rollouts: the model's turns and its tools' answers, one completion per rollout
+(`sample_turns`, the Sampler's strategy when it has tools; docs/tools.md is the manual).
 
-A rollout runs turn by turn. The model samples a turn (up to and including its EOS, the
-chat template's end of turn); if the turn calls tools (`grpo.rollout.tools.parse_calls`),
-the calls run, their tool messages are rendered by the chat template and tokenized alone,
-the tokens are appended, and the model samples its next turn after them. A rollout ends at
-a turn without a call, at a turn past rollout.max_tool_calls, or when the whole completion
-(model and tool tokens together) reaches max_new_tokens; a turn's tool messages that would
-leave no room for one more model token are dropped and the rollout ends at that turn (as
-TRL drops them), though its calls have run.
+A turn is sampled up to its end of turn; its tool calls run, their messages are rendered by
+the chat template and tokenized alone, and the next turn is sampled after them, until a turn
+without a call, rollout.max_tool_calls or max_new_tokens. Tokens stay as sampled: what the
+model wrote is never re-tokenized (it would train on tokens it never drew), tool tokens are
+in `completion_mask` but not in `loss_mask`, and their sampler log-probs are 0.
+`check_rendering` warns once where the template would render the conversation otherwise.
 
-Tokens stay as sampled. The completion is the model's sampled tokens and the tool messages'
-tokens, concatenated; what the model wrote is never re-tokenized (a text that decodes and
-encodes back to other tokens would train the policy on tokens it never sampled). The
-Rollout's `completion_mask` holds every one of them (attended to, counted in the lengths);
-its `loss_mask` only the model's: tool tokens are no action of the policy, and the step
-leaves them out of every loss and statistic through that one mask. The sampler's log-probs
-are 0 on them. Once per sampler, `check_rendering` compares a conversation with the tokens
-the chat template renders it to, and warns in one line where they differ.
-
-On every decoder behind the seam (`Decoder.decode`): each turn is one decoding call per
-batch of rows, its prompt the row's prompt and completion so far. The fast loop keeps each
-row's KV cache from one turn to the next (`KEEP_CACHE`, `fast.extend`): a later turn runs
-only the end of the row's last turn and its tool messages, then samples; the other decoders
-compute each turn's whole context again. Rows
-with the same context and random stream (a prompt's G rows at the first turn) share one
-prompt in a call. A turn asks for at most the most tokens any of its rows has left; each
-row keeps what fits its own budget (a sample's prefix is a sample). Sampling options apply
-per turn (min_new_tokens holds back each turn's EOS, as TRL's loop asks each turn again).
-Random streams: one for every row through every turn (the sampler's, as a single-turn
-sample's); with rollout.seed_per_prompt one per prompt and turn (`grpo.infra.seed.turn_seed`)
-in calls that hold whole prompts, so that a prompt's rollouts do not depend on the prompts
-sampled beside it (nor on the number of processes).
+Each turn is one decoding call per batch of rows on any decoder; the fast loop keeps a row's
+KV cache across turns (`KEEP_CACHE`). One random stream runs through every turn, or with
+rollout.seed_per_prompt one per prompt and turn (`turn_seed`), so a prompt's rollouts do not
+depend on what is sampled beside it nor on the number of processes.
 """
 
 from __future__ import annotations

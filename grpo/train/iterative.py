@@ -1,20 +1,17 @@
-"""Iterative RL (DeepSeekMath §4.1.4): the reward model keeps learning from the policy.
+"""Iterative RL (DeepSeekMath §4.1.4): the reward model keeps learning from the policy
+(docs/reward-models.md).
 
-Between outer iterations the policy's fresh samples are labelled by a verifier the user
-names; within each prompt's samples, a higher-scored completion is preferred over a
-lower-scored one. The reward model then trains on these new comparisons plus a replay of
-a fraction (10% by default) of all earlier comparisons, so it follows the policy's
-distribution without forgetting what it knew.
+Between outer iterations the policy's fresh samples, drawn by the run's generator, are
+labelled by a verifier the user names; within a prompt's samples a higher-scored completion
+is preferred over a lower-scored one. The reward model trains on these comparisons plus a
+replay of a fraction (10% by default) of all earlier ones, following the policy without
+forgetting.
 
-Under torchrun every process holds a replica of the reward model. Each samples and labels
-its part of the update's prompts (whole groups), the labelled samples are gathered to every
-process (text: cheap), and every process builds the same pairs from them, replays the same
-history and learns data parallel (`RewardModel.fit`: gradients summed over processes). The
-pairs are gathered, not kept where they were drawn, because the history that replay draws
-from and a checkpoint saves must be the whole run's; the learning is data parallel, rather
-than the same update run whole in every process, so that the replicas stay the same by
-construction (one summed gradient, one AdamW step) and not by every process's float rounding
-happening to agree, and each process runs its share of the update.
+Under torchrun each process samples and labels its part of the prompts (whole groups); the
+labelled samples are gathered to every process, which builds the same pairs and replays the
+same history (so the history and a checkpoint are the whole run's), and the reward model's
+replicas learn data parallel (`RewardModel.fit`, gradients summed): identical by
+construction, each process running its share.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
-"""One vLLM engine in the training process, fed the policy's weights (issue 23).
+"""One vLLM engine in the training process, fed the policy's weights (docs/vllm.md).
 
-`LocalEngine` holds one vLLM `LLM`, built once per run from the policy's config alone (vLLM's
-"dummy" load: random weights, no files but config.json), so that the first sync is the one
-that loads the real weights and the check after it proves them. The engine runs in this
-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), on the policy's device.
+`LocalEngine` holds one vLLM `LLM`, built from the policy's config alone (vLLM's "dummy"
+load), in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) on the policy's device, so the
+first sync is what loads the real weights and the check after it proves them.
 
-Weight sync (docs/dev/vllm-cpu-spike.md proved it by log-probs): vLLM's own in-place reload,
-`worker.reload_weights(weights_iterator=...)`, which re-runs each layer's loaders and
-`process_weights_after_loading` (on a CPU that repacks the oneDNN kernels). It goes stale in
-one case: a tied head, whose packed copy of the embedding is only rebuilt when the head is
-sent too. `policy_weights` adds `lm_head.weight` for tied models, and `load_weights` repacks
-the head once more. The prefix cache holds keys and values of the old weights: reset.
-
-What a sync can still get wrong, the check catches (`check_sync`): the log-probs of one fixed
-sequence, engine against trainer; a clear error over the tolerance.
-
-Log-probs: vLLM's `processed_logprobs`, those of the distribution it drew each token from
-(after the repetition penalty, the EOS held back by min_tokens, temperature, min-p, top-k and
-top-p, renormalised), as our own `fast` decoder returns them. Without a truncation (top_k,
-top_p, min_p, min_new_tokens off) that is exactly the distribution the loss scores.
-
-Server mode builds on the pieces that do not hold an engine: `sampling_params`, `completions`
-and `policy_weights`.
+A sync is vLLM's in-place reload (`reload_weights`), which reruns each layer's loaders; a
+tied head is sent as a weight of its own (vLLM's packed copy of it goes stale otherwise), and
+the prefix cache is reset. `check_sync` then compares the log-probs of one fixed sequence,
+engine against trainer, and fails in one line over the tolerance. Log-probs are vLLM's
+`processed_logprobs`: those of the distribution each token was drawn from, as the fast
+decoder's. Server mode (grpo.vllm.client / server) reuses `sampling_params`, `completions`
+and `policy_weights`, the pieces that hold no engine.
 """
 
 from __future__ import annotations
