@@ -43,3 +43,20 @@ def sampled_step(e, generator, rows, seeds=None, step=0):
     from grpo.train.step import train_step
 
     return train_step(e, sample(e, generator, rows, seeds, step), step)
+
+
+def the_reward_model_update(output_dir, before_dir) -> dict:
+    """The one reward-model update an iterative run (saving its reward model) recorded in
+    `output_dir`, checked to have moved the reward model away from the one in `before_dir`."""
+    import json
+    from pathlib import Path
+
+    from grpo.rewards.model import RewardModel
+
+    (update,) = [
+        json.loads(line) for line in (Path(output_dir) / "reward_model_updates.jsonl").read_text().splitlines()
+    ]
+    before = RewardModel.from_pretrained(str(before_dir)).model.state_dict()
+    after = RewardModel.from_pretrained(str(Path(output_dir) / "reward_model")).model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the reward model did not move"
+    return update

@@ -3,7 +3,9 @@ server's own HTTP handler (grpo.vllm.server.handler) in front of a transformers 
 answers its four routes as the engine would (the pushed weights loaded, the check's log-probs
 computed, completions sampled with temperature and min/max new tokens), on a thread of this
 process. `die_at`: the generate request that finds the server gone, as if killed: the
-connection closes without an answer, and the port refuses every request after it."""
+connection closes without an answer, and the port refuses every request after it. As the real
+server, it refuses a request whose push token is not that of the weights it holds (HTTP 409);
+`log` lists what it did (pushes and generate requests, in order), for a test to read."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.vllm.client import API, fingerprint, identity
-from grpo.vllm.server import handler
+from grpo.vllm.server import Served, handler
 
 
 class FakeServed:
@@ -28,6 +30,8 @@ class FakeServed:
         self.die, self.die_at = die, die_at
         self.lock = threading.Lock()
         self.token, self.pushes, self.generated = None, 0, 0
+        # ("push", token, the weights' sum) and ("generate", counts, pushes, token): what it served, in order
+        self.log: list[tuple] = []
         self.info = {
             "api": API,
             "model": model,
@@ -43,20 +47,25 @@ class FakeServed:
     def health(self, _body=None) -> dict:
         return {**self.info, "pushes": self.pushes}
 
+    _holds = Served._holds  # the real server's refusal of weights it no longer holds
+
     def weights(self, body: dict) -> dict:
         if "probe" in body:
             return {"readable": os.path.isdir(body["probe"])}
         from safetensors.torch import load_file
 
         with self.lock:
-            self.model.load_state_dict(load_file(body["path"]), strict=False)
+            weights = load_file(body["path"])
+            self.model.load_state_dict(weights, strict=False)
             self.token = body.get("token")
             self.pushes += 1
+            self.log.append(("push", self.token, sum(float(t.double().sum()) for t in weights.values())))
         return {"seconds": 0.0, "pushes": self.pushes}
 
     def prompt_logprobs(self, body: dict) -> dict:
         ids = list(body["ids"])
         with self.lock, torch.no_grad():
+            self._holds(body)
             logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1]
         picked = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
         return {"logprobs": picked.tolist()}
@@ -68,6 +77,8 @@ class FakeServed:
         params = body["params"]
         outputs = []
         with self.lock, torch.no_grad():
+            self._holds(body)
+            self.log.append(("generate", list(body["counts"]), self.pushes, body.get("weights")))
             for prompt, count, seed in zip(body["prompts"], body["counts"], body["seeds"]):
                 generator = torch.Generator().manual_seed(seed)
                 outputs.append([self._one(prompt, params, generator) for _ in range(count)])

@@ -1,8 +1,9 @@
 """Server mode's trainer side needs no vLLM (this venv has none): a server that is not there
 is one line before the first step, as is a bad address, a transport not built yet, and a
 server given without the vllm sampler; one that dies mid-run is one line, the last step saved
-(a fake server: tests/rollout/fake_vllm_server.py). The server itself is tested in
-tests/vllm/test_server.py."""
+(a fake server: tests/rollout/fake_vllm_server.py); iterative RL with rollout.async samples
+its comparisons on the server, with the weights of the update's version. The server itself is
+tested in tests/vllm/test_server.py."""
 
 import socket
 
@@ -154,3 +155,44 @@ def test_a_server_gone_mid_run_is_one_line_the_last_step_saved_and_resume_contin
         fresh.close()
         if not dying.gone:
             dying.close()
+
+
+@pytest.mark.slow
+def test_iterative_rl_with_async_rollouts_samples_the_comparisons_on_the_server_with_the_update_s_weights(
+    make_config, tiny_model, tmp_path
+):
+    """Iterative RL with rollout.async (K = 1) and a server: the reward model's comparisons are
+    asked of the generator process (the trainer samples nothing), which pushes the policy's
+    weights of the update's version to the server before the server samples them there, with
+    that push's token; the reward model learns from them. 3 steps, 2 iterations: no batch is
+    requested after step 2, so no push follows it, and the update's own publish brings the
+    server version 2. A fake server (tests/rollout/fake_vllm_server.py) logs what it did."""
+    from grpo.rewards.model import RewardModel
+    from tests.helpers import the_reward_model_update
+    from tests.rollout.fake_vllm_server import FakeServer
+
+    rm_dir = tmp_path / "rm"
+    RewardModel.from_base(tiny_model, seed=0).save(rm_dir)
+    server = FakeServer(tiny_model)
+    try:
+        config = server_config(make_config, server.address)
+        config["rewards"] = [{"model": str(rm_dir)}]
+        config["rollout"]["async"] = {"max_staleness": 1}
+        config["train"].update(steps=3, iterations=2, sample_every=0)
+        config["reward_model_update"] = {
+            "verifier": "tests.train.rewards_for_tests:sevens",
+            "prompts": 2,
+            "samples_per_prompt": 4,  # group_size is 8: the comparisons' requests are told apart by their counts
+            "save": True,
+        }
+        result = grpo.train(config, progress=False)
+        log = server.served.log
+    finally:
+        server.close()
+    assert [m["async/staleness"] for m in result.metrics] == [0, 1, 1]
+    pushes = [entry for entry in log if entry[0] == "push"]
+    assert len(pushes) == 3 and len({p[2] for p in pushes}) == 3, log  # versions 0, 1, 2: once each, all different
+    (pairs,) = [entry for entry in log if entry[0] == "generate" and entry[1] == [4, 4]]
+    assert pairs == ("generate", [4, 4], 3, pushes[2][1]), log  # with version 2's weights, just pushed
+    assert [entry[0] for entry in log][-2:] == ["push", "generate"], log
+    assert the_reward_model_update(result.output_dir, rm_dir)["new_pairs"] > 0

@@ -8,11 +8,11 @@ iterative RL reach the worker the way they reach the in-process sampler.
 import json
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 import grpo
 from grpo.rewards.model import RewardModel
+from tests.helpers import the_reward_model_update
 from tests.rollout.tool_models import INCREMENT_PROMPT, MULTIPLY_PROMPT, DatasetIncrementEnv, async_add, multiply
 from tests.train import varying_tools
 from tests.train.test_learning import gain
@@ -120,10 +120,4 @@ def test_iterative_rl_with_tools_trains_the_reward_model_on_multi_turn_samples(t
     # that differ, hence comparisons (a planted worker without the toolbox scores none here).
     result = grpo.train(config, tools=[varying_tools.multiply, async_add], progress=False)
     assert sum(TOOL_ANSWERS_SCORED) > 0, f"the comparisons were sampled without the tools: {TOOL_ANSWERS_SCORED}"
-    (update,) = [
-        json.loads(line) for line in (result.output_dir / "reward_model_updates.jsonl").read_text().splitlines()
-    ]
-    assert update["new_pairs"] > 0, update
-    before = RewardModel.from_pretrained(str(rm_dir)).model.state_dict()
-    after = RewardModel.from_pretrained(str(result.output_dir / "reward_model")).model.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert the_reward_model_update(result.output_dir, rm_dir)["new_pairs"] > 0
