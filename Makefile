@@ -43,11 +43,14 @@ $(VLLM_STAMP): pyproject.toml
 
 # The suite in two environments: everything but the vllm-marked tests in .venv, those in
 # .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
-test: $(STAMP) $(VLLM_STAMP)
+# The two environments install side by side (pip waits on the disk and the index more than it
+# computes); each suite runs on two processes of one thread (tests/conftest.py).
+test:
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm"
-	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
+	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
 
 # Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py
 # names (learning runs, torchrun, kill-and-resume, slow commands) and vLLM; `make test` runs all.
@@ -57,7 +60,7 @@ check: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not learning and not torchrun and not resume and not slow"
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m "vllm and not benchmark" tests/vllm
+	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
 
 demo: $(STAMP)
 	$(VENV)/bin/grpo demo --output runs/demo --overwrite

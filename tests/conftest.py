@@ -18,7 +18,12 @@ settings.register_profile("default", max_examples=60, deadline=None, suppress_he
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
-torch.set_num_threads(1)  # tiny models: per-op overhead, not arithmetic; and robust when another process holds a core
+# Tiny models: per-op overhead, not arithmetic; and robust when another process holds a core
+# (two threads spin-wait for each other's core). The environment says it to every child a test
+# starts too (commands, torchrun workers, benchmarks' children), which would otherwise take
+# torch's default of a thread per core beside the other xdist worker.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 ALPHABET = "0123456789abc "
 
