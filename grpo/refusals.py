@@ -130,14 +130,6 @@ REFUSALS: dict[str, Refusal] = {
         "{transport} is not available in this version; use file (trainer and server on one machine)",
         "not built: vLLM's GPU-to-GPU weight transfer cannot be tested without GPUs (docs/vllm-server.md)",
     ),
-    "server+torchrun": Refusal(
-        "rollout.vllm.server",
-        "`rollout.vllm.server` under torchrun (several processes)",
-        "one trainer process per server in this version (this launch has {world_size}); under torchrun, use the "
-        "engine in each training process (rollout.vllm.server: '')",
-        "design: each process would push its own weights over the others'; one push of the gathered weights is not "
-        "built",
-    ),
     # ---- asynchronous rollouts
     "async+hf": Refusal(
         "rollout.async",
@@ -153,6 +145,15 @@ REFUSALS: dict[str, Refusal] = {
         "returns no log-probs, and a stale batch's ratio needs the sampling policy's; use rollout.sampler: vllm, or "
         "no rollout.async",
         "engine: as `async+hf`; known once the model is (docs/speed.md lists what the fast loop runs)",
+    ),
+    "async+server+torchrun": Refusal(
+        "rollout.async",
+        "asynchronous rollouts with `rollout.vllm.server` under torchrun (several processes)",
+        "the generator processes of {world_size} training processes cannot share one vLLM server in this version; "
+        "set rollout.async.max_staleness: 0 (process 0 then pushes for all), or rollout.vllm.server: '' (an engine "
+        "in each generator)",
+        "not built: a server holds one version of the weights at a time, and each process's generator samples ahead "
+        "on its own schedule, outside the process group: one push per version needs them to agree when it happens",
     ),
     "async+recompute-uncorrected": Refusal(
         "train.old_logprobs",

@@ -91,8 +91,7 @@ def test_the_wording_check_sees_a_row_spelt_again(tmp_path):
 
 
 def test_refusal_fills_the_fields_and_refuse_raises_it():
-    assert refusal("server+torchrun", world_size=2).startswith("rollout.vllm.server: one trainer process per server")
-    assert "(this launch has 2)" in refusal("server+torchrun", world_size=2)
+    assert refusal("async+server+torchrun", world_size=2).startswith("rollout.async: the generator processes of 2 ")
     with pytest.raises(UserError, match=r"^rollout.async: rollout.sampler: hf \(transformers' generate\) returns no"):
         refuse("async+hf")
 
@@ -156,7 +155,7 @@ TRIGGERS = {
     "iterative+one-iteration": minimal(rewards=[MODEL_REWARD], reward_model_update=VERIFIER),
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
-    "server+torchrun": launch(2, rollout=SERVER),
+    "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
 }
 
 

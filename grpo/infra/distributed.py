@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
 from grpo.refusals import refuse
 
 
@@ -90,6 +90,10 @@ class SingleProcess:
     def checked(self, check):
         """Run `check` (which may raise UserError) in every process; see ProcessGroup.checked."""
         return check()
+
+    def from_main(self, work):
+        """`work()`, done once for every process; see ProcessGroup.from_main."""
+        return work()
 
     def close(self) -> None:
         pass
@@ -230,6 +234,35 @@ class ProcessGroup:
             raise UserError(errors[0])
         return result
 
+    def from_main(self, work):
+        """`work()` run in process 0 alone (what one process does for all: a push to a shared
+        server), its result (picklable) returned in every process once it is done. Should it
+        raise, every process raises: process 0 its error, the others a UserError with its line
+        (a RuntimeError naming it when it was not a UserError), so that none goes on to wait
+        in a collective for process 0, and the loop saves (or not) alike in all."""
+        import torch.distributed as dist
+
+        result, error, said = None, None, None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as err:
+                error = err
+                said = (
+                    (True, str(err))
+                    if isinstance(err, UserError)
+                    else (False, f"{type(err).__name__}: {first_line(err)}")
+                )
+        sent = [(result, said)]
+        dist.broadcast_object_list(sent, src=0)
+        if error is not None:
+            raise error
+        result, said = sent[0]
+        if said is not None:
+            user, line = said
+            raise UserError(line) if user else RuntimeError(f"process 0 failed: {line}")
+        return result
+
     def close(self) -> None:
         import torch.distributed as dist
 
@@ -262,8 +295,8 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         return backend
     if c.rollout.prompts_per_step % world_size:
         refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
-    if c.rollout.vllm.server:
-        refuse("server+torchrun", world_size=world_size)
+    if c.rollout.vllm.server and c.rollout.async_.max_staleness > 0:
+        refuse("async+server+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 
 

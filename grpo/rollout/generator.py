@@ -113,7 +113,7 @@ class LocalGenerator:
         so that what they refuse is known before the run writes anything."""
         if not self.publishers:
             for purpose, sampler in self.samplers.items():
-                sampler.start(policy)
+                sampler.start(policy, self.world)
                 self.publishers[purpose] = publisher_of(sampler, policy)
 
     def publish(self, policy, version: int) -> None:
@@ -132,10 +132,14 @@ class LocalGenerator:
         start = time.perf_counter()
         sampler = self.samplers[purpose]
         with self.world.gathered(self.policy):  # a collective: entered by every process, with rows or none
-            if rows:
-                rollout = sampler.sample(self.policy, rows, seeds, step=step, version=self.published)
-            else:
-                rollout = Rollout.empty(sampler.group_size)
+            # A refusal in one process (a vLLM server gone: every process's) stops all, none left in a collective.
+            rollout = self.world.checked(
+                lambda: (
+                    sampler.sample(self.policy, rows, seeds, step=step, version=self.published)
+                    if rows
+                    else Rollout.empty(sampler.group_size)
+                )
+            )
         rollout.policy_version = self.published  # the weights that drew it, whatever decoder drew it
         self.seconds = {"generate": time.perf_counter() - start, "idle": 0.0}
         return rollout

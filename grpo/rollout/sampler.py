@@ -145,16 +145,17 @@ class Sampler:
             self.decoders[name] = decoders.decoder_class(name)(self.params, self.autocast, **options)
         return self.decoders[name]
 
-    def start(self, model) -> None:
+    def start(self, model, world=None) -> None:
         """Build now what the decoder rollout.sampler names builds at its first sample (vLLM's
         engine), so that what it refuses is known before the first step. Nothing for the
-        others (auto's choice depends on each batch's prompts)."""
+        others (auto's choice depends on each batch's prompts). `world`: the training
+        processes (a vLLM server is theirs together)."""
         if self.backend == decoders.AUTO:
             return
         decoder = self.decoder(model, self.max_prompt_length)
         start = getattr(decoder, "start", None)
         if start is not None:
-            start(model)
+            start(model, world)
 
     @torch.no_grad()
     def _decode(self, decoder: Decoder, unique_ids, unique_mask, seeds, generator, step: int):

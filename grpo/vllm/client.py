@@ -18,7 +18,8 @@ is refused in one line until it is built and tested on GPUs. After a push, the s
 the colocated engine's (`LocalEngine.check`: the log-probs of one fixed sequence, server
 against trainer). Each push gets a token that every later generate request carries: a server
 that restarted or took another trainer's weights since refuses it, rather than sample from
-weights that are not the policy's.
+weights that are not the policy's. Under torchrun the processes are one trainer: process 0
+pushes and checks each version, the others wait for it and take its token (`RemoteEngine.sync`).
 
 Nothing here imports vLLM: the trainer may run without it.
 """
@@ -37,6 +38,7 @@ import urllib.request
 import uuid
 
 from grpo.errors import UserError
+from grpo.infra.distributed import SingleProcess, World
 from grpo.refusals import refuse
 from grpo.rollout.weights import weights_folder
 from grpo.vllm import split_address
@@ -112,18 +114,20 @@ class RemoteEngine:
     """A `grpo vllm-serve` server, with the methods of `LocalEngine` that `VllmDecoder` calls
     (module doc). `timeout`: the seconds a generate request or a push may take."""
 
-    # The check and the sync are the colocated engine's: they read only `vocab`,
-    # `prompt_logprobs` and `load_weights`, which this class answers over HTTP.
+    # The check is the colocated engine's: it reads only `vocab` and `prompt_logprobs`,
+    # which this class answers over HTTP.
     check = LocalEngine.check
-    sync = LocalEngine.sync
 
-    def __init__(self, address: str, *, timeout: float = 600.0, transport: str = "file"):
+    def __init__(
+        self, address: str, *, timeout: float = 600.0, transport: str = "file", world: World = SingleProcess()
+    ):
         host, port = split_address(address)
         if transport not in TRANSPORTS:
             refuse("transport-nccl", transport=transport)
         self.address, self.port = address, port
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         self.timeout, self.transport = timeout, transport
+        self.world = world  # the training processes that share the server (torchrun)
         self.info = self.health()
         import torch
 
@@ -260,6 +264,18 @@ class RemoteEngine:
         self.write_seconds += written - start
         self.load_seconds += float(answer.get("seconds", 0.0))
 
+    def sync(self, policy, *, check: bool, tolerance: float) -> None:
+        """The policy's weights pushed, then checked (`LocalEngine.sync`). Under torchrun the
+        server is every process's: process 0 alone pushes and checks (the weights are whole
+        in every process: `world.gathered`), the others wait for it and take its push's
+        token, so each version is pushed once, and a push that fails fails every process."""
+
+        def push() -> str:
+            LocalEngine.sync(self, policy, check=check, tolerance=tolerance)
+            return self.token
+
+        self.token = self.world.from_main(push)
+
     def sleep(self) -> None:
         """Nothing: the server's memory is not the trainer's."""
 
@@ -273,23 +289,17 @@ class RemoteEngine:
 _REMOTE: dict = {}  # address -> this process's RemoteEngine for it
 
 
-def remote_engine(policy, options) -> RemoteEngine:
+def remote_engine(policy, options, world: World | None = None) -> RemoteEngine:
     """This process's client of the server at options.server, admitted for `policy` (one
     line before the first step when it is not up or does not fit): one per address, so that
-    every Sampler of the run shares what it holds. One trainer process per server: under
-    torchrun each process would push its own weights over the others'."""
-    import torch
-
-    if (
-        torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-        and torch.distributed.get_world_size() > 1
-    ):
-        refuse("server+torchrun", world_size=torch.distributed.get_world_size())
+    every Sampler of the run shares what it holds. `world`: the training processes that
+    share the server (process 0 pushes for all: `RemoteEngine.sync`; None: this one alone)."""
+    world = world or SingleProcess()
     engine = _REMOTE.get(options.server)
     if engine is None:
-        engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport)
+        engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport, world=world)
     else:
+        engine.world = world
         info = engine.health()
         if info["boot"] != engine.info["boot"]:  # another server process since: it holds none of ours
             engine.holds = engine.token = None

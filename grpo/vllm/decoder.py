@@ -126,14 +126,15 @@ class VllmDecoder:
             return None
         return refusal(model, next(model.parameters()).device)
 
-    def start(self, policy):
+    def start(self, policy, world=None):
         """Build the engine now, or reach the server and admit it (before the first step:
-        what vLLM refuses, or a server that is not up or holds another model, is known there)."""
+        what vLLM refuses, or a server that is not up or holds another model, is known there).
+        `world` (a grpo.infra.distributed World): the training processes that share a server."""
         if self.engine is None:
             if self.options.server:
                 from grpo.vllm.client import remote_engine
 
-                self.engine = remote_engine(policy, self.options)
+                self.engine = remote_engine(policy, self.options, world)
             else:
                 self.engine = shared_engine(policy, self.options, self.autocast)
         return self.engine

@@ -59,19 +59,6 @@ def test_a_server_config_that_cannot_work_is_one_line(make_config, address, vllm
         grpo.train(config, progress=False)
 
 
-def test_one_trainer_process_per_server(monkeypatch):
-    """Under torchrun each process would push its weights over the others': refused in one line."""
-    import torch
-
-    from grpo.vllm.client import remote_engine
-    from grpo.vllm.decoder import EngineOptions
-
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    with pytest.raises(UserError, match="^rollout.vllm.server: one trainer process per server in this version"):
-        remote_engine(None, EngineOptions(server=f"127.0.0.1:{free_port()}"))
-
-
 def test_the_server_without_vllm_and_on_a_busy_port_is_one_line(monkeypatch, capsys):
     import importlib.util
 

@@ -9,6 +9,9 @@
 - iterative RL: each process samples its part of an update's prompts, the reward model's
   replicas end every update the same, and as one process's update on all the samples; a
   killed iterative run resumes with its updated reward model;
+- a vLLM server shared by 2 processes (a fake one, in this process): one push per version,
+  by process 0, every generate request with that version's token, and the run learns; a
+  push or a generate request that fails stops both processes in one line, and resumes;
 - 2 nodes x 1 process through torchrun's c10d rendezvous on 127.0.0.1 run the same program:
   the same metrics as 1 node x 2 processes;
 - bad launches stop every process with one line from process 0.
@@ -45,10 +48,19 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 def torchrun(*args, nproc=2, timeout=300, env=None):
+    """Run torchrun to its end; past `timeout` (a process left waiting) it is stopped, and
+    subprocess.TimeoutExpired raised."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, cwd=ROOT, env={**ENV, **(env or {})}, timeout=timeout
-    )
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**ENV, **(env or {})}
+    ) as run:
+        try:
+            stdout, stderr = run.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            run.terminate()  # torchrun stops its workers (each in a session of its own): none left behind
+            run.communicate(timeout=60)
+            raise
+    return subprocess.CompletedProcess(command, run.returncode, stdout, stderr)
 
 
 def write_config(tmp_path, name, config):
@@ -445,6 +457,85 @@ def test_async_rollouts_on_two_processes_learn_and_resume(tiny_model, prompts_fi
     fresh = [m["rollout/mismatch_kl"] for m in metrics if m["async/staleness"] == 0]
     assert len(fresh) == 2 and max(fresh) < 0.02, fresh
     assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
+
+
+def server_config(tiny_model, prompts_file, output_dir, address, steps):
+    """The fault tests' GRPO run, sampled by the vLLM server at `address`."""
+    from tests.train.test_faults import config_for
+
+    config = config_for(tiny_model, prompts_file, output_dir, steps=steps, lr=1e-2, sample_every=0)
+    config["rollout"].update(sampler="vllm", vllm={"server": address, "timeout": 60})
+    return config
+
+
+@pytest.mark.learning
+def test_two_processes_share_one_server_one_push_per_version_and_learn(tiny_model, prompts_file, tmp_path):
+    """rollout.vllm.server under torchrun: process 0 alone pushes each version of the weights
+    (gathered whole), every process waits for that push and takes its token, then samples
+    its share of the step's prompts (2 whole groups) from the server; the run learns. The
+    server is a fake in this process (tests/rollout/fake_vllm_server.py), which logs what
+    it served: per step one push, then two generate requests with that push's weights."""
+    from tests.rollout.fake_vllm_server import FakeServer
+
+    steps = 20
+    server = FakeServer(tiny_model)
+    try:
+        config = server_config(tiny_model, prompts_file, tmp_path / "run", server.address, steps)
+        run = torchrun("-m", "grpo", "train", str(write_config(tmp_path, "served", config)), "--quiet", timeout=180)
+        log = server.served.log
+    finally:
+        server.close()
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = metrics_of(tmp_path / "run")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # both processes' groups, whole
+    assert [entry[0] for entry in log] == ["push", "generate", "generate"] * steps, log
+    pushes = log[::3]
+    assert len({push[2] for push in pushes}) == steps  # each version's weights, once
+    for step, push in enumerate(pushes):
+        for generate in log[3 * step + 1 : 3 * step + 3]:
+            assert generate == ("generate", [8, 8], step + 1, push[1]), (step, log)
+    assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
+
+
+@pytest.mark.resume
+@pytest.mark.parametrize(
+    ("fault", "during"),
+    [({"die_at_push": 3}, "the weight push"), ({"drop_at": 5}, "generation")],
+    ids=["push", "generate"],
+)
+def test_a_server_failing_mid_run_stops_every_process_in_one_line_and_resume_continues(
+    tiny_model, prompts_file, tmp_path, fault, during
+):
+    """The server dies as process 0 pushes version 2 (the other process waits for that push,
+    and never samples), or leaves the first generate request of step 3 unanswered (one
+    process's; the other's is answered): every process stops with one line, step 2's
+    checkpoint saved by both, none left waiting in a collective (a 60 s limit); --resume
+    against another server runs to the end."""
+    from tests.rollout.fake_vllm_server import FakeServer
+    from tests.train.test_faults import checkpoints, our_lines
+
+    dying, fresh = FakeServer(tiny_model, **fault), FakeServer(tiny_model)
+    try:
+        config = server_config(tiny_model, prompts_file, tmp_path / "run", dying.address, 4)
+        config["rollout"]["vllm"]["timeout"] = 20
+        path = write_config(tmp_path, "dying", config)
+        failed = torchrun("-m", "grpo", "train", str(path), "--quiet", timeout=60)
+        assert failed.returncode != 0, failed.stderr[-3000:]
+        (line,) = our_lines(failed.stderr)
+        said = f"grpo: error: the vLLM server at {dying.address} stopped answering during {during} ("
+        assert line.startswith(said) and "checkpoint of step 2 saved" in line, failed.stderr[-3000:]
+        assert str(ROOT / "grpo") not in failed.stderr  # no traceback through our code
+        assert checkpoints(tmp_path / "run") == ["step-000002"]
+        resumed = torchrun(
+            "-m", "grpo", "train", str(path), "--quiet", "--resume", "--set", f"rollout.vllm.server={fresh.address}"
+        )
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [m["step"] for m in metrics_of(tmp_path / "run")] == [1, 2, 3, 4]
+    finally:
+        fresh.close()
+        if not dying.gone:
+            dying.close()
 
 
 def iterative_config(tiny_model, prompts_file, tmp, name):
