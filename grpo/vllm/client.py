@@ -1,27 +1,16 @@
-"""The trainer's side of server mode (`rollout.vllm.server: HOST:PORT`): `RemoteEngine`, a
-`grpo vllm-serve` server (grpo.vllm.server) behind the methods of `LocalEngine` that
-`VllmDecoder` calls, so that one decoder runs both.
+"""The trainer's side of server mode (`rollout.vllm.server: HOST:PORT`; docs/vllm-server.md):
+`RemoteEngine`, a `grpo vllm-serve` server behind the `LocalEngine` methods `VllmDecoder`
+calls, so that one decoder runs both. Nothing here imports vLLM.
 
-Before the first step (`remote_engine`): the server must answer its health request (a short
-timeout) and hold the policy's model, as far as the weights' layout goes (`identity`: the
-architecture's shapes and options; the weights themselves are pushed); its dtype is the
-engine's and sets the check's tolerance. Each a one-line UserError, as is a server that stops
-answering mid-run (the training loop then saves its last completed step).
-
-Weights (`transport`): `file`, the only one in this version: the policy's whole state dict
-(`policy_weights`: Hugging Face names, the tied head as a copy of its own, since safetensors
-refuses tensors that share memory) written into one safetensors file in a fresh folder (in
-/dev/shm where there is one: memory, not disk), loaded by the server (`LocalEngine.load_weights`)
-and deleted once it answers. Trainer and server must then see one file system (one machine).
-`nccl` (vLLM's weight transfer engine, GPU to GPU) is the intended path between machines; it
-is refused in one line until it is built and tested on GPUs. After a push, the same check as
-the colocated engine's (`LocalEngine.check`: the log-probs of one fixed sequence, server
-against trainer). Each push gets a token that every later generate request carries: a server
-that restarted or took another trainer's weights since refuses it, rather than sample from
-weights that are not the policy's. Under torchrun the processes are one trainer: process 0
-pushes and checks each version, the others wait for it and take its token (`RemoteEngine.sync`).
-
-Nothing here imports vLLM: the trainer may run without it.
+Before the first step (`remote_engine`) the server must answer, hold the policy's model
+(`identity`: the architecture's shapes and options) in the run's dtype and length, and read
+the trainer's files; each refusal, and a server gone mid-run, is one line. A push writes
+`policy_weights` (the tied head as its own copy: safetensors refuses shared memory) into one
+safetensors file, in /dev/shm where there is one, that the server loads and the trainer then
+deletes (transport `file`: one machine; `nccl` is a refused row); the colocated engine's
+check follows. Each push's token rides on every later generate request, so a server that
+restarted or took other weights refuses rather than sample from them. Under torchrun process
+0 pushes and checks each version, the others wait and take its token (`RemoteEngine.sync`).
 """
 
 from __future__ import annotations
