@@ -165,6 +165,7 @@ def build_engine(
         dtype=compute_dtype,
         full_state_dict=world.full_state_dict,
         chunked_head=c.train.chunked_head,
+        stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
     )  # copied before sharding
     critic = build_critic(c, attention, compute_dtype, device)
     policy = world.shard(policy)

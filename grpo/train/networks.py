@@ -60,20 +60,37 @@ class FrozenCopy:
     With `matmul_dtype` (train.autocast), the copy's linear layers are stored in that dtype:
     autocast would round their weights to it before every matmul anyway, so the numbers are
     the same, the copy holds half the memory, and no forward pass re-casts them. Norms and
-    embeddings stay in the policy's dtype, as autocast computes them."""
+    embeddings stay in the policy's dtype, as autocast computes them.
+
+    With `stored` (train.reference_dtype: bfloat16), every weight of the copy is in that
+    dtype, and so is its forward: the whole copy in half the memory, log-probs within that
+    dtype's rounding of the policy's (buffers, such as rotary frequencies, keep theirs). Each
+    weight is cast as it is copied: the policy is never held twice in its own dtype."""
 
     held = True
     runs_policy = False
 
     def __init__(
-        self, policy, matmul_dtype: torch.dtype | None = None, full_state_dict=None, chunked_head: bool = True
+        self,
+        policy,
+        matmul_dtype: torch.dtype | None = None,
+        full_state_dict=None,
+        chunked_head: bool = True,
+        stored: torch.dtype | None = None,
     ):
-        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        # With `stored`, deepcopy takes each weight from the memo: a copy in that dtype (tied where
+        # the policy's is: parameters() lists a tied weight once).
+        memo = None
+        if stored is not None:
+            memo = {
+                id(p): nn.Parameter(p.detach().to(stored, copy=True), requires_grad=False) for p in policy.parameters()
+            }
+        self.model = copy.deepcopy(policy, memo).eval().requires_grad_(False)
         self.chunked_head = chunked_head
         # The policy's whole weights (sharded under FSDP, the reference is a full replica).
         self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
         self.networks = [self.model]
-        if matmul_dtype is not None:
+        if matmul_dtype is not None and stored is None:
             embedding = self.model.get_input_embeddings().weight
             for module in self.model.modules():
                 if isinstance(module, nn.Linear) and module.weight is not embedding:  # a tied head stays
@@ -129,15 +146,25 @@ class AdapterOff:
 
 
 def build_reference(
-    policy, *, beta: float, lora: bool, dtype: torch.dtype | None, full_state_dict=None, chunked_head: bool = True
+    policy,
+    *,
+    beta: float,
+    lora: bool,
+    dtype: torch.dtype | None,
+    full_state_dict=None,
+    chunked_head: bool = True,
+    stored: torch.dtype | None = None,
 ) -> Reference:
-    """No reference when beta = 0 (no KL to measure); with LoRA the policy's adapter switched
-    off; else a frozen copy (its linear weights in `dtype` under train.autocast), reset from
-    `full_state_dict(policy)` (default: the policy's own state dict). `chunked_head`:
-    train.chunked_head, for its log-probs."""
+    """No reference when beta = 0 (no KL to measure: no copy, no pass); with LoRA the
+    policy's adapter switched off (nothing copied, so `stored` has nothing to shrink); else a
+    frozen copy (its linear weights in `dtype` under train.autocast; every weight in `stored`,
+    train.reference_dtype's, when given), reset from `full_state_dict(policy)` (default: the
+    policy's own state dict). `chunked_head`: train.chunked_head, for its log-probs."""
     if beta == 0:
         return NoReference()
-    return AdapterOff(policy, chunked_head) if lora else FrozenCopy(policy, dtype, full_state_dict, chunked_head)
+    if lora:
+        return AdapterOff(policy, chunked_head)
+    return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored)
 
 
 # ---- the critic -------------------------------------------------------------------------------
