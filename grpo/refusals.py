@@ -195,6 +195,14 @@ REFUSALS: dict[str, Refusal] = {
         "world_size prompts with all their completions); use a multiple of {world_size}",
         "design: a group never spans processes, and every process samples as many prompts",
     ),
+    "adamw_8bit+torchrun": Refusal(
+        "train.optimizer",
+        "`train.optimizer: adamw_8bit` under torchrun (several processes)",
+        "adamw_8bit runs in one process in this version (this launch has {world_size}): bitsandbytes cannot step "
+        "FSDP2's sharded weights; use adamw, whose moments FSDP2 splits over the processes",
+        "engine: bitsandbytes' optimizer kernels register no DTensor sharding rule; stepping each process's local "
+        "shards, with their 8-bit state saved per process, is not built",
+    ),
 }
 
 

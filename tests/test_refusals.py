@@ -155,6 +155,7 @@ TRIGGERS = {
     "iterative+one-iteration": minimal(rewards=[MODEL_REWARD], reward_model_update=VERIFIER),
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
+    "adamw_8bit+torchrun": launch(2, train={"optimizer": "adamw_8bit"}),
     "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
 }
 

@@ -142,6 +142,10 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "warmup_steps": ("train.warmup_steps", "learning-rate warm-up"),
     "lr_scheduler_type": ("train.schedule", "constant, linear or cosine"),
     "weight_decay": ("train.weight_decay", "AdamW weight decay"),
+    "optim": (
+        "train.optimizer",
+        "adamw_torch and adamw_torch_fused are adamw; adamw_8bit and adamw_bnb_8bit are adamw_8bit",
+    ),
     "max_grad_norm": ("train.max_grad_norm", "gradient clipping"),
     "gradient_checkpointing": ("train.gradient_checkpointing", "activation checkpointing"),
     "gradient_accumulation_steps": (

@@ -228,6 +228,10 @@ class TrainConfig:
     )
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
+    optimizer: Literal["adamw", "adamw_8bit"] = opt(
+        "adamw",
+        "adamw: torch's AdamW, its moments in fp32; adamw_8bit: bitsandbytes' 8-bit AdamW, its moments in a quarter of the memory and its update approximate (docs/memory.md#the-optimizer).",
+    )
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (0 = no clipping).")

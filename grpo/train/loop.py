@@ -49,6 +49,8 @@ from grpo.infra.hf import load_causal_lm
 from grpo.train.models import apply_lora, enable_checkpointing, count_parameters, trainable_parameters
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
+from grpo.train.optimizers import build_optimizer
+from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
@@ -175,10 +177,7 @@ def build_engine(
 
     groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
     groups += critic.param_groups(c.value.lr or c.train.lr)
-    # The fused kernel (CPU and CUDA): one pass over each tensor instead of a dozen ops.
-    optimizer = torch.optim.AdamW(
-        groups, betas=tuple(c.train.adam_betas), weight_decay=c.train.weight_decay, fused=True
-    )
+    optimizer = build_optimizer(c.train, groups)
     updates = c.train.steps * c.train.epochs * c.train.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
     return Engine(
@@ -353,6 +352,7 @@ def _train(
                 "rewards: at least one reward is required (or a rollout.environment with a get_reward method)"
             )
         absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
+        absent = absent or optimizer_missing(c.train.optimizer)
         if absent is not None:
             raise UserError(absent)
         u = c.reward_model_update

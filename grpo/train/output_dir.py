@@ -54,6 +54,7 @@ RESUME_FIXED = (
     "train.iterations",
     "train.epochs",
     "train.minibatches",
+    "train.optimizer",
     "loss.baseline",
     "loss.kl_in",
     "loss.supervision",

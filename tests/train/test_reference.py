@@ -18,6 +18,7 @@ from grpo.train.seams import KLInLoss
 from tests.algo.test_chunked_head import batch_of, tiny_lm
 from tests.rollout.test_fast import model_of
 from tests.train.test_engine import engine_for
+from tests.train.test_learning import gain
 from tests.train.test_models import rollout
 
 MEASURED = ("time/", "memory/")  # measurements, not results
@@ -131,6 +132,15 @@ def test_a_run_with_a_bf16_reference_keeps_it_in_bf16_and_measures_its_rounding(
 def test_the_lora_reference_is_the_base_and_holds_no_copy_in_any_dtype(make_config):
     e, _, _ = engine_for(make_config(lora={"r": 4}, train={"reference_dtype": "bfloat16"}))
     assert isinstance(e.reference, AdapterOff) and e.reference.networks == [] and e.reference.policy is e.policy
+
+
+@pytest.mark.learning
+def test_grpo_learns_the_sevens_reward_with_the_savers_together(make_config):
+    """8-bit AdamW and a bf16 reference, as tests/train/test_learning.py's exact run: 40 steps
+    at lr 1e-3 gain at least 0.25."""
+    train = {"steps": 40, "lr": 1e-3, "sample_every": 0, "optimizer": "adamw_8bit", "reference_dtype": "bfloat16"}
+    result = grpo.train(make_config(train=train), progress=False)
+    assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
 
 
 @pytest.mark.torchrun
