@@ -215,9 +215,12 @@ def _prepare(out: Path, *, resume: bool, overwrite: bool) -> bool:
     return False
 
 
-def _dotted(tree: dict, key: str):
+_ABSENT = object()
+
+
+def _dotted(tree: dict, key: str, absent=None):
     for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
+        tree = tree.get(part, absent) if isinstance(tree, dict) else absent
     return tree
 
 
@@ -227,13 +230,20 @@ def check_resume_config(c: Config, state: dict) -> None:
     if saved is None:
         return  # a checkpoint from before configs were recorded
     ours = config_to_dict(c)
+    defaults = config_to_dict(Config())
+
+    def held(key: str):
+        """The checkpoint's value; a key newer than its config (train.optimizer) had its default then."""
+        value = _dotted(saved, key, _ABSENT)
+        return _dotted(defaults, key) if value is _ABSENT else value
+
     if (saved.get("loss", {}).get("beta", 0) == 0) != (c.loss.beta == 0):
         raise UserError(
             "--resume: loss.beta cannot change between 0 and non-zero (it decides whether a reference model is held)"
         )
-    changed = [k for k in RESUME_FIXED if _dotted(saved, k) != _dotted(ours, k)]
+    changed = [k for k in RESUME_FIXED if held(k) != _dotted(ours, k)]
     if changed:
-        detail = ", ".join(f"{k}: {_dotted(saved, k)!r} -> {_dotted(ours, k)!r}" for k in changed)
+        detail = ", ".join(f"{k}: {held(k)!r} -> {_dotted(ours, k)!r}" for k in changed)
         raise UserError(
             f"--resume: the config changes what the checkpoint holds ({detail}); resume with the "
             "checkpoint's values, or start afresh with --overwrite"

@@ -162,3 +162,17 @@ def test_a_missing_bitsandbytes_is_one_line_before_anything_is_loaded(make_confi
         "train.optimizer: adamw_8bit needs bitsandbytes, which is not installed: pip install bitsandbytes"
     )
     assert not (tmp_path / "never").exists()
+
+
+def test_a_checkpoint_from_before_train_optimizer_resumes_as_adamw():
+    """A checkpoint whose config predates the key held AdamW's state: it resumes with adamw
+    and is refused with adamw_8bit."""
+    from grpo.config import config_from_dict, config_to_dict
+    from grpo.train.output_dir import check_resume_config
+
+    config = {"model": "m", "data": {"path": "p.jsonl"}, "rewards": [{"function": "exact_answer"}]}
+    saved = config_to_dict(config_from_dict(config))
+    del saved["train"]["optimizer"]
+    check_resume_config(config_from_dict(config), {"config": saved})
+    with pytest.raises(UserError, match=r"train.optimizer: 'adamw' -> 'adamw_8bit'"):
+        check_resume_config(config_from_dict(config, ["train.optimizer=adamw_8bit"]), {"config": saved})
