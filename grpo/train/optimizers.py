@@ -28,7 +28,7 @@ from grpo.errors import UserError, first_line
 
 __all__ = ["INSTALL", "OPTIMIZERS", "build_optimizer", "missing"]
 
-INSTALL = "pip install bitsandbytes"  # the one install hint
+INSTALL = "pip install 'grpo[memory]' (bitsandbytes)"  # the one install hint
 
 
 def adamw(groups: list[dict], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Optimizer:

@@ -159,7 +159,7 @@ def test_a_missing_bitsandbytes_is_one_line_before_anything_is_loaded(make_confi
     with pytest.raises(UserError) as err:
         grpo.train(config, progress=False)
     assert str(err.value) == (
-        "train.optimizer: adamw_8bit needs bitsandbytes, which is not installed: pip install bitsandbytes"
+        "train.optimizer: adamw_8bit needs bitsandbytes, which is not installed: pip install 'grpo[memory]' (bitsandbytes)"
     )
     assert not (tmp_path / "never").exists()
 
