@@ -273,11 +273,11 @@ class ProcessGroup:
 World = SingleProcess | ProcessGroup
 
 
-def part(n: int, world: World) -> slice:
-    """This process's contiguous part of `n` items split over the processes in rank order:
-    sizes differ by at most one, and a part is empty when n < world_size (iterative RL's
-    prompts, a reward-model batch's pairs)."""
-    return slice(n * world.rank // world.world_size, n * (world.rank + 1) // world.world_size)
+def part(n: int, rank: int, world_size: int) -> slice:
+    """Process `rank`'s contiguous part of `n` items split over `world_size` processes in rank
+    order: sizes differ by at most one, and a part is empty when n < world_size (a step's
+    prompts, iterative RL's, a reward-model batch's pairs)."""
+    return slice(n * rank // world_size, n * (rank + 1) // world_size)
 
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}

@@ -266,7 +266,9 @@ class RewardModel:
                 wins = 0.0  # this epoch's pairs with r(chosen) > r(rejected), ties 1/2
                 for start in range(0, len(pairs), batch_size):
                     batch = order[start : start + batch_size]
-                    rows = [pairs[i] for i in batch[part(len(batch), world)]]  # this process's part
+                    rows = [
+                        pairs[i] for i in batch[part(len(batch), world.rank, world.world_size)]
+                    ]  # this process's part
                     b = len(rows)
                     optimizer.zero_grad(set_to_none=True)
                     ours = torch.zeros(2, dtype=torch.float64)  # this part's loss (as a share of the batch's), wins

@@ -68,7 +68,7 @@ class RewardModelUpdater:
             generator.publish(policy, version)
         rows = self.prompts.take(self.prompts_per_update)  # the same rows in every process
         self.updates += 1
-        generator.request(self.updates, rows[part(len(rows), self.world)], None, PAIRS)
+        generator.request(self.updates, rows[part(len(rows), self.world.rank, self.world.world_size)], None, PAIRS)
         batch = generator.take(self.updates, PAIRS)  # in every process, of no rows too (sampling is collective)
         prompts = [row[self.prompt_column] for row in batch.rows]
         columns = batch.reward_columns(exclude=self.prompt_column)

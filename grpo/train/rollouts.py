@@ -20,6 +20,7 @@ import torch
 
 from grpo.config import Config, lookahead
 from grpo.data import PromptStream
+from grpo.infra.distributed import part
 from grpo.infra.seed import prompt_seed
 from grpo.rollout import Rollout
 from grpo.rollout.generator import Generator
@@ -29,8 +30,7 @@ from grpo.train.step import Engine
 def share_of(c: Config, rank: int, world_size: int, step: int, batch_rows: list[dict]):
     """This process's rows of a step's batch (a contiguous share of whole prompts) and, with
     rollout.seed_per_prompt, their seeds (by their index in the whole batch)."""
-    share = c.rollout.prompts_per_step // world_size
-    ours = range(rank * share, (rank + 1) * share)
+    ours = range(c.rollout.prompts_per_step)[part(c.rollout.prompts_per_step, rank, world_size)]  # an even split
     seeds = [prompt_seed(c.seed, step, i) for i in ours] if c.rollout.seed_per_prompt else None
     return [batch_rows[i] for i in ours], seeds
 
