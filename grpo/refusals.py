@@ -181,6 +181,23 @@ REFUSALS: dict[str, Refusal] = {
         "the reward model is updated between iterations; set train.iterations >= 2",
         "math: DeepSeekMath's Algorithm 1 updates the reward model between iterations",
     ),
+    # ---- the optimizer
+    "in-backward+clipping": Refusal(
+        "train.max_grad_norm",
+        "`train.optimizer_in_backward` with `train.max_grad_norm` > 0",
+        "train.optimizer_in_backward steps each weight as soon as its gradient is complete, before the global "
+        "norm that clipping divides by exists (got max_grad_norm {max_norm}); set train.max_grad_norm: 0",
+        "math: clipping by the global norm needs every gradient at once, which the step in the backward never holds",
+    ),
+    "in-backward+accumulation": Refusal(
+        "train.micro_batch_size",
+        "`train.optimizer_in_backward` with several micro-batches a minibatch",
+        "train.optimizer_in_backward steps at every backward pass, so a minibatch must be one pass: "
+        "{micro} completions a pass for the {rows} of a minibatch; set train.micro_batch_size: 0 (or more "
+        "train.minibatches)",
+        "math: accumulating micro-batches' gradients holds the whole gradient, which the step in the backward "
+        "exists not to hold",
+    ),
     # ---- the launch (torchrun)
     "nccl+cpu": Refusal(
         "train.backend",
@@ -202,6 +219,13 @@ REFUSALS: dict[str, Refusal] = {
         "FSDP2's sharded weights; use adamw, whose moments FSDP2 splits over the processes",
         "engine: bitsandbytes' optimizer kernels register no DTensor sharding rule; stepping each process's local "
         "shards, with their 8-bit state saved per process, is not built",
+    ),
+    "in-backward+torchrun": Refusal(
+        "train.optimizer_in_backward",
+        "`train.optimizer_in_backward` under torchrun (several processes)",
+        "train.optimizer_in_backward runs in one process in this version (this launch has {world_size}); "
+        "set it to false, or run on one process",
+        "design: stepping FSDP2's shards as their reduce-scattered gradients arrive is not built",
     ),
 }
 

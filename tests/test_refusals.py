@@ -156,6 +156,11 @@ TRIGGERS = {
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
     "adamw_8bit+torchrun": launch(2, train={"optimizer": "adamw_8bit"}),
+    "in-backward+clipping": minimal(train={"optimizer_in_backward": True}),
+    "in-backward+accumulation": minimal(
+        train={"optimizer_in_backward": True, "max_grad_norm": 0, "micro_batch_size": 4}
+    ),
+    "in-backward+torchrun": launch(2, train={"optimizer_in_backward": True, "max_grad_norm": 0}),
     "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
 }
 

@@ -142,6 +142,12 @@ def validate(c: Config) -> None:
     )
     _validate_async(c)
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
+    if tr.optimizer_in_backward:
+        if tr.max_grad_norm > 0:
+            refuse("in-backward+clipping", max_norm=tr.max_grad_norm)
+        rows = -(-batch // tr.minibatches)  # the largest minibatch
+        if 0 < tr.micro_batch_size < rows:
+            refuse("in-backward+accumulation", micro=tr.micro_batch_size, rows=rows)
     _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
     reporters(tr)  # an unknown name is one line, before anything is loaded
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):

@@ -232,6 +232,10 @@ class TrainConfig:
         "adamw",
         "adamw: torch's AdamW, its moments in fp32; adamw_8bit: bitsandbytes' 8-bit AdamW, its moments in a quarter of the memory and its update approximate (docs/memory.md#the-optimizer).",
     )
+    optimizer_in_backward: bool = opt(
+        False,
+        "Step each weight inside the backward pass, as soon as its gradient is complete, and free that gradient: the full set of gradients is never held. Needs train.max_grad_norm: 0 and one pass per minibatch (docs/memory.md#the-step-in-the-backward).",
+    )
     warmup_steps: int = opt(0, "Linear learning-rate warm-up, in optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (0 = no clipping).")

@@ -297,6 +297,8 @@ def check_launch(world_size: int, c, device: torch.device) -> str:
         refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
     if c.train.optimizer == "adamw_8bit":
         refuse("adamw_8bit+torchrun", world_size=world_size)
+    if c.train.optimizer_in_backward:
+        refuse("in-backward+torchrun", world_size=world_size)
     if c.rollout.vllm.server and c.rollout.async_.max_staleness > 0:
         refuse("async+server+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend

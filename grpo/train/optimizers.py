@@ -14,6 +14,8 @@ compiler at run time); its state dict is plain tensors (uint8 moments, fp32 scal
 checkpoint loads with weights_only=True; and it is what TRL's optim="adamw_8bit" runs. The
 measurements behind the choice are in docs/memory.md. It runs in one process: under torchrun
 the launch check refuses it (grpo.refusals, adamw_8bit+torchrun).
+
+`train.optimizer_in_backward` (torchtune's optimizer_in_bwd) wraps either in `StepInBackward`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from grpo.errors import UserError, first_line
 
-__all__ = ["INSTALL", "OPTIMIZERS", "build_optimizer", "missing"]
+__all__ = ["INSTALL", "OPTIMIZERS", "StepInBackward", "build_optimizer", "missing"]
 
 INSTALL = "pip install 'grpo[memory]' (bitsandbytes)"  # the one install hint
 
@@ -59,7 +61,70 @@ def build_optimizer(train, groups: list[dict]) -> torch.optim.Optimizer:
     if absent is not None:
         raise UserError(absent)
     make = OPTIMIZERS[train.optimizer]
-    return make(groups, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay)
+    settings = dict(lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay)
+    if getattr(train, "optimizer_in_backward", False):
+        return StepInBackward(groups, lambda group: make([group], **settings))
+    return make(groups, **settings)
+
+
+class StepInBackward(torch.optim.Optimizer):
+    """The optimizer step inside the backward pass (train.optimizer_in_backward): one optimizer
+    per trained tensor, stepped by the tensor's post-accumulate-grad hook as soon as the
+    backward has completed its gradient, which is then freed, so that the whole set of
+    gradients is never held at once (only the tensors whose gradients are in flight).
+
+    The same update as the wrapped optimizer's step over all tensors, provided each step's
+    gradient comes from one backward (no accumulation over micro-batches) and nothing clips by
+    the global norm; the config check refuses both (grpo.refusals, in-backward+...). `step`
+    and `zero_grad` have nothing left to do; the param groups are the scheduler's handle on
+    the learning rate, read by each tensor's step. Each gradient's norm is kept for the grad_norm
+    metric (`norm`)."""
+
+    def __init__(self, groups: list[dict], make: Callable[[dict], torch.optim.Optimizer]):
+        super().__init__(groups, defaults={})
+        self._each: dict[torch.Tensor, tuple[torch.optim.Optimizer, dict]] = {}
+        self._norms: dict[torch.Tensor, torch.Tensor] = {}
+        self._hooks = []
+        for group in self.param_groups:
+            settings = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                self._each[p] = (make({"params": [p], **settings}), group)
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._step_one))
+
+    def _step_one(self, p: torch.Tensor) -> None:
+        optimizer, group = self._each[p]
+        self._norms[p] = torch.linalg.vector_norm(p.grad.detach())
+        optimizer.param_groups[0]["lr"] = group["lr"]  # as the scheduler set it
+        optimizer.step()
+        p.grad = None
+
+    def step(self, closure=None) -> None:
+        """Nothing: every tensor stepped when its gradient was complete."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing: each gradient was freed after its step."""
+
+    def norm(self, params: list) -> float:
+        """The L2 norm of the last gradients of `params` (those the backward stepped since the
+        last call), as clip_grad_norm would have measured them."""
+        norms = [self._norms.pop(p) for p in params if p in self._norms]  # each tensor's, then theirs: as torch's
+        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+    def state_dict(self) -> dict:
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        return {"param_groups": groups, "each": [optimizer.state_dict() for optimizer, _ in self._each.values()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for group, saved in zip(self.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+        for (optimizer, _), saved in zip(self._each.values(), state["each"], strict=True):
+            optimizer.load_state_dict(saved)
+
+    def remove_hooks(self) -> None:
+        """Detach from the parameters (a model trained on by another optimizer afterwards)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
 
 
 def _bitsandbytes():

@@ -55,6 +55,7 @@ RESUME_FIXED = (
     "train.epochs",
     "train.minibatches",
     "train.optimizer",
+    "train.optimizer_in_backward",
     "loss.baseline",
     "loss.kl_in",
     "loss.supervision",

@@ -33,6 +33,7 @@ from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
 from grpo.train.scoring import Scorer
+from grpo.train.optimizers import StepInBackward
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
 
 
@@ -425,8 +426,11 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                         if ref is not None:  # the KL the run moved, wherever its penalty goes
                             sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
                 sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * rows
-            grad_norm += clip_grad_norm(e.policy_params, tr.max_grad_norm)
-            e.critic.clip_grad(tr.max_grad_norm)
+            if isinstance(e.optimizer, StepInBackward):  # stepped in the backward; nothing clips
+                grad_norm += e.optimizer.norm(e.policy_params)
+            else:
+                grad_norm += clip_grad_norm(e.policy_params, tr.max_grad_norm)
+                e.critic.clip_grad(tr.max_grad_norm)
             e.optimizer.step()
             e.scheduler.step()
             e.optimizer.zero_grad(set_to_none=True)
