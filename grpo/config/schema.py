@@ -293,6 +293,10 @@ class TrainConfig:
         "auto",
         "Mixed precision: bfloat16 runs sampling and the forward passes in bf16, keeping weights, gradients and optimizer state in `dtype`; auto is bfloat16 on a GPU, off on a CPU (docs/speed.md).",
     )
+    return_freed_memory: bool = opt(
+        False,
+        "On Linux (glibc), give each freed tensor's memory back to the system at once instead of keeping it in the allocator's heap, where it fragments and the resident memory grows step after step: a lower peak, a slower step (docs/memory.md#freed-memory).",
+    )
     reference_dtype: Literal["auto", "bfloat16"] = opt(
         "auto",
         "The reference's frozen copy: auto computes as the policy does, the same numbers; bfloat16 stores all its weights in bf16 and runs its passes in bf16, half its memory (docs/memory.md#the-reference).",

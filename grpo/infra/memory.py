@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 import resource
 import sys
@@ -42,3 +43,23 @@ def peak_memory_mb(device: torch.device | str = "cpu") -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / (1 << 20)
     return peak_rss_mb()
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def return_freed_memory(threshold: int = 256 << 10) -> bool:
+    """train.return_freed_memory: from now on, in this process, every allocation of `threshold`
+    bytes or more (a tensor's storage, mostly) is glibc's own mapping, given back to the system
+    when it is freed. By default glibc raises that threshold as large blocks are freed (up to
+    32 MiB), so freed tensors stay in its heap, resident, and the heap fragments: a run's
+    resident memory then grows step after step above what its live tensors hold. The cost is
+    fresh pages, faulted in, for every such allocation (a slower step: docs/memory.md).
+    True where it took effect (Linux with glibc); elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False

@@ -49,6 +49,7 @@ from grpo.infra.hf import load_causal_lm
 from grpo.train.models import apply_lora, enable_checkpointing, count_parameters, trainable_parameters
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
+from grpo.infra.memory import return_freed_memory
 from grpo.train.optimizers import build_optimizer
 from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.schedule import lr_lambda
@@ -415,6 +416,8 @@ def _run(
     toolbox: Toolbox | None = None,
 ) -> TrainResult:
     stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+    if c.train.return_freed_memory:
+        return_freed_memory()  # before the first model's tensors, for the rest of this process
     seed_everything(c.seed)  # the same in every process: the models start the same
     rewards, reward_models = load_reward_models(c, functions, device)
     if toolbox is not None:
