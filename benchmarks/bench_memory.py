@@ -119,8 +119,12 @@ def trl_peak(w: dict, root: Path, steps: int) -> dict:
         run = step_bench.run_trl(w, root, steps, gradient_checkpointing=None if w.get("tool_defaults") else False)
     except RuntimeError as err:
         return {"error": str(err)}
-    summary = step_bench.summarize(run, None)
-    return {"peak_mb": summary["peak_rss_mb"], "median_step_s": summary["median_step_s"], "trl": run.get("trl")}
+    timed = run["steps"][1:] or run["steps"]
+    return {
+        "peak_mb": max(m["memory/peak_mb"] for m in run["steps"]),
+        "median_step_s": statistics.median(m["time/step"] for m in timed),
+        "trl": run.get("trl"),
+    }
 
 
 def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
@@ -166,6 +170,7 @@ def measure(name: str, root: Path, cache_dir: Path, steps: int, variants: list[s
         print(f"[memory] {name}: {variant}", flush=True)
         runs[variant] = run_variant(w, root, steps, variant)
         floors[variant] = floor_mb(variant, sizes, runs[variant]["runtime_mb"], beta)
+    print(table(name, runs, floors, {"error": "(measuring)"}), flush=True)  # ours, before TRL's run
     trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
     print(table(name, runs, floors, trl), flush=True)
     return {"parameters": sum(sizes), "largest_tensor": max(sizes), "runs": runs, "floors": floors, "trl": trl}
@@ -201,12 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp:
         for name in names:
             results["workloads"][name] = measure(name, Path(tmp), args.cache_dir, args.steps, variants, args.skip_trl)
+            write(results, args.results)  # each workload's as soon as it is measured
     results["wall_s"] = time.perf_counter() - start
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"memory-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=1))
-    print(f"results: {path}")
+    print(f"results: {write(results, args.results)}")
     return 0
+
+
+def write(results: dict, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"memory-{results['date'].replace(':', '')}.json"
+    path.write_text(json.dumps(results, indent=1))
+    return path
 
 
 if __name__ == "__main__":
