@@ -2,6 +2,6 @@
 
 import sys
 
-from grpo.cli import main
+from grpo.launch import main
 
 sys.exit(main())

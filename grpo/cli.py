@@ -29,6 +29,7 @@ from grpo.demo.default import QUICK, DemoConfig
 from grpo.demo.tools import ToolsDemoConfig
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
+from grpo.infra import allocator
 from grpo.infra.argtypes import DEVICE_HELP, digit_list, fraction, positive_float, positive_int
 from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
@@ -802,7 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"grpo {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"grpo {__version__} (memory allocator: {allocator.active()})"
+    )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for add in (
         _add_train,

@@ -28,8 +28,11 @@ def cpu_model() -> dict:
 
 
 def describe_host() -> dict:
-    """cpu_model() with the number of CPUs this process may use and torch's version."""
+    """cpu_model() with the number of CPUs this process may use, torch's version and the memory
+    allocator this process runs under (grpo.infra.allocator)."""
     import torch
 
+    from grpo.infra.allocator import active
+
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {**cpu_model(), "cpus": cpus, "torch": torch.__version__}
+    return {**cpu_model(), "cpus": cpus, "torch": torch.__version__, "allocator": active()}
