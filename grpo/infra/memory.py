@@ -46,19 +46,28 @@ def peak_memory_mb(device: torch.device | str = "cpu") -> float:
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MI_OPTION_PURGE_DELAY = 15  # mimalloc's mi_option_purge_delay (the enum keeps its numbers across versions)
 
 
 def return_freed_memory(threshold: int = 256 << 10) -> bool:
-    """train.return_freed_memory: from now on, in this process, every allocation of `threshold`
-    bytes or more (a tensor's storage, mostly) is glibc's own mapping, given back to the system
-    when it is freed. By default glibc raises that threshold as large blocks are freed (up to
-    32 MiB), so freed tensors stay in its heap, resident, and the heap fragments: a run's
-    resident memory then grows step after step above what its live tensors hold. The cost is
-    fresh pages, faulted in, for every such allocation (a slower step: docs/memory.md).
-    True where it took effect (Linux with glibc); elsewhere nothing changes."""
+    """train.return_freed_memory: from now on, in this process, freed memory goes back to the
+    system at once instead of staying resident for reuse. Under mimalloc (the `grpo` command's
+    allocator: grpo.infra.allocator) its purge delay becomes 0 (freed pages are decommitted as
+    soon as they are free, not ~10 ms later). Under glibc every allocation of `threshold`
+    bytes or more (a tensor's storage, mostly) becomes glibc's own mapping, unmapped when
+    freed: by default glibc raises that threshold as large blocks are freed (up to 32 MiB), so
+    freed tensors stay in its heap, resident, and the heap fragments: a run's resident memory
+    then grows step after step above what its live tensors hold. The cost either way is fresh
+    pages, faulted in, for new allocations (a slower step: docs/memory.md). True where it
+    took effect (Linux with glibc or mimalloc); elsewhere nothing changes."""
     if not sys.platform.startswith("linux"):
         return False
+    from grpo.infra.allocator import active
+
     try:
+        if active() == "mimalloc":  # preloaded: its symbols are in the process's global scope
+            ctypes.CDLL(None).mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
+            return True
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
