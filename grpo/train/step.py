@@ -462,8 +462,8 @@ def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tens
     """The policy's forward for the update, to its log-probs at the rollout's temperature and
     repetition penalty (and the entropy, when asked): in bf16 under train.autocast (the
     backward follows its dtypes); through the head chunk by chunk (train.chunked_head); with
-    checkpointing, in training mode (a group's prompt still runs once, unchecked; its completions'
-    layers are checkpointed)."""
+    checkpointing, in training mode (a group's prompt still runs once; the prompt's pass and
+    the completions' are both checkpointed, layer by layer: grpo.train.layouts)."""
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.train.gradient_checkpointing):
         return completion_logprobs(
             e.policy,
