@@ -17,7 +17,7 @@ For each workload the script builds, once, into a temporary directory:
 
 Then, for each precision (fp32, and bf16 mixed precision: ours train.autocast=bfloat16, TRL
 bf16=True), it runs, one after the other, each in its own process (so each peak RSS is its own):
-- ours: `python -m grpo.cli train` with G = 8, 4 prompts per step, 64 new tokens exactly
+- ours: `python -m grpo train` (the `grpo` command, under its allocator) with G = 8, 4 prompts per step, 64 new tokens exactly
   (min_new_tokens = max_new_tokens = 64: EOS is suppressed, every completion has 64 tokens),
   temperature 1.0, beta 0.04 (k3 KL in the loss, a frozen reference copy), lr 1e-5 constant,
   one update per step (epochs 1, minibatches 1, the whole batch in one forward/backward),
@@ -535,7 +535,7 @@ def run_ours(
     config = ours_config(w, out, steps, precision, sampler, checkpointing)
     config_path = root / f"ours-{w['name']}-{precision}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    command = [sys.executable, "-m", "grpo.cli", "train", str(config_path), "--quiet"]
+    command = [sys.executable, "-m", "grpo", "train", str(config_path), "--quiet"]
     for override in overrides or []:
         command += ["--set", override]
     lengths = _fresh(root / f"lengths-ours-{w['name']}-{precision}.jsonl") if w.get("record_lengths") else None

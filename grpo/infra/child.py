@@ -57,7 +57,7 @@ def train_in_child(
     if starter is None:
         # The child's progress bar goes straight to our stderr; its errors are one line there.
         done = subprocess.run(
-            [sys.executable, "-m", "grpo.cli", *argv],
+            [sys.executable, "-m", "grpo", *argv],
             stdout=subprocess.PIPE,
             stderr=None if progress else subprocess.PIPE,
             text=True,

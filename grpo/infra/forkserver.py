@@ -275,4 +275,7 @@ def serve(models: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from grpo.infra.allocator import preload
+
+    preload()  # the runs it forks get the `grpo` command's allocator (before torch is imported)
     serve(sys.argv[1:])

@@ -94,3 +94,16 @@ def test_training_gives_the_same_numbers_under_either_allocator(make_config, tmp
         metrics[name] = [{k: v for k, v in row.items() if not k.startswith(("time/", "memory/"))} for row in rows]
     assert metrics["mimalloc"] == metrics["system"]
     assert len(metrics["system"]) == 2
+
+
+def test_the_runs_forked_for_the_demo_get_the_commands_allocator(tmp_path):
+    """The demo and `grpo compare` fork their runs from a helper (grpo.infra.forkserver): it makes
+    the same choice as the command, before it imports torch."""
+    from grpo.infra import forkserver
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_ALLOCATOR") and k != "LD_PRELOAD"}
+    for choice, expected in (("", "mimalloc"), ("system", "system")):
+        out = tmp_path / f"version-{choice}"
+        with forkserver.ForkServer(env={**env, "GRPO_ALLOCATOR": choice}) as server:
+            assert server.run(["--version"], stdout=out) == 0
+        assert f"memory allocator: {expected}" in out.read_text()
