@@ -39,7 +39,61 @@ def adamw(groups: list[dict], lr: float, betas: tuple[float, float], weight_deca
 
 def adamw_8bit(groups: list[dict], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Optimizer:
     bnb = _bitsandbytes()
-    return bnb.optim.AdamW8bit(groups, lr=lr, betas=betas, weight_decay=weight_decay)
+    return _chunked(bnb)(groups, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+CHUNK = 1 << 20  # values a piece of a large tensor's 8-bit step on a CPU: a multiple of the 256-value block
+_CHUNKED = {}
+
+
+def _chunked(bnb) -> type:
+    """bitsandbytes' AdamW8bit whose CPU step runs a large tensor piece by piece. Its CPU step
+    dequantises both moments of the whole tensor to fp32 and makes fp32 temporaries of it:
+    about 5x the tensor at once (+742 MB for a 151,936 x 256 embedding). Each piece is a run
+    of whole 256-value blocks (its values, gradient, moments and their scales sliced alike)
+    and every operation of the step is per value or per block, so the pieces give the same
+    bits as the whole (tests/train/test_optimizers.py); the transient is then ~5 x CHUNK x 4
+    bytes. On a GPU, and for tensors with fp32 moments, bitsandbytes' own step."""
+    if bnb not in _CHUNKED:
+
+        class AdamW8bitInPieces(bnb.optim.AdamW8bit):
+            def update_step(self, group, p, gindex, pindex):
+                state = self.state[p]
+                if p.device.type != "cpu" or state["state1"].dtype != torch.uint8 or p.numel() <= CHUNK:
+                    return super().update_step(group, p, gindex, pindex)
+                p.data = p.data.contiguous()
+                p.grad = p.grad.contiguous()
+                config = self.get_config(gindex, pindex, group)
+                state["step"] += 1
+                betas = config["betas"]
+                flat = [t.view(-1) for t in (p.grad, p.data, state["state1"], state["state2"])]
+                for start in range(0, p.numel(), CHUNK):
+                    end, block = min(start + CHUNK, p.numel()), slice(start // 256, (start + CHUNK) // 256)
+                    grad, value, m1, m2 = (t[start:end] for t in flat)
+                    bnb.functional.optimizer_update_8bit_blockwise(
+                        self.optimizer_name,
+                        grad,
+                        value,
+                        m1,
+                        m2,
+                        betas[0],
+                        betas[1],
+                        betas[2] if len(betas) >= 3 else 0.0,
+                        config.get("alpha", 0.0),
+                        config["eps"],
+                        state["step"],
+                        config["lr"],
+                        state["qmap1"],
+                        state["qmap2"],
+                        state["absmax1"][block],
+                        state["absmax2"][block],
+                        config["weight_decay"],
+                        gnorm_scale=1.0,
+                        skip_zeros=config["skip_zeros"],
+                    )
+
+        _CHUNKED[bnb] = AdamW8bitInPieces
+    return _CHUNKED[bnb]
 
 
 # train.optimizer -> the constructor.

@@ -115,6 +115,34 @@ def test_8bit_state_survives_a_checkpoint_exactly(start):
         assert torch.equal(a, b), name
 
 
+def test_a_large_tensor_s_8bit_step_in_pieces_equals_bitsandbytes_whole_step(monkeypatch):
+    """Pieces of 1,024 values (4 blocks) over 10,000 values (the last piece and block partial):
+    weights, both 8-bit moments and their scales equal bitsandbytes' own step on the whole
+    tensor, bit for bit, over three steps."""
+    import bitsandbytes as bnb
+
+    import grpo.train.optimizers as optimizers
+
+    monkeypatch.setattr(optimizers, "CHUNK", 1024)
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(100, 100, generator=g)
+    grads = [torch.randn(100, 100, generator=g) for _ in range(3)]
+    settings = dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)
+    whole, pieces = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    reference = bnb.optim.AdamW8bit([whole], **settings)
+    ours = optimizers.adamw_8bit([{"params": [pieces]}], **settings)
+    assert type(ours) is not bnb.optim.AdamW8bit  # the pieces' step, not bitsandbytes' own
+    for grad in grads:
+        for p, optimizer in ((whole, reference), (pieces, ours)):
+            p.grad = grad.clone()
+            optimizer.step()
+        assert torch.equal(whole, pieces)
+    a, b = reference.state[whole], ours.state[pieces]
+    assert a["state1"].dtype == torch.uint8
+    for key in ("state1", "state2", "absmax1", "absmax2", "step"):
+        assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+
+
 DETERMINISTIC = ("step", "reward/mean", "reward/std", "loss", "kl", "entropy", "grad_norm", "lr")
 
 
