@@ -4,8 +4,9 @@
   moments: 8 bytes a trained parameter.
 - `adamw_8bit`: bitsandbytes' AdamW8bit (Dettmers et al., arXiv 2110.02861): both moments
   kept in 8 bits, quantised block-wise with the dynamic map, each block its own scale, so
-  about 2 bytes a parameter. Each step dequantises one tensor's moments, applies AdamW's
-  update in fp32 and quantises them again; small tensors keep fp32 moments. The update
+  about 2 bytes a parameter. Each step dequantises one tensor's moments (on a CPU, a large
+  tensor's piece by piece: `_chunked`), applies AdamW's update in fp32 and quantises them
+  again; small tensors keep fp32 moments. The update
   approximates AdamW's (tests/train/test_optimizers.py says to what tolerance).
 
 Why bitsandbytes rather than torchao's AdamW8bit: bitsandbytes steps on a CPU in its own
