@@ -10,7 +10,8 @@ An allocator must be chosen before the program starts, so the `grpo` command (an
 `python -m grpo`) re-executes itself once with mimalloc in `LD_PRELOAD`, before it imports
 torch; the command then runs as it would have, in the same process (same PID, arguments,
 environment). `GRPO_ALLOCATOR` chooses: `mimalloc` (the default where the library is
-installed, on Linux), `system` (the C library's). Python code that calls `grpo.train`
+installed, on Linux), `system` (the C library's). torchrun's workers keep the system
+allocator (docs/memory.md says why). Python code that calls `grpo.train`
 runs under whatever allocator its own process started with; `library()` gives the path to
 preload (`LD_PRELOAD=... python script.py`).
 
@@ -75,6 +76,10 @@ def preload() -> None:
         else:
             os.environ.pop("LD_PRELOAD", None)
     if os.environ.pop(_TRIED, None) or not sys.platform.startswith("linux"):
+        return
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        # torchrun's workers keep the system allocator: two full test runs under mimalloc had a
+        # 2-process run's rank abort ("terminate called without an active exception"), once each.
         return
     if wanted() != "mimalloc" or active() == "mimalloc":
         return

@@ -71,6 +71,14 @@ def test_it_re_executes_once_with_the_library_first_in_ld_preload(monkeypatch):
     assert len(calls) == 1
 
 
+def test_torchruns_workers_keep_the_system_allocator(monkeypatch):
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail("a torchrun worker is not re-executed"))
+    monkeypatch.setattr(allocator, "active", lambda: "system")
+    monkeypatch.delenv("GRPO_ALLOCATOR", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    allocator.preload()
+
+
 def test_missing_library_is_an_error_only_where_asked_for_by_name(monkeypatch):
     monkeypatch.setattr(allocator, "library", lambda: None)
     monkeypatch.setattr(allocator, "active", lambda: "system")
