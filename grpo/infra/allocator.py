@@ -1,10 +1,10 @@
 """The memory allocator the `grpo` command runs under: mimalloc where it is installed.
 
 PyTorch's CPU tensors come from the C library's `malloc`. glibc's keeps freed blocks in a
-heap that fragments: on SmolLM2-135M-Instruct the resident memory of a full fine-tune stays
-~1 GB above what its live tensors hold, and grows step after step (docs/memory.md).
-mimalloc (Microsoft's allocator, the `cmeel-mimalloc` wheel) holds less there and serves the
-many small allocations of sampling faster (benchmarks/README.md#memory has both measured).
+heap that fragments: at SmolLM2-135M-Instruct's peak it held 734 MB freed but resident, and
+a run's resident memory grows step after step (docs/memory.md). mimalloc (Microsoft's
+allocator, the `cmeel-mimalloc` wheel) holds less there, the step as long
+(benchmarks/README.md#memory has both measured).
 
 An allocator must be chosen before the program starts, so the `grpo` command (and
 `python -m grpo`) re-executes itself once with mimalloc in `LD_PRELOAD`, before it imports
@@ -20,6 +20,7 @@ Imports nothing heavy: it runs before the command's imports.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ def library() -> str | None:
     return None
 
 
+@functools.cache  # fixed when the process starts: read /proc/self/maps once
 def active() -> str:
     """`mimalloc` where a mimalloc library is mapped into this process, else `system`."""
     try:
@@ -55,12 +57,11 @@ def active() -> str:
     return "mimalloc" if "libmimalloc" in maps else "system"
 
 
-def wanted(environ: dict | None = None) -> str:
+def wanted() -> str:
     """The allocator `GRPO_ALLOCATOR` asks for; an unknown name is a one-line error."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(ENV, "").strip().lower()
+    value = os.environ.get(ENV, "").strip().lower()
     if value and value not in CHOICES:
-        sys.exit(f"grpo: error: {ENV}={environ[ENV]!r}: choose one of {', '.join(CHOICES)}")
+        sys.exit(f"grpo: error: {ENV}={os.environ[ENV]!r}: choose one of {', '.join(CHOICES)}")
     return value or "mimalloc"
 
 

@@ -5,7 +5,7 @@
 - `adamw_8bit`: bitsandbytes' AdamW8bit (Dettmers et al., arXiv 2110.02861): both moments
   kept in 8 bits, quantised block-wise with the dynamic map, each block its own scale, so
   about 2 bytes a parameter. Each step dequantises one tensor's moments (on a CPU, a large
-  tensor's piece by piece: `_chunked`), applies AdamW's update in fp32 and quantises them
+  tensor's piece by piece: `_adamw_8bit_in_pieces`), applies AdamW's update in fp32 and quantises them
   again; small tensors keep fp32 moments. The update
   approximates AdamW's (tests/train/test_optimizers.py says to what tolerance).
 
@@ -21,6 +21,7 @@ the launch check refuses it (grpo.refusals, adamw_8bit+torchrun).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -39,15 +40,14 @@ def adamw(groups: list[dict], lr: float, betas: tuple[float, float], weight_deca
 
 
 def adamw_8bit(groups: list[dict], lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.Optimizer:
-    bnb = _bitsandbytes()
-    return _chunked(bnb)(groups, lr=lr, betas=betas, weight_decay=weight_decay)
+    return _adamw_8bit_in_pieces()(groups, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
 CHUNK = 1 << 20  # values a piece of a large tensor's 8-bit step on a CPU: a multiple of the 256-value block
-_CHUNKED = {}
 
 
-def _chunked(bnb) -> type:
+@functools.cache
+def _adamw_8bit_in_pieces() -> type:
     """bitsandbytes' AdamW8bit whose CPU step runs a large tensor piece by piece. Its CPU step
     dequantises both moments of the whole tensor to fp32 and makes fp32 temporaries of it:
     about 5x the tensor at once (+742 MB for a 151,936 x 256 embedding). Each piece is a run
@@ -55,46 +55,30 @@ def _chunked(bnb) -> type:
     and every operation of the step is per value or per block, so the pieces give the same
     bits as the whole (tests/train/test_optimizers.py); the transient is then ~5 x CHUNK x 4
     bytes. On a GPU, and for tensors with fp32 moments, bitsandbytes' own step."""
-    if bnb not in _CHUNKED:
+    bnb = _bitsandbytes()
 
-        class AdamW8bitInPieces(bnb.optim.AdamW8bit):
-            def update_step(self, group, p, gindex, pindex):
-                state = self.state[p]
-                if p.device.type != "cpu" or state["state1"].dtype != torch.uint8 or p.numel() <= CHUNK:
-                    return super().update_step(group, p, gindex, pindex)
-                p.data = p.data.contiguous()
-                p.grad = p.grad.contiguous()
-                config = self.get_config(gindex, pindex, group)
-                state["step"] += 1
-                betas = config["betas"]
-                flat = [t.view(-1) for t in (p.grad, p.data, state["state1"], state["state2"])]
-                for start in range(0, p.numel(), CHUNK):
-                    end, block = min(start + CHUNK, p.numel()), slice(start // 256, (start + CHUNK) // 256)
-                    grad, value, m1, m2 = (t[start:end] for t in flat)
-                    bnb.functional.optimizer_update_8bit_blockwise(
-                        self.optimizer_name,
-                        grad,
-                        value,
-                        m1,
-                        m2,
-                        betas[0],
-                        betas[1],
-                        betas[2] if len(betas) >= 3 else 0.0,
-                        config.get("alpha", 0.0),
-                        config["eps"],
-                        state["step"],
-                        config["lr"],
-                        state["qmap1"],
-                        state["qmap2"],
-                        state["absmax1"][block],
-                        state["absmax2"][block],
-                        config["weight_decay"],
-                        gnorm_scale=1.0,
-                        skip_zeros=config["skip_zeros"],
-                    )
+    class AdamW8bitInPieces(bnb.optim.AdamW8bit):
+        def update_step(self, group, p, gindex, pindex):
+            state = self.state[p]
+            if p.device.type != "cpu" or state["state1"].dtype != torch.uint8 or p.numel() <= CHUNK:
+                return super().update_step(group, p, gindex, pindex)
+            p.data = p.data.contiguous()
+            p.grad = p.grad.contiguous()
+            config = self.get_config(gindex, pindex, group)
+            state["step"] += 1
+            (beta1, beta2), update = config["betas"], bnb.functional.optimizer_update_8bit_blockwise
+            flat = [t.view(-1) for t in (p.grad, p.data, state["state1"], state["state2"])]
+            for start in range(0, p.numel(), CHUNK):
+                piece, blocks = slice(start, start + CHUNK), slice(start // 256, (start + CHUNK) // 256)
+                grad, value, m1, m2 = (t[piece] for t in flat)
+                # AdamW's arguments, in bitsandbytes' order (beta3 and alpha are other optimizers')
+                update(
+                    self.optimizer_name, grad, value, m1, m2, beta1, beta2, 0.0, 0.0, config["eps"],
+                    state["step"], config["lr"], state["qmap1"], state["qmap2"], state["absmax1"][blocks],
+                    state["absmax2"][blocks], config["weight_decay"], gnorm_scale=1.0, skip_zeros=config["skip_zeros"],
+                )  # fmt: skip
 
-        _CHUNKED[bnb] = AdamW8bitInPieces
-    return _CHUNKED[bnb]
+    return AdamW8bitInPieces
 
 
 # train.optimizer -> the constructor.
