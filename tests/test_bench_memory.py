@@ -7,25 +7,16 @@ from benchmarks import bench_memory
 from grpo.infra.allocator import library
 
 
+def _tiny(folder, variants: str, *options: str) -> dict:
+    """bench_memory's results on the tiny workload, 2 steps, without TRL."""
+    argv = ["--workload", "tiny", "--steps", "2", "--skip-trl", "--variants", variants, "--results", str(folder)]
+    assert bench_memory.main([*argv, *options]) == 0
+    (path,) = folder.glob("memory-*.json")
+    return json.loads(path.read_text())["workloads"]["tiny"]
+
+
 def test_every_variant_has_its_phases_and_its_floor(tmp_path, capsys):
-    assert (
-        bench_memory.main(
-            [
-                "--workload",
-                "tiny",
-                "--steps",
-                "2",
-                "--skip-trl",
-                "--variants",
-                "exact,exact_glibc,savers",
-                "--results",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    (path,) = tmp_path.glob("memory-*.json")
-    tiny = json.loads(path.read_text())["workloads"]["tiny"]
+    tiny = _tiny(tmp_path, "exact,exact_glibc,savers")
     p = tiny["parameters"]
     for variant in ("exact", "savers"):
         run = tiny["runs"][variant]
@@ -42,3 +33,19 @@ def test_every_variant_has_its_phases_and_its_floor(tmp_path, capsys):
     assert savers["moments"] < exact["moments"] / 3
     out = capsys.readouterr().out
     assert "| exact |" in out and "| savers |" in out and "TRL not measured: --skip-trl" in out
+
+
+def test_live_counts_the_states_and_what_the_update_adds(tmp_path, capsys):
+    """--live: the tensors live at the last update's peak hold at least every state of the
+    exact path (weights, reference, moments, and all the gradients at the backward's end) and
+    at least the gradients more than those alive as the update starts; the table says so."""
+    tiny = _tiny(tmp_path, "exact", "--live")
+    run, floor = tiny["runs"]["exact"], tiny["floors"]["exact"]
+    states = floor["total"] - floor["runtime"]
+    live = run["live"]
+    assert live["peak_mb"] >= max(states, live["at_start_mb"] + floor["gradients"])
+    assert live["at_start_mb"] < states  # no gradient yet
+    # What the profiler saw is part of what was live (the reference's weights, untouched, are not in it).
+    seen = live["profiled_at_peak_mb"]
+    assert seen["optimizer_state"] >= floor["moments"] - 0.01 and sum(seen.values()) <= live["peak_mb"] + 0.01
+    assert "| live + runtime MB | live / floor |" in capsys.readouterr().out
