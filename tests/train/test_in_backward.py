@@ -10,11 +10,14 @@ gradients is never held at once; a stopped run resumes as if never stopped.
 
 import copy
 
+from unittest import mock
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import grpo
+import grpo.train.step as step
 from grpo.errors import UserError
 from grpo.train.optimizers import StepInBackward, build_optimizer
 from tests.train.test_learning import gain
@@ -80,13 +83,34 @@ def test_the_whole_gradient_is_never_held(start):
 
 
 def runs(make_config, tmp_path, algorithm="grpo", **sections):
-    """The same run with the step after the backward and inside it (nothing clips)."""
+    """The same run with the step after the backward and inside it (nothing clips), both with
+    every row's prompt in its own pass, as the step in the backward runs the update."""
     out = []
     for name, extra in (("after", {"max_grad_norm": 0}), ("inside", STEP_IN_BACKWARD)):
         config = make_config(algorithm, output_dir=str(tmp_path / name), **sections)
         config["train"] = {**config["train"], "steps": 3, "lr": 1e-2, "sample_every": 0, **extra}
-        out.append(grpo.train(config, progress=False))
+        with mock.patch.object(step, "_shares_prompts", lambda e: False):
+            out.append(grpo.train(config, progress=False))
     return out
+
+
+def test_the_update_does_not_share_prompts_with_the_step_in_the_backward(make_config, tmp_path, monkeypatch):
+    """A weight that the prompt's shared pass and the completions' pass both use has its
+    gradient complete only at the end of the backward: the update runs every row in full."""
+    shared = []
+    plain = step.completion_logprobs
+
+    def recorded(*args, share_prompts=True, **kwargs):
+        shared.append(share_prompts)
+        return plain(*args, share_prompts=share_prompts, **kwargs)
+
+    monkeypatch.setattr(step, "completion_logprobs", recorded)
+    for name, extra in (("after", {}), ("inside", STEP_IN_BACKWARD)):
+        shared.clear()
+        config = make_config(output_dir=str(tmp_path / name))
+        config["train"] = {**config["train"], "steps": 1, "sample_every": 0, **extra}
+        grpo.train(config, progress=False)
+        assert shared and set(shared) == {name == "after"}
 
 
 def same_runs(after, inside):
