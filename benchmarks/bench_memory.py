@@ -20,6 +20,8 @@ under by default (mimalloc where installed: grpo/infra/allocator.py) unless name
 - `in_backward`: train.optimizer_in_backward (no full set of gradients), max_grad_norm 0;
 - `bf16_reference`: train.reference_dtype: bfloat16;
 - `freed_memory`: train.return_freed_memory (freed memory given back at once, not kept);
+- `three_savers`: the three that change what is held (8-bit moments, the step in the
+  backward, the bf16 reference), freed memory kept for reuse as by default;
 - `savers`: the four together.
 
 The floor of a variant is what its states must hold plus the runtime, from the parameter
@@ -68,6 +70,7 @@ VARIANTS = {
     "in_backward": IN_BACKWARD,
     "bf16_reference": ["train.reference_dtype=bfloat16"],
     "freed_memory": ["train.return_freed_memory=true"],
+    "three_savers": ["train.optimizer=adamw_8bit", "train.reference_dtype=bfloat16", *IN_BACKWARD],
     "savers": [
         "train.optimizer=adamw_8bit",
         "train.reference_dtype=bfloat16",
