@@ -289,6 +289,10 @@ class TrainConfig:
         True,
         "Run the LM head over a chunk of positions at a time, so that no (completions x tokens x vocabulary) logits are held; the same numbers as false (docs/speed.md).",
     )
+    layout: Literal["auto", "packed", "shared", "padded"] = opt(
+        "auto",
+        "How a pass lays out its rows: packed (real tokens only, a group's prompt once), shared (a group's prompt in a pass of its own), padded (every row in full); auto: the first that gives the model's own log-probs (docs/speed.md#layouts).",
+    )
     autocast: Literal["auto", "off", "bfloat16"] = opt(
         "auto",
         "Mixed precision: bfloat16 runs sampling and the forward passes in bf16, keeping weights, gradients and optimizer state in `dtype`; auto is bfloat16 on a GPU, off on a CPU (docs/speed.md).",

@@ -1,14 +1,16 @@
 """The forward passes over a Rollout, to the completion tokens' log-probs, and which layouts
 serve a model.
 
-A layout is how a pass runs: every row in full or a group's prompt once (its KV cache indexed
-out to the group's rows), with or without activation checkpointing, through the full logits
-or the LM head chunk by chunk (train.chunked_head, `grpo.algo.head_logprobs`: the hidden
-states taken by a hook where the head receives them, so that no (N, T, V) logits exist).
-Each gives the same log-probs; `decide_layouts` tries them once on a model before the first
-step and keeps those that do (tests/train/test_architectures.py). A model whose logits are
-not its plain nn.Linear head's output (softcapping, logit scales, a LoRA or quantized head)
-runs the plain path (`chunkable_head`).
+A layout is how a pass lays out its rows (train.layout): packed (the real tokens end to end,
+a group's prompt once, no padding: grpo.train.packing), a group's prompt in a pass of its own
+(its KV cache indexed out to the group's rows), or every row in full; with or without
+activation checkpointing; through the full logits or the LM head chunk by chunk
+(train.chunked_head, `grpo.algo.head_logprobs`: the hidden states taken by a hook where the
+head receives them, so that no (N, T, V) logits exist). Each gives the same log-probs;
+`decide_layouts` tries them once on a model before the first step and takes the first that
+does (tests/train/test_architectures.py). A model whose logits are not its plain nn.Linear
+head's output (softcapping, logit scales, a LoRA or quantized head) runs the plain head
+(`chunkable_head`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from grpo.algo import entropy, head_logprobs, token_logprobs
 from grpo.errors import UserError
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
+from grpo.train.packing import packed_positions
 
 
 def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
@@ -44,43 +47,57 @@ def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
     return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
 
 
-def completion_logits(model, batch: Rollout, share_prompts: bool = True) -> Tensor:
+def completion_logits(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
     """Logits that predict each completion token: (N, T, V).
 
-    With `share_prompts`, the G completions of a prompt share one pass over it: the prompt
-    runs once per group (its KV cache then indexed out to the group's rows, which autograd
-    turns into a sum of the rows' gradients), and the completions run on top of it. The same
-    numbers as one pass over every full row (tests/train/test_models.py), with G - 1 fewer
-    passes over each prompt."""
-    return _completion_positions(model, batch, share_prompts, lambda out: out.logits)
+    With `share_prompts`, the G completions of a prompt share its tokens: the prompt runs
+    once per group, in the packed layout within the one pass, in the shared-prompt layout as
+    a pass of its own (its KV cache then indexed out to the group's rows, which autograd
+    turns into a sum of the rows' gradients) with the completions run on top of it. The same
+    numbers as one pass over every full row (tests/train/test_models.py,
+    tests/train/test_packing.py), with G - 1 fewer passes over each prompt. `layout`: one of
+    LAYOUTS, or None for the one `decide_layouts` took for the model."""
+    return _completion_positions(model, batch, share_prompts, lambda out: out.logits, layout)
 
 
-def completion_hidden(model, batch: Rollout, share_prompts: bool = True) -> Tensor:
+def completion_hidden(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
     """What the LM head receives at the positions that predict each completion token:
     (N, T, H), from the same passes as `completion_logits` (prompts shared alike), with the
     head computing nothing (`_head_inputs`)."""
     with _head_inputs(model) as read:
-        return _completion_positions(model, batch, share_prompts, read)
+        return _completion_positions(model, batch, share_prompts, read, layout)
 
 
-def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor:
+def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable, layout: str | None) -> Tensor:
     """(N, T, ...) `read(output)` of the passes at the positions that predict completion tokens:
-    the logits, or the head's input."""
-    checkpointed = _checkpointed_layers(model) if share_prompts else None
-    groups = prompt_groups(batch) if share_prompts and may_share_prompts(model, checkpointed is not None) else None
-    if groups is not None:
+    the logits, or the head's input. A layout that cannot run this batch (a batch the packer
+    cannot lay out, a model whose cache rows cannot be selected) leaves it to the padded one."""
+    checkpointed = _checkpointed_layers(model)
+    layout = layout or layout_of(model, checkpointed is not None)
+    groups = prompt_groups(batch) if share_prompts and layout != PADDED else None
+    if layout == PACKED:
+        out = packed_positions(model, batch, None if groups is None else groups[1], read)
+        if out is not None:
+            return out
+    elif groups is not None:
         out = _shared_prompt_positions(model, batch, *groups, read, checkpointed=checkpointed)
         if out is not None:
             return out
     t_len = batch.completion_mask.shape[1]
-    out = model(
+    out = padded_pass(model, batch, logits_to_keep=t_len + 1)  # only the positions that predict completion tokens
+    return read(out)[:, :-1]  # position P-1+t predicts completion token t
+
+
+def padded_pass(model, batch: Rollout, **kwargs):
+    """`model`'s output over every row of `batch` in full (left-padded prompts, right-padded
+    completions; positions counting real tokens only)."""
+    return model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
-        logits_to_keep=t_len + 1,  # only the positions that predict completion tokens
         use_cache=False,
+        **kwargs,
     )
-    return read(out)[:, :-1]  # position P-1+t predicts completion token t
 
 
 def _cache_argument(model) -> str:
@@ -324,6 +341,7 @@ def completion_logprobs(
     share_prompts: bool = True,
     chunked_head: bool = True,
     with_entropy: bool = False,
+    layout: str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
     sampler's temperature and repetition penalty, and with `with_entropy` the (N, T) entropy
@@ -340,7 +358,7 @@ def completion_logprobs(
     ids = batch.completion_ids
     head = chunkable_head(model) if chunked_head else None
     if head is not None:
-        hidden = completion_hidden(model, batch, share_prompts)  # (N, T, H)
+        hidden = completion_hidden(model, batch, share_prompts, layout=layout)  # (N, T, H)
         # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
         return head_logprobs(
             hidden,
@@ -351,7 +369,7 @@ def completion_logprobs(
             mask=batch.loss_mask.bool(),
             **scoring,
         )
-    logits = completion_logits(model, batch, share_prompts)  # (N, T, V)
+    logits = completion_logits(model, batch, share_prompts, layout=layout)  # (N, T, V)
     logprobs = token_logprobs(logits, ids, **scoring)
     if not with_entropy:
         return logprobs, None
@@ -424,35 +442,41 @@ def policy_logprobs(
 
 # ---- which layouts serve a model: decided once, before the first step ----------------------
 
-_LAYOUTS = "_grpo_shares_prompts"  # the attribute decide_layouts keeps its verdicts in
+PACKED, SHARED, PADDED = "packed", "shared", "padded"
+LAYOUTS = (PACKED, SHARED, PADDED)  # the first that serves a model is taken
+_LAYOUTS = "_grpo_layouts"  # the attribute decide_layouts keeps its verdicts in
 
 
-def may_share_prompts(model, checkpointed: bool) -> bool:
-    """Whether `model`'s passes may run a group's prompt once (`decide_layouts`' verdict for the
-    mode it is in: `checkpointed` or not). A model never asked may (what the tests build)."""
+def layout_of(model, checkpointed: bool) -> str:
+    """The layout `decide_layouts` took for `model`'s passes in the mode it is in
+    (`checkpointed` or not). A model never asked runs the shared prompt (what the tests build
+    before any step)."""
     verdicts = getattr(model, _LAYOUTS, None)
-    return True if verdicts is None else verdicts[checkpointed]
+    return SHARED if verdicts is None else verdicts[checkpointed]
 
 
-def decide_layouts(model, checkpointing: bool) -> bool:
-    """Decide, once and before any step, which forward layouts serve `model`, by running each on
+def decide_layouts(model, checkpointing: bool, layout: str = "auto") -> bool:
+    """Decide, once and before any step, which forward layout serves `model`, by running each on
     a small batch of its own against the plain forward (every row in full, eval mode, the full
-    logits): checkpointing (training mode, recomputed in the backward) and the shared prompt,
-    with and without checkpointing, must give its log-probs to float rounding, and the backward
-    must run. A layout that does not is not taken (the verdicts are kept on the model, so that a
-    copy of it, the frozen reference, inherits them). Returns whether checkpointing stays on
-    (with a warning when it goes: more activation memory, the same numbers)."""
+    logits): checkpointing (training mode, recomputed in the backward), and the packed and the
+    shared-prompt layouts, with and without checkpointing, must give its log-probs to float
+    rounding, and the backward must run. For each mode the first of LAYOUTS that does is taken
+    (the padded one, every row in full, serves every model); the verdicts are kept on the
+    model, so that a copy of it, the frozen reference, inherits them. Returns whether
+    checkpointing stays on (with a warning when it goes: more activation memory, the same
+    numbers). `layout` (train.layout): auto, or the one layout to try (the padded one, with a
+    warning, where it does not serve)."""
     tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
-    batch = _probe_batch(model)
+    batch = probe_batch(model)
     with torch.no_grad():
-        plain = completion_logprobs(model, batch, 1.0, share_prompts=False, chunked_head=False)[0]
+        plain = completion_logprobs(model, batch, 1.0, chunked_head=False, layout=PADDED)[0]
 
-    def serves(share: bool, checkpointed: bool) -> bool:
+    def serves(candidate: str, checkpointed: bool) -> bool:
         embedded = []  # the input embeddings of each pass: where the probe's backward stops
         handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: embedded.append(out))
         try:
             with activation_checkpointing(model, checkpointed), torch.enable_grad():
-                logprobs = completion_logprobs(model, batch, 1.0, share_prompts=share, chunked_head=False)[0]
+                logprobs = completion_logprobs(model, batch, 1.0, chunked_head=False, layout=candidate)[0]
             if checkpointed:  # the recomputation runs in the backward, after the forward's mode is gone
                 _backward(model, logprobs, embedded)
         except Exception:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
@@ -461,8 +485,21 @@ def decide_layouts(model, checkpointing: bool) -> bool:
             handle.remove()
         return bool(((logprobs.detach() - plain).abs() * batch.loss_mask).max() <= tolerance)
 
-    setattr(model, _LAYOUTS, {False: True, True: True})  # unprobed while probing: each layout as asked
-    if checkpointing and not serves(share=False, checkpointed=True):
+    asked = LAYOUTS[:-1] if layout == "auto" else [layout]
+    candidates = [each for each in asked if each != PACKED or not windowed(model)]
+
+    def first_serving(checkpointed: bool) -> str:
+        taken = next((each for each in candidates if each == PADDED or serves(each, checkpointed)), PADDED)
+        if layout not in ("auto", taken):
+            print(
+                f"grpo: warning: train.layout: {layout} does not give {type(model).__name__}'s own log-probs"
+                f"{' under checkpointing' if checkpointed else ''}; every row runs in full (padded)",
+                file=sys.stderr,
+            )
+        return taken
+
+    setattr(model, _LAYOUTS, {False: PADDED, True: PADDED})  # while probing, each layout as asked
+    if checkpointing and not serves(PADDED, checkpointed=True):
         print(
             f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} computes other log-probs in "
             "training mode than in eval mode; training without checkpointing (more activation memory)",
@@ -470,13 +507,24 @@ def decide_layouts(model, checkpointing: bool) -> bool:
         )
         disable_checkpointing(model)
         checkpointing = False
-    verdicts = {False: serves(share=True, checkpointed=False)}
-    verdicts[True] = checkpointing and serves(share=True, checkpointed=True)
+    verdicts = {False: first_serving(False)}
+    verdicts[True] = first_serving(True) if checkpointing else PADDED
     setattr(model, _LAYOUTS, verdicts)
     return checkpointing
 
 
-def _probe_batch(model) -> Rollout:
+def windowed(model) -> bool:
+    """Whether some of `model`'s layers attend within a sliding window (Mistral, Gemma 2 and 3,
+    Cohere 2, a Qwen2 with use_sliding_window): the packed layout's mask does not cut what
+    they attend to, and a probe shorter than the window could not tell."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not isinstance(getattr(config, "sliding_window", None), int):
+        return False
+    kinds = getattr(config, "layer_types", None)
+    return kinds is None or any("sliding" in str(kind) for kind in kinds)
+
+
+def probe_batch(model) -> Rollout:
     """Two prompts of different lengths (one left-padded), two completions each (one ending
     early): what a step's batch holds, in 7 token columns."""
     vocab = model.get_input_embeddings().num_embeddings

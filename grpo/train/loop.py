@@ -156,9 +156,9 @@ def build_engine(
         c.train.gradient_checkpointing = False
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
-    # Which forward layouts (checkpointed, shared prompt) serve this architecture, tried once on a
+    # Which forward layouts (checkpointed; packed, shared prompt) serve this architecture, tried once on a
     # small batch before sharding; the reference's copy inherits the verdicts.
-    c.train.gradient_checkpointing = decide_layouts(policy, c.train.gradient_checkpointing)
+    c.train.gradient_checkpointing = decide_layouts(policy, c.train.gradient_checkpointing, c.train.layout)
     if c.train.chunked_head:
         chunkable_head(policy)  # its one probe pass, whole (before sharding), inherited by the reference's copy
     reference = build_reference(

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
-from grpo.train.layouts import policy_logprobs
+from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, prompt_groups, windowed
+from grpo.train.packing import packed_positions
 
 
 # ---- the reference ----------------------------------------------------------------------------
@@ -171,30 +172,60 @@ def build_reference(
 
 
 class ValueModel(nn.Module):
-    """PPO's critic: a causal LM's backbone with a scalar head, V(prefix) per position."""
+    """PPO's critic: a causal LM's backbone with a scalar head, V(prefix) per position. With
+    `packed` (train.layout, where its backbone serves it: `backbone_packs`), its passes run in
+    the packed layout (grpo.train.packing), a group's prompt once."""
 
-    def __init__(self, backbone, hidden_size: int):
+    def __init__(self, backbone, hidden_size: int, packed: bool = False):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(hidden_size, 1)
         nn.init.zeros_(self.head.weight)  # start at V = 0: no opinion before any data
         nn.init.zeros_(self.head.bias)
+        self.packed = packed
 
     def forward(self, batch: Rollout) -> Tensor:
         """(N, T): the value of the state before each completion token."""
-        t_len = batch.completion_mask.shape[1]
-        hidden = self.backbone(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).last_hidden_state  # (N, P + T, H)
+        hidden = completion_states(self.backbone, batch, self.packed)  # (N, T, H)
         # A tensor of its own, not a view: FSDP2 hooks a sharded module's output for its backward.
-        return self.head(hidden[:, -t_len - 1 : -1].float()).squeeze(-1).clone()
+        return self.head(hidden.float()).squeeze(-1).clone()
+
+
+def completion_states(backbone, batch: Rollout, packed: bool) -> Tensor:
+    """(N, T, H) the backbone's last hidden states at the positions before each completion
+    token: from one packed pass (a group's prompt once), or from every row in full."""
+    if packed:
+        groups = prompt_groups(batch)
+        hidden = packed_positions(backbone, batch, None if groups is None else groups[1], _last_hidden)
+        if hidden is not None:
+            return hidden
+    t_len = batch.completion_mask.shape[1]
+    return padded_pass(backbone, batch).last_hidden_state[:, -t_len - 1 : -1]  # of (N, P + T, H)
+
+
+def _last_hidden(output) -> Tensor:
+    return output.last_hidden_state
+
+
+def backbone_packs(backbone) -> bool:
+    """Whether `backbone` gives the same hidden states in the packed layout as with every row in
+    full, to float rounding, on a small batch of its own (tried once, when the critic loads);
+    never for sliding-window attention (see `grpo.train.layouts.decide_layouts`)."""
+    if windowed(backbone):
+        return False
+    batch = probe_batch(backbone)
+    try:
+        with torch.no_grad():
+            plain = completion_states(backbone, batch, packed=False)
+            packed = completion_states(backbone, batch, packed=True)
+    except Exception:  # noqa: BLE001 (a layout the backbone's code cannot run: not taken)
+        return False
+    scale = float(plain.abs().max()) or 1.0
+    return bool(((packed - plain).abs().amax(-1) * batch.loss_mask).max() <= 1e-4 * scale)
 
 
 def load_value_model(
-    path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu"
+    path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu", layout: str = "auto"
 ) -> ValueModel:
     from transformers import AutoModel
 
@@ -206,4 +237,6 @@ def load_value_model(
             )
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
-    return ValueModel(backbone, backbone.config.hidden_size).to(device).eval()
+    backbone = backbone.to(device).eval()
+    packed = layout in ("auto", PACKED) and backbone_packs(backbone)
+    return ValueModel(backbone, backbone.config.hidden_size, packed).to(device).eval()

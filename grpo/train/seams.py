@@ -243,10 +243,12 @@ class Critic:
 
     def values(self, batch: Rollout, micro_batch_size: int, by_length: bool = False) -> Tensor:
         """(N, T) V(state before each completion token), without autograd (micro-batches
-        ordered by length with `by_length`; the critic shares no prompt pass, so rows are
-        ordered one by one)."""
+        ordered by length with `by_length`: a group's rows kept together where the critic's
+        packed passes share their prompt, else ordered one by one)."""
         with autocast(self.model, self.dtype):
-            return no_grad_pass(self.model, batch, micro_batch_size, by_length=by_length, whole_groups=False)
+            return no_grad_pass(
+                self.model, batch, micro_batch_size, by_length=by_length, whole_groups=self.model.packed
+            )
 
     def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:
         """The value loss of the micro-batch `part` (the batch's `rows`, maybe trimmed: the
@@ -335,5 +337,5 @@ def build_critic(
     The value model is the policy's `model` with a scalar head unless value.model names another."""
     if c.loss.baseline != "critic":
         return NoCritic()
-    model = load_value_model(c.value.model or c.model, c.train.dtype, attention, device)
+    model = load_value_model(c.value.model or c.model, c.train.dtype, attention, device, c.train.layout)
     return Critic(model, value_clip=c.loss.value_clip, dtype=dtype)

@@ -28,7 +28,7 @@ from grpo.infra.memory import peak_memory_mb
 from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
-from grpo.train.layouts import completion_logprobs, micro_batches, no_grad_pass, policy_logprobs
+from grpo.train.layouts import PACKED, completion_logprobs, layout_of, micro_batches, no_grad_pass, policy_logprobs
 from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
@@ -451,14 +451,18 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
 
 def _shares_prompts(e: Engine) -> bool:
     """Whether the update's forward runs a group's prompt once for its rows in a micro-batch.
-    With checkpointing too (the prompt's pass unchecked, the completions' layers checkpointed
-    over a cache they only read: grpo.train.layouts); not sharded (the policy's forward passes
-    are collectives: every process must run as many, and sharing prompts makes their number
-    depend on the rows); not with the step in the backward (train.optimizer_in_backward): a
-    weight that two passes use has its gradient complete only when the second one's backward
-    ends, and the prompt's pass is the last to run backward, so every layer's gradient would
-    wait for the end of the backward, which that step exists to avoid (SmolLM2-135M, the four
-    savers: 1,504 MB of tensors at the update's peak with prompts shared, 1,146 without)."""
+    In the packed layout always: the prompt is packed once, in the same one pass as its
+    completions. In the shared-prompt layout (a pass over the prompt, its KV cache read by the
+    completions' pass; with checkpointing too, grpo.train.layouts) only where a pass more is
+    harmless: not sharded (the policy's forward passes are collectives: every process must run
+    as many, and sharing prompts makes their number depend on the rows); not with the step in
+    the backward (train.optimizer_in_backward): a weight that two passes use has its gradient
+    complete only when the second one's backward ends, and the prompt's pass is the last to
+    run backward, so every layer's gradient would wait for the end of the backward, which that
+    step exists to avoid (SmolLM2-135M, the four savers: 1,504 MB of tensors at the update's
+    peak with prompts shared, 1,146 without)."""
+    if layout_of(e.policy, e.train.gradient_checkpointing) == PACKED:
+        return True
     return e.world.world_size == 1 and not isinstance(e.optimizer, StepInBackward)
 
 

@@ -16,7 +16,16 @@ import grpo
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
 from grpo.train.models import activation_checkpointing, enable_checkpointing
-from grpo.train.layouts import _LAYOUTS, chunkable_head, completion_logprobs, decide_layouts
+from grpo.train.layouts import (
+    _LAYOUTS,
+    LAYOUTS,
+    PACKED,
+    PADDED,
+    SHARED,
+    chunkable_head,
+    completion_logprobs,
+    decide_layouts,
+)
 from tests.algo.test_chunked_head import batch_of
 
 TOKENIZER = char_tokenizer("0123456789abc ")
@@ -57,6 +66,9 @@ ARCHITECTURES = {
 # Where a group's prompt cannot run once under checkpointing: a sliding-window cache is not one
 # whose layers a checkpointed forward can run through twice, so every row runs in full there.
 NOT_SHARED_CHECKPOINTED = {"gemma3", "mistral"}
+# Where the packed layout is not taken: its mask does not cut a sliding window (gemma3,
+# mistral), and Bloom builds its ALiBi biases from a 2-D attention mask, not a 4-D one.
+NOT_PACKED = {"gemma3", "mistral", "bloom"}
 
 
 def build(name: str) -> torch.nn.Module:
@@ -100,32 +112,36 @@ def test_every_layout_gives_the_plain_forward_s_log_probs_and_gradients(saved, n
     batch = batch_of(len(TOKENIZER), prompts=2, group_size=3, p_len=5, t_len=6)  # 11 columns > WINDOW
     mask = batch.loss_mask.bool()
 
-    def forward(share: bool, chunk: bool, checkpointed: bool):
+    def forward(layout: str, chunk: bool, checkpointed: bool):
         model.zero_grad(set_to_none=True)
         with activation_checkpointing(model, checkpointed):
-            logprobs = completion_logprobs(model, batch, 0.9, share_prompts=share, chunked_head=chunk)[0]
+            logprobs = completion_logprobs(model, batch, 0.9, chunked_head=chunk, layout=layout)[0]
         (logprobs * batch.loss_mask).sum().backward()
         return logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    plain, plain_grads = forward(share=False, chunk=False, checkpointed=False)
+    plain, plain_grads = forward(PADDED, chunk=False, checkpointed=False)
     assert enable_checkpointing(model)
     assert decide_layouts(model, True) is True  # checkpointing kept
-    assert getattr(model, _LAYOUTS) == {False: True, True: True}  # the shared prompt taken, both modes
+    taken = PACKED if name not in NOT_PACKED else SHARED
+    assert getattr(model, _LAYOUTS) == {False: taken, True: taken}  # both modes
     assert chunkable_head(model) is not None  # its probe pass, before the passes are counted
 
     shapes = passes(model)
-    for share in (False, True):
+    for layout in LAYOUTS if taken == PACKED else (SHARED, PADDED):
         for chunk in (False, True):
             for checkpointed in (False, True):
                 shapes.clear()
-                logprobs, grads = forward(share, chunk, checkpointed)
-                layout = f"{name}: share={share} chunked={chunk} checkpointed={checkpointed}"
-                torch.testing.assert_close(logprobs[mask], plain[mask], atol=2e-5, rtol=1e-5, msg=layout)
-                assert grads.keys() == plain_grads.keys(), layout
+                logprobs, grads = forward(layout, chunk, checkpointed)
+                label = f"{name}: {layout} chunked={chunk} checkpointed={checkpointed}"
+                torch.testing.assert_close(logprobs[mask], plain[mask], atol=2e-5, rtol=1e-5, msg=label)
+                assert grads.keys() == plain_grads.keys(), label
                 for key, grad in grads.items():
-                    torch.testing.assert_close(grad, plain_grads[key], atol=1e-4, rtol=1e-4, msg=f"{layout} {key}")
-                shared = share and not (checkpointed and name in NOT_SHARED_CHECKPOINTED)
-                assert shapes == ([(2, 5), (6, 5)] if shared else [(6, 11)]), layout  # the passes that ran
+                    torch.testing.assert_close(grad, plain_grads[key], atol=1e-4, rtol=1e-4, msg=f"{label} {key}")
+                if layout == PACKED:  # one pass over the real tokens: fewer slots than the rows in full
+                    assert len(shapes) == 1 and shapes[0][0] * shapes[0][1] < 6 * 11, label
+                    continue
+                shared = layout == SHARED and not (checkpointed and name in NOT_SHARED_CHECKPOINTED)
+                assert shapes == ([(2, 5), (6, 5)] if shared else [(6, 11)]), label  # the passes that ran
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
@@ -175,33 +191,43 @@ def test_grpo_trains_each_architecture_at_the_defaults(saved, name, prompts_file
 
 
 def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, saved):
-    """decide_layouts tries the shared prompt once: where it gives other log-probs (a planted
-    cache read for the wrong rows) or cannot run, every row runs in full from then on."""
+    """decide_layouts tries the packed and the shared-prompt layouts once: where one gives other
+    log-probs (a planted cache read for the wrong rows, packed slots read for the wrong rows) or
+    cannot run, the next is taken, and every row runs in full where neither serves."""
     from grpo.train import layouts
 
-    shared = layouts._shared_prompt_positions
+    shared, packed = layouts._shared_prompt_positions, layouts.packed_positions
 
     def wrong_rows(model, batch, first, group, read, **kwargs):
         return shared(model, batch, first, group.flip(0), read, **kwargs)
+
+    def wrong_slots(model, batch, groups, read):
+        return packed(model, batch, groups, read).flip(0)
 
     def fails(*args, **kwargs):
         raise RuntimeError("a layout this model's code cannot run")
 
     batch = batch_of(len(TOKENIZER), prompts=2, group_size=3, p_len=5, t_len=6)
     mask = batch.loss_mask.bool()
-    for planted in (wrong_rows, fails):
+    for planted_shared, planted_packed, taken in [
+        (shared, wrong_slots, SHARED),
+        (shared, fails, SHARED),
+        (wrong_rows, wrong_slots, PADDED),
+        (fails, fails, PADDED),
+    ]:
         model = load(saved, "llama")
         with torch.no_grad():
-            plain = completion_logprobs(model, batch, 1.0, share_prompts=False)[0]
-        monkeypatch.setattr(layouts, "_shared_prompt_positions", planted)
+            plain = completion_logprobs(model, batch, 1.0, layout=PADDED)[0]
+        monkeypatch.setattr(layouts, "_shared_prompt_positions", planted_shared)
+        monkeypatch.setattr(layouts, "packed_positions", planted_packed)
         assert enable_checkpointing(model) and decide_layouts(model, True) is True
-        assert getattr(model, _LAYOUTS) == {False: False, True: False}
+        assert getattr(model, _LAYOUTS) == {False: taken, True: taken}
         shapes = passes(model)
         for checkpointed in (False, True):
             with activation_checkpointing(model, checkpointed):
                 logprobs = completion_logprobs(model, batch, 1.0, share_prompts=True)[0]
             torch.testing.assert_close(logprobs.detach()[mask], plain[mask], atol=2e-5, rtol=1e-5)
-        assert shapes == [(6, 11), (6, 11)]  # every row in full
+        assert shapes == ([(6, 11)] * 2 if taken == PADDED else [(2, 5), (6, 5)] * 2)  # the passes that ran
         monkeypatch.undo()
 
 
@@ -215,4 +241,4 @@ def test_a_model_that_computes_otherwise_in_training_mode_trains_without_checkpo
     assert decide_layouts(model, True) is False
     assert "train.gradient_checkpointing: Qwen2ForCausalLM computes other log-probs" in capsys.readouterr().err
     assert not layer.gradient_checkpointing  # off in the model: its forward in training mode is never taken
-    assert getattr(model, _LAYOUTS) == {False: True, True: False}
+    assert getattr(model, _LAYOUTS) == {False: PACKED, True: PADDED}

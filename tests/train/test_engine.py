@@ -233,12 +233,12 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
         results = [train_step(e, stream.take(c.rollout.prompts_per_step)) for _ in range(2)]
         metrics[on], calls[on] = [r.metrics for r in results], count
         assert not e.policy.training  # back in eval mode after the update
-    # Per step (the reference is its own copy, not counted): the policy's shared prompt pass and
-    # completion pass, both ways. With checkpointing the layer internals of both run again in
-    # the backward (the recomputation calls the layer's forward directly, so only its insides
-    # count).
-    assert calls[False] == {"layer": 2 * 2, "attention": 2 * 2}
-    assert calls[True] == {"layer": 2 * 2, "attention": 2 * 4}
+    # Per step (the reference is its own copy, not counted): the policy's one packed pass, both
+    # ways. With checkpointing the layer's insides run again in the backward (the recomputation
+    # calls the layer's forward directly, so only its insides count).
+    assert e.policy._grpo_layouts == {False: "packed", True: "packed"}
+    assert calls[False] == {"layer": 2 * 1, "attention": 2 * 1}
+    assert calls[True] == {"layer": 2 * 1, "attention": 2 * 2}
     for plain, checkpointed in zip(metrics[False], metrics[True]):
         for key in ("reward/mean", "loss", "kl", "grad_norm"):
             assert checkpointed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key

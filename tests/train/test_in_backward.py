@@ -96,7 +96,9 @@ def runs(make_config, tmp_path, algorithm="grpo", **sections):
 
 def test_the_update_does_not_share_prompts_with_the_step_in_the_backward(make_config, tmp_path, monkeypatch):
     """A weight that the prompt's shared pass and the completions' pass both use has its
-    gradient complete only at the end of the backward: the update runs every row in full."""
+    gradient complete only at the end of the backward: in the shared-prompt layout the update
+    runs every row in full. The packed layout runs a group's prompt once inside its one pass,
+    and shares it under the step in the backward too."""
     shared = []
     plain = step.completion_logprobs
 
@@ -105,12 +107,13 @@ def test_the_update_does_not_share_prompts_with_the_step_in_the_backward(make_co
         return plain(*args, share_prompts=share_prompts, **kwargs)
 
     monkeypatch.setattr(step, "completion_logprobs", recorded)
-    for name, extra in (("after", {}), ("inside", STEP_IN_BACKWARD)):
-        shared.clear()
-        config = make_config(output_dir=str(tmp_path / name))
-        config["train"] = {**config["train"], "steps": 1, "sample_every": 0, **extra}
-        grpo.train(config, progress=False)
-        assert shared and set(shared) == {name == "after"}
+    for layout in ("shared", "packed"):
+        for name, extra in (("after", {}), ("inside", STEP_IN_BACKWARD)):
+            shared.clear()
+            config = make_config(output_dir=str(tmp_path / layout / name))
+            config["train"] = {**config["train"], "steps": 1, "sample_every": 0, "layout": layout, **extra}
+            grpo.train(config, progress=False)
+            assert shared and set(shared) == {name == "after" or layout == "packed"}, (layout, name)
 
 
 def same_runs(after, inside):

@@ -1,0 +1,149 @@
+"""The packed layout: a pass over a micro-batch's real tokens only, no padding.
+
+The rows' tokens are laid end to end in a few rows ("bins"), each no longer than the longest
+unit: a unit is one row's prompt and completion, or, with shared prompts, a group's prompt
+once followed by each of its rows' completions. Positions restart at every unit (a
+completion continues its prompt's), and a 4-D attention mask keeps every token within its
+own sequence: a completion sees its prompt and its own earlier tokens, never another
+row's. The outputs at the slots that predict each completion token are then gathered back to
+(N, T). The same log-probs as the padded layout to float rounding
+(tests/train/test_packing.py); `decide_layouts` takes it for a model only where that holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo.rollout import Rollout
+
+
+@dataclass
+class Packed:
+    """A micro-batch packed into B bins of L slots."""
+
+    input_ids: Tensor  # (B, L): the real tokens, 0 in a bin's unused slots
+    position_ids: Tensor  # (B, L): each token's position in its own sequence
+    units: Tensor  # (B, L) long: the unit each slot holds, -1 where none
+    branches: Tensor  # (B, L) long: 0 a prompt's token, k > 0 the k-th completion of its unit, -1 none
+    index: Tensor  # (N, T) long: the slot (b * L + l) whose output predicts each completion token
+    tokens: int  # the real tokens packed
+
+    def attention_mask(self, dtype: torch.dtype) -> Tensor:
+        """(B, 1, L, L), additive: 0 where a query may see a key, the dtype's minimum elsewhere.
+        Within a unit, causally: a completion's token sees its prompt and its own completion's
+        earlier tokens. An unused slot sees the unused slots before it (never a real token,
+        and never nothing: a row of a softmax with no key would be NaN)."""
+        units, branches = self.units, self.branches
+        slots = torch.arange(units.shape[1], device=units.device)
+        causal = slots.view(1, -1, 1) >= slots.view(1, 1, -1)  # (1, L, L): query >= key
+        same_unit = units.unsqueeze(2) == units.unsqueeze(1)  # (B, L, L)
+        key_branch = branches.unsqueeze(1)
+        visible = (key_branch == 0) | (key_branch == branches.unsqueeze(2))
+        allowed = causal & same_unit & visible
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=units.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
+    """`batch`'s real tokens packed (see the module's docstring). `groups`: each row's group of
+    rows sharing one prompt ((N,) run ids from `prompt_groups`; consecutive rows), whose prompt
+    is then packed once; None packs every row with its own prompt. None when a row's tokens are
+    not one run of real prompt tokens ending at the prompt's last column followed by one run of
+    completion tokens from its first (what the samplers make), or a row has no prompt token."""
+    t_len = batch.completion_mask.shape[1]
+    p_len = batch.input_ids.shape[1] - t_len
+    if p_len == 0:
+        return None
+    attention = batch.attention_mask.cpu()
+    prompt_real = attention[:, :p_len].sum(1)
+    completion_real = attention[:, p_len:].sum(1)
+    columns = torch.arange(attention.shape[1])
+    expected = (columns >= p_len - prompt_real.unsqueeze(1)) & (columns < p_len + completion_real.unsqueeze(1))
+    if bool((prompt_real == 0).any()) or not torch.equal(attention.bool(), expected):
+        return None
+    p_real, c_real = prompt_real.tolist(), completion_real.tolist()
+    n = len(batch)
+    if groups is None:
+        units = [[i] for i in range(n)]
+    else:
+        units, run = [], groups.tolist()
+        for i in range(n):
+            if i and run[i] == run[i - 1]:
+                units[-1].append(i)
+            else:
+                units.append([i])
+    sizes = [p_real[u[0]] + sum(c_real[i] for i in u) for u in units]
+
+    # First fit, longest unit first, into bins as long as the longest unit.
+    capacity = max(sizes)
+    bins: list[list[int]] = []
+    filled: list[int] = []
+    for k in sorted(range(len(units)), key=lambda k: -sizes[k]):
+        for b, used in enumerate(filled):
+            if used + sizes[k] <= capacity:
+                bins[b].append(k)
+                filled[b] += sizes[k]
+                break
+        else:
+            bins.append([k])
+            filled.append(sizes[k])
+
+    length = max(filled)
+    ids = batch.input_ids.cpu()
+    input_ids = torch.zeros(len(bins), length, dtype=ids.dtype)
+    positions = torch.zeros(len(bins), length, dtype=torch.long)
+    unit_of = torch.full((len(bins), length), -1, dtype=torch.long)
+    branch_of = torch.full((len(bins), length), -1, dtype=torch.long)
+    index = torch.zeros(n, t_len, dtype=torch.long)
+    for b, members in enumerate(bins):
+        at = 0
+        for k in members:
+            rows = units[k]
+            p = p_real[rows[0]]
+            input_ids[b, at : at + p] = ids[rows[0], p_len - p : p_len]
+            positions[b, at : at + p] = torch.arange(p)
+            unit_of[b, at : at + p] = k
+            branch_of[b, at : at + p] = 0
+            last_prompt = b * length + at + p - 1  # predicts every row's first completion token
+            at += p
+            for j, i in enumerate(rows):
+                c = c_real[i]
+                input_ids[b, at : at + c] = ids[i, p_len : p_len + c]
+                positions[b, at : at + c] = torch.arange(p, p + c)
+                unit_of[b, at : at + c] = k
+                branch_of[b, at : at + c] = j + 1
+                index[i] = last_prompt  # past the completion's end too: outside every mask
+                index[i, 1:c] = b * length + at + torch.arange(c - 1)
+                at += c
+    device = batch.input_ids.device
+    return Packed(
+        input_ids.to(device),
+        positions.to(device),
+        unit_of.to(device),
+        branch_of.to(device),
+        index.to(device),
+        tokens=sum(sizes),
+    )
+
+
+def packed_positions(model, batch: Rollout, groups: Tensor | None, read: Callable) -> Tensor | None:
+    """(N, T, ...) `read(output)` of one packed pass at the slots that predict each completion
+    token (see `pack`); None where the batch cannot be packed."""
+    packed = pack(batch, groups)
+    if packed is None:
+        return None
+    dtype = model.get_input_embeddings().weight.dtype
+    out = read(
+        model(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask(dtype if dtype.is_floating_point else torch.float32),
+            position_ids=packed.position_ids,
+            use_cache=False,
+        )
+    )  # (B, L, ...)
+    flat = out.reshape(-1, *out.shape[2:])
+    return flat[packed.index]  # (N, T, ...)
