@@ -71,13 +71,8 @@ VARIANTS = {
     "bf16_reference": ["train.reference_dtype=bfloat16"],
     "freed_memory": ["train.return_freed_memory=true"],
     "three_savers": ["train.optimizer=adamw_8bit", "train.reference_dtype=bfloat16", *IN_BACKWARD],
-    "savers": [
-        "train.optimizer=adamw_8bit",
-        "train.reference_dtype=bfloat16",
-        *IN_BACKWARD,
-        "train.return_freed_memory=true",
-    ],
 }
+VARIANTS["savers"] = [*VARIANTS["three_savers"], *VARIANTS["freed_memory"]]
 ALLOCATOR = {"exact_glibc": "system"}  # GRPO_ALLOCATOR of a variant; the command's default otherwise
 PHASES = ("build", "sample", "passes", "update", "other")
 

@@ -28,23 +28,7 @@ from grpo.algo import entropy, head_logprobs, token_logprobs
 from grpo.errors import UserError
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
-from grpo.train.packing import packed_positions
-
-
-def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
-    """Runs of consecutive rows with the same prompt (a prompt's G completions): the first row
-    of each run (B,) and, for every row, its run (N,). None when no two adjacent rows share one."""
-    p_len = batch.input_ids.shape[1] - batch.completion_mask.shape[1]
-    if p_len == 0 or len(batch) < 2:
-        return None
-    prompts = batch.input_ids[:, :p_len]
-    same = (prompts[1:] == prompts[:-1]).all(1) & (
-        batch.attention_mask[1:, :p_len] == batch.attention_mask[:-1, :p_len]
-    ).all(1)
-    if not bool(same.any()):
-        return None
-    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
-    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+from grpo.train.packing import packed_positions, prompt_groups
 
 
 def completion_logits(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
@@ -74,12 +58,11 @@ def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Call
     cannot lay out, a model whose cache rows cannot be selected) leaves it to the padded one."""
     checkpointed = _checkpointed_layers(model)
     layout = layout or layout_of(model, checkpointed is not None)
-    groups = prompt_groups(batch) if share_prompts and layout != PADDED else None
     if layout == PACKED:
-        out = packed_positions(model, batch, None if groups is None else groups[1], read)
+        out = packed_positions(model, batch, share_prompts, read)
         if out is not None:
             return out
-    elif groups is not None:
+    elif layout == SHARED and share_prompts and (groups := prompt_groups(batch)) is not None:
         out = _shared_prompt_positions(model, batch, *groups, read, checkpointed=checkpointed)
         if out is not None:
             return out

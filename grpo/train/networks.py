@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from grpo.errors import UserError, first_line
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
-from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, prompt_groups, windowed
+from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
 from grpo.train.packing import packed_positions
 
 
@@ -195,8 +195,7 @@ def completion_states(backbone, batch: Rollout, packed: bool) -> Tensor:
     """(N, T, H) the backbone's last hidden states at the positions before each completion
     token: from one packed pass (a group's prompt once), or from every row in full."""
     if packed:
-        groups = prompt_groups(batch)
-        hidden = packed_positions(backbone, batch, None if groups is None else groups[1], _last_hidden)
+        hidden = packed_positions(backbone, batch, True, _last_hidden)
         if hidden is not None:
             return hidden
     t_len = batch.completion_mask.shape[1]

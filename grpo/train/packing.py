@@ -21,6 +21,22 @@ from torch import Tensor
 from grpo.rollout import Rollout
 
 
+def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
+    """Runs of consecutive rows with the same prompt (a prompt's G completions): the first row
+    of each run (B,) and, for every row, its run (N,). None when no two adjacent rows share one."""
+    p_len = batch.input_ids.shape[1] - batch.completion_mask.shape[1]
+    if p_len == 0 or len(batch) < 2:
+        return None
+    prompts = batch.input_ids[:, :p_len]
+    same = (prompts[1:] == prompts[:-1]).all(1) & (
+        batch.attention_mask[1:, :p_len] == batch.attention_mask[:-1, :p_len]
+    ).all(1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
 @dataclass
 class Packed:
     """A micro-batch packed into B bins of L slots."""
@@ -30,7 +46,11 @@ class Packed:
     units: Tensor  # (B, L) long: the unit each slot holds, -1 where none
     branches: Tensor  # (B, L) long: 0 a prompt's token, k > 0 the k-th completion of its unit, -1 none
     index: Tensor  # (N, T) long: the slot (b * L + l) whose output predicts each completion token
-    tokens: int  # the real tokens packed
+
+    @property
+    def tokens(self) -> int:
+        """The real tokens packed."""
+        return int((self.units >= 0).sum())
 
     def attention_mask(self, dtype: torch.dtype) -> Tensor:
         """(B, 1, L, L), additive: 0 where a query may see a key, the dtype's minimum elsewhere.
@@ -126,14 +146,15 @@ def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
         unit_of.to(device),
         branch_of.to(device),
         index.to(device),
-        tokens=sum(sizes),
     )
 
 
-def packed_positions(model, batch: Rollout, groups: Tensor | None, read: Callable) -> Tensor | None:
+def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor | None:
     """(N, T, ...) `read(output)` of one packed pass at the slots that predict each completion
-    token (see `pack`); None where the batch cannot be packed."""
-    packed = pack(batch, groups)
+    token (see `pack`; with `share_prompts`, a group's prompt packed once); None where the
+    batch cannot be packed."""
+    groups = prompt_groups(batch) if share_prompts else None
+    packed = pack(batch, None if groups is None else groups[1])
     if packed is None:
         return None
     dtype = model.get_input_embeddings().weight.dtype

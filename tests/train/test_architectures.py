@@ -201,8 +201,8 @@ def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, sa
     def wrong_rows(model, batch, first, group, read, **kwargs):
         return shared(model, batch, first, group.flip(0), read, **kwargs)
 
-    def wrong_slots(model, batch, groups, read):
-        return packed(model, batch, groups, read).flip(0)
+    def wrong_slots(model, batch, share_prompts, read):
+        return packed(model, batch, share_prompts, read).flip(0)
 
     def fails(*args, **kwargs):
         raise RuntimeError("a layout this model's code cannot run")
