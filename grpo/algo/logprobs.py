@@ -11,6 +11,8 @@ exists at all; both paths share the per-chunk code (`_scores`, `_chunk_grad`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -245,10 +247,56 @@ def entropy(
     return torch.cat(parts).view(lead)
 
 
-def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
     """(m, V) float32 logits of one chunk of hidden states (m, H), computed in the head's
-    compute dtype (the operands' dtype; a fresh tensor, ours to edit)."""
-    return F.linear(hidden, weight, bias).float()
+    compute dtype (the operands' dtype; a fresh tensor, ours to edit), or into `out` (float32
+    operands only)."""
+    if out is None:
+        return F.linear(hidden, weight, bias).float()
+    if bias is None:
+        return torch.mm(hidden, weight.T, out=out)
+    return torch.addmm(bias, hidden, weight.T, out=out)
+
+
+class _Scratch:
+    """The (m, V) float32 buffers of a chunked head's calls, allocated once per call and reused
+    by every chunk: no fresh vocabulary-sized tensor a chunk (each one's pages faulted in, or
+    the allocator's free memory fragmented by them). In float32 without a repetition penalty
+    (`in_place`) the logits are computed into the buffer and reduced in place; otherwise
+    (bf16 logits cast up, the penalty's history) each chunk's come fresh, as `_head_logits`
+    makes them."""
+
+    def __init__(self, rows, step, vocab, like: Tensor, dtype, history, spares: int = 0):
+        self.in_place = dtype == torch.float32 and history is None
+        m = min(rows, step)
+        self.buffer = like.new_empty(m, vocab, dtype=torch.float32) if self.in_place and rows else None
+        self.spares = [
+            like.new_empty(m, vocab, dtype=torch.float32) for _ in range(spares if self.buffer is not None else 0)
+        ]
+
+    def logits(self, hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """_head_logits(hidden, weight, bias), ours to edit: in the buffer where in place."""
+        return _head_logits(hidden, weight, bias, self.buffer[: len(hidden)] if self.in_place else None)
+
+    def spare(self, m: int) -> Tensor:
+        return self.spares[0][:m]
+
+
+def _logsumexp_(x: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """(m,) torch.logsumexp(x, -1), computed as torch computes it (max, exp of the difference,
+    sum, log, plus the max) but in place: `x` (m, V) is overwritten. With `spare` (m, V),
+    the exponentials go there instead, `x` is kept, and the entropy of softmax(x) comes too:
+    logsumexp - sum softmax(x) x, the product made in `spare` (to float rounding of `_entropy`'s)."""
+    maxes = x.amax(-1, keepdim=True)
+    maxes.masked_fill_(maxes.abs() == math.inf, 0)
+    if spare is None:
+        lse = x.sub_(maxes).exp_().sum(-1).log_().add_(maxes.squeeze(-1))
+        return lse, None
+    exps = torch.sub(x, maxes, out=spare).exp_()
+    total = exps.sum(-1)
+    lse = total.log().add_(maxes.squeeze(-1))
+    mean_score = exps.mul_(x).sum(-1).div_(total)  # sum softmax(x) x
+    return lse, lse - mean_score
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -278,16 +326,32 @@ class _HeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's, once
             w = weight.to(dtype)  # (V, H): the same tensor unless autocast's dtype differs from the head's
             b = None if bias is None else bias.to(dtype)
+            scratch = _Scratch(rows, step, vocab, hidden, dtype, history, spares=1 if with_entropy else 0)
             for start in range(0, rows, step):
                 stop = start + step
-                x = _head_logits(hidden[start:stop].to(dtype), w, b)  # (m, V)
+                x = scratch.logits(hidden[start:stop].to(dtype), w, b)  # (m, V)
+                if scratch.in_place:  # the scores in the chunk's own buffer, reduced in place
+                    if temperature != 1.0:
+                        x.div_(temperature)
+                    picked = x.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1)
+                    lse[start:stop], ent_chunk = _logsumexp_(x, scratch.spare(len(x)) if with_entropy else None)
+                    out[start:stop] = picked - lse[start:stop]
+                    if with_entropy:
+                        ent[start:stop] = ent_chunk
+                    continue
                 scores = _scores(x, start, temperature, penalty, history)
                 lse[start:stop] = torch.logsumexp(scores, dim=-1)
                 out[start:stop] = scores.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1) - lse[start:stop]
                 if with_entropy:
                     ent[start:stop] = _entropy(scores, lse[start:stop])
+            del scratch
         ctx.save_for_backward(hidden, w, b, ids, lse)
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
+        # A weight tied to the input embedding may carry where its gradient meets the embedding's
+        # (grpo.train.models.TiedGradient): handed over there in the backward, not returned.
+        ctx.tied = getattr(weight, "_grpo_tied_gradient", None)
+        if ctx.tied is not None:
+            ctx.tied.reset()
         ctx.temperature, ctx.chunk_elements, ctx.penalty, ctx.history, ctx.dtype = (
             temperature,
             chunk_elements,
@@ -309,12 +373,13 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_weight else None  # (V, H)
         grad_bias = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_bias else None  # (V,)
         step = _rows_per_chunk(ctx.history.width if ctx.history else w.shape[0], ctx.chunk_elements)
+        scratch = _Scratch(hidden.shape[0], step, w.shape[0], hidden, dtype, ctx.history)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], step):
                 stop = start + step
                 h = hidden[start:stop].to(dtype)  # (m, H)
                 grad = _chunk_grad(
-                    _head_logits(h, w, b),
+                    scratch.logits(h, w, b),
                     ids[start:stop],
                     lse[start:stop],
                     grad_out[start:stop],
@@ -324,8 +389,10 @@ class _HeadLogprobs(torch.autograd.Function):
                     ctx.history,
                 )  # (m, V) float32
                 g = grad.to(dtype)  # what the logits' gradient is in the plain path (their dtype)
-                if need_hidden:
-                    grad_hidden[start:stop] = g @ w  # (m, H)
+                if need_hidden and grad_hidden.dtype == g.dtype:
+                    torch.mm(g, w, out=grad_hidden[start:stop])  # (m, H), written in place
+                elif need_hidden:
+                    grad_hidden[start:stop] = g @ w
                 if need_weight:
                     if dtype == torch.float32:
                         grad_weight.addmm_(g.T, h)
@@ -333,9 +400,15 @@ class _HeadLogprobs(torch.autograd.Function):
                         grad_weight += (g.T @ h).float()
                 if need_bias:
                     grad_bias += grad.sum(0)
+        del scratch
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(ctx.weight_dtype)
+            if ctx.tied is not None:
+                ctx.tied.give(grad_weight)
+                grad_weight = None
         return (
             grad_hidden,
-            None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+            grad_weight,
             None if grad_bias is None else grad_bias.to(ctx.bias_dtype),
             None,
             None,

@@ -94,9 +94,9 @@ def test_every_row_is_computed_once_in_chunks_of_the_given_size(monkeypatch):
     rows_seen = []
     head_logits = logprobs_module._head_logits
 
-    def recorded(h, w, b):
+    def recorded(h, w, b, out=None):
         rows_seen.append(h.shape[0])
-        return head_logits(h, w, b)
+        return head_logits(h, w, b, out)
 
     monkeypatch.setattr(logprobs_module, "_head_logits", recorded)
     out, _ = head_logprobs(hidden, weight, ids, chunk_elements=3 * vocab + 2)  # 3 rows at a time
