@@ -46,7 +46,13 @@ from grpo.rollout.worker import build_generator, refuse_in_generator
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.infra.hf import load_causal_lm
-from grpo.train.models import apply_lora, enable_checkpointing, count_parameters, trainable_parameters
+from grpo.train.models import (
+    apply_lora,
+    count_parameters,
+    enable_checkpointing,
+    tie_gradients_in_place,
+    trainable_parameters,
+)
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
 from grpo.infra.memory import return_freed_memory
@@ -170,6 +176,7 @@ def build_engine(
         chunked_head=c.train.chunked_head,
         stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
     )  # copied before sharding
+    tie_gradients_in_place(policy)  # after the reference's copy: its weights take no gradient
     critic = build_critic(c, attention, compute_dtype, device)
     policy = world.shard(policy)
     for network in critic.networks:

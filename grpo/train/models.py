@@ -95,3 +95,106 @@ def trainable_parameters(model: nn.Module) -> list:
 
 def count_parameters(model: nn.Module | None) -> int:
     return 0 if model is None else sum(p.numel() for p in model.parameters())
+
+
+class TiedGradient:
+    """Where the LM head's gradient of a tied weight waits for the input embedding's.
+
+    Autograd sums the two uses' gradients of a tied (V, H) weight before storing it, and
+    torch's embedding backward makes its share dense: a second (V, H) tensor, zero but for
+    the rows looked up, held beside the head's while they are added (148 MiB on a 151,936 x
+    256 embedding, at the backward's peak). Here the chunked head (`grpo.algo.logprobs`, which
+    finds this object on the weight as `_grpo_tied_gradient`) hands its gradient over instead
+    of returning it (`give`), and the embedding's backward adds its rows into that tensor in
+    place and returns it as the weight's one gradient (`take`): the same numbers, added in the
+    same order, and one (V, H) tensor fewer. If no embedding backward takes it (a graph with
+    the head and not the embedding), it is added to the weight's `.grad` when the backward ends."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self.waiting: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        """A new forward: nothing of an earlier backward waits (one that raised, say)."""
+        self.waiting = None
+
+    def give(self, grad: torch.Tensor) -> None:
+        """The head's gradient, held until the embedding's backward (summed with another head's)."""
+        if self.waiting is None:
+            self.waiting = grad
+            torch.autograd.Variable._execution_engine.queue_callback(self._orphan)
+        else:
+            self.waiting.add_(grad)  # as autograd adds two uses' gradients
+
+    def take(self) -> torch.Tensor | None:
+        grad, self.waiting = self.waiting, None
+        return grad
+
+    def _orphan(self) -> None:
+        grad = self.take()
+        if grad is None:
+            return
+        weight = self.weight
+        weight.grad = grad if weight.grad is None else weight.grad.add_(grad)
+
+
+class _RowsGradient(torch.autograd.Function):
+    """F.embedding(ids, weight, padding_idx) whose backward adds the rows looked up into the
+    head's waiting gradient (`TiedGradient`) and returns that; with none waiting, the dense
+    gradient torch's own backward makes (summed in the same order)."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None, tied: TiedGradient):
+        ctx.save_for_backward(ids)
+        ctx.shape, ctx.padding_idx, ctx.tied = weight.shape, padding_idx, tied
+        return nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        (ids,) = ctx.saved_tensors
+        flat, grad = ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.padding_idx is not None:  # the padding row gets no gradient, as in nn.Embedding
+            keep = flat != ctx.padding_idx
+            flat, grad = flat[keep], grad[keep]
+        waiting = ctx.tied.take()
+        if waiting is None:  # torch's dense gradient: zeros, each position's row added in turn
+            return None, grad.new_zeros(ctx.shape).index_add_(0, flat, grad), None, None
+        # Each row's positions summed in turn, then added to the head's: as autograd adds the dense one.
+        rows, inverse = torch.unique(flat, sorted=True, return_inverse=True)
+        sums = grad.new_zeros(len(rows), grad.shape[1]).index_add_(0, inverse, grad)
+        return None, waiting.index_add_(0, rows, sums), None, None
+
+
+class _TiedEmbedding(nn.Embedding):
+    """nn.Embedding whose weight's gradient joins the chunked head's in place (`TiedGradient`)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        tied = getattr(self.weight, "_grpo_tied_gradient", None)  # not on FSDP2's gathered weight
+        if tied is None or not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(input)
+        return _RowsGradient.apply(input, self.weight, self.padding_idx, tied)
+
+
+def tie_gradients_in_place(model) -> bool:
+    """With the input embedding tied to the LM head (Qwen2, SmolLM2, GPT-2, ...), let the
+    chunked head's gradient and the embedding's meet in one tensor (`TiedGradient`): the same
+    numbers, one (V, H) gradient fewer at the backward's end. Done where the embedding is a
+    plain nn.Embedding (not Gemma's scaled one; no max_norm, scale_grad_by_freq or sparse
+    gradient) whose weight is trained and is the head's. Under FSDP2 the head computes with
+    the gathered weight, which carries no `TiedGradient`: the gradients are added as torch
+    adds them. Returns whether it was done."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if (
+        type(embedding) is not nn.Embedding
+        or head is None
+        or getattr(head, "weight", None) is not embedding.weight
+        or not embedding.weight.requires_grad
+        or embedding.max_norm is not None
+        or embedding.scale_grad_by_freq
+        or embedding.sparse
+    ):
+        return False
+    embedding.weight._grpo_tied_gradient = TiedGradient(embedding.weight)
+    embedding.__class__ = _TiedEmbedding
+    return True
