@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import resource
 import sys
@@ -72,3 +73,33 @@ def return_freed_memory(threshold: int = 256 << 10) -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
+
+
+@functools.cache
+def _releaser():
+    """The allocator's call that gives its freed memory back, or None (not Linux, not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    from grpo.infra.allocator import active
+
+    try:
+        if active() == "mimalloc":
+            collect = ctypes.CDLL(None).mi_collect  # mi_collect(force): freed pages decommitted now
+            collect.argtypes = [ctypes.c_bool]
+            return lambda: collect(True)
+        trim = ctypes.CDLL("libc.so.6").malloc_trim  # every free page of glibc's heaps, not only its top
+        trim.argtypes = [ctypes.c_size_t]
+        return lambda: trim(0)
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the memory the allocator holds freed, for reuse, back to the system now. Called once
+    a step, after the update: the update's transients (gradients, the head's chunks) are free by
+    then, and the sampling that follows would otherwise peak on top of what the allocator
+    kept of them. Pages reused later are faulted in afresh, once a step (not at every
+    allocation, as train.return_freed_memory does). Does nothing where no allocator call is known."""
+    release = _releaser()
+    if release is not None:
+        release()

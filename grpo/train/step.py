@@ -24,7 +24,7 @@ from grpo.algo import aggregate, clipped_fraction, kl_estimate, policy_loss
 from grpo.config import LossConfig, RolloutConfig, TrainConfig
 from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World
-from grpo.infra.memory import peak_memory_mb
+from grpo.infra.memory import peak_memory_mb, release_free_memory
 from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
@@ -240,6 +240,7 @@ def learn(e: Engine, collected: Collected) -> dict:
 
         # 4. Update: mu epochs over minibatches, accumulating micro-batches.
         stats = _update(e, batch, targets, passes, live, trained_rows)
+        release_free_memory()  # the update's transients, free now, not kept under the next sampling
     if e.device.type == "cuda":
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
     return _metrics(e, collected, batch, stats, time.perf_counter() - start)

@@ -1,4 +1,5 @@
-"""train.return_freed_memory: freed tensors' memory goes back to the system (Linux, glibc)."""
+"""train.return_freed_memory: freed tensors' memory goes back to the system (Linux, glibc);
+release_free_memory, once a step: what the allocator kept freed goes back at that moment."""
 
 import os
 import subprocess
@@ -15,7 +16,7 @@ FRAGMENT = textwrap.dedent(
     import re, sys
     from pathlib import Path
     import torch
-    from grpo.infra.memory import return_freed_memory
+    from grpo.infra.memory import release_free_memory, return_freed_memory
 
     def rss():
         return int(re.search(r"VmRSS:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
@@ -28,6 +29,8 @@ FRAGMENT = textwrap.dedent(
     held = [torch.ones(1 << 20) for _ in range(50)]  # 50 x 4 MiB, each touched
     last = held.pop()  # kept: the heap's top stays in use
     del held
+    if sys.argv[1] == "release":
+        release_free_memory()
     print(rss() - start)
     """
 )
@@ -57,6 +60,28 @@ def test_under_mimalloc_freed_memory_is_purged_at_once():
     blocks) before it decommits them; with the setting its purge delay is 0."""
     kept, returned = resident_after_free("off", library()), resident_after_free("on", library())
     assert kept > 150 and returned < 20, (kept, returned)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's and mimalloc's calls")
+@pytest.mark.parametrize("allocator", ["glibc", "mimalloc"])
+def test_released_memory_goes_back_under_either_allocator(allocator):
+    """Kept resident after the free (as above), given back by the call."""
+    preload = library() if allocator == "mimalloc" else None
+    if allocator == "mimalloc" and preload is None:
+        pytest.skip("mimalloc is not installed")
+    kept, released = resident_after_free("off", preload), resident_after_free("release", preload)
+    assert kept > 150 and released < 20, (kept, released)
+
+
+def test_each_step_releases_after_its_update(make_config, monkeypatch):
+    import grpo.train.step
+
+    order = []
+    update = grpo.train.step._update
+    monkeypatch.setattr("grpo.train.step._update", lambda *a: order.append("update") or update(*a))
+    monkeypatch.setattr("grpo.train.step.release_free_memory", lambda: order.append("release"))
+    grpo.train(make_config(train={"steps": 2}), progress=False)
+    assert order == ["update", "release"] * 2
 
 
 def test_the_run_sets_it_before_any_model_loads(make_config, monkeypatch):
