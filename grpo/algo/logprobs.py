@@ -459,7 +459,13 @@ def head_logprobs(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    # Under autocast its dtype; else the operands' (a bf16-stored weight with float32 hidden
+    # states, as the reference computes on a CPU without bf16 instructions: float32).
+    dtype = (
+        torch.get_autocast_dtype(device)
+        if torch.is_autocast_enabled(device)
+        else torch.promote_types(weight.dtype, hidden.dtype)
+    )
     flat_hidden, flat_ids, index = hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1).long(), None
     if mask is not None:
         if mask.shape != ids.shape:

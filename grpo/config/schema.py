@@ -303,7 +303,7 @@ class TrainConfig:
     )
     reference_dtype: Literal["auto", "bfloat16"] = opt(
         "auto",
-        "The reference's frozen copy: auto computes as the policy does, the same numbers; bfloat16 stores all its weights in bf16 and runs its passes in bf16, half its memory (docs/memory.md#the-reference).",
+        "The reference's frozen copy: auto computes as the policy does, the same numbers; bfloat16 stores its weights in bf16, half its memory, and computes in bf16 where the device has bf16 instructions (docs/memory.md#the-reference).",
     )
 
 

@@ -64,9 +64,12 @@ class FrozenCopy:
     embeddings stay in the policy's dtype, as autocast computes them.
 
     With `stored` (train.reference_dtype: bfloat16), every weight of the copy is in that
-    dtype, and so is its forward: the whole copy in half the memory, log-probs within that
-    dtype's rounding of the policy's (buffers, such as rotary frequencies, keep theirs). Each
-    weight is cast as it is copied: the policy is never held twice in its own dtype."""
+    dtype: the whole copy in half the memory (buffers, such as rotary frequencies, keep
+    theirs). Each weight is cast as it is copied: the policy is never held twice in its own
+    dtype. Its forward runs in that dtype where the device computes it natively (`native`);
+    elsewhere (a CPU without AVX-512 BF16 or AMX, where bf16 matmuls run several times slower
+    than float32 ones) in the policy's dtype, each module's weights cast up as it runs
+    (`_computed_in`): the log-probs of the bf16-rounded weights, at the policy's speed."""
 
     held = True
     runs_policy = False
@@ -87,6 +90,8 @@ class FrozenCopy:
                 id(p): nn.Parameter(p.detach().to(stored, copy=True), requires_grad=False) for p in policy.parameters()
             }
         self.model = copy.deepcopy(policy, memo).eval().requires_grad_(False)
+        if stored is not None and not native(stored, next(policy.parameters()).device):
+            _computed_in(self.model, next(policy.parameters()).dtype)
         self.chunked_head = chunked_head
         # The policy's whole weights (sharded under FSDP, the reference is a full replica).
         self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
@@ -110,6 +115,48 @@ class FrozenCopy:
 
     def load_state_dict(self, state):
         self.model.load_state_dict(state)
+
+
+def native(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `device` computes matmuls in `dtype` natively: a GPU (bf16 from Ampere on), a CPU
+    with AVX-512 BF16 or AMX for bf16; float32 everywhere."""
+    if dtype in (torch.float32, torch.float64):
+        return True
+    if device.type == "cuda":
+        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        cpu = torch.cpu
+        return any(
+            getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        )
+    return False
+
+
+def _computed_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Run `model`'s forward in `dtype` while its weights stay stored in theirs: each module's own
+    parameters are cast up as the module runs and put back after (forward hooks), an embedding's
+    looked-up rows cast instead of its whole table (the same numbers). Casting up is exact, so
+    the forward computes what a `dtype` model with these (rounded) weights computes."""
+
+    def cast_in(module, args):
+        module._grpo_stored = dict(module._parameters)
+        for name, p in module._grpo_stored.items():
+            if p is not None:
+                module._parameters[name] = p.to(dtype)
+
+    def put_back(module, args, output):
+        module._parameters.update(module._grpo_stored)
+        del module._grpo_stored
+
+    model._grpo_computes_in = dtype  # what a pass's own tensors (the packed layout's mask) are made in
+    for module in model.modules():
+        if not any(p is not None for p in module._parameters.values()):
+            continue
+        if type(module) is nn.Embedding:
+            module.register_forward_hook(lambda m, args, out: out.to(dtype))
+        else:
+            module.register_forward_pre_hook(cast_in)
+            module.register_forward_hook(put_back, always_call=True)
 
 
 class AdapterOff:

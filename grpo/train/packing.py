@@ -157,7 +157,9 @@ def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable)
     packed = pack(batch, None if groups is None else groups[1])
     if packed is None:
         return None
-    dtype = model.get_input_embeddings().weight.dtype
+    # The mask in the dtype the model computes in: its weights', or the one a bf16-stored
+    # reference is cast up to (grpo.train.networks); SDPA takes no mask of another float dtype.
+    dtype = getattr(model, "_grpo_computes_in", None) or model.get_input_embeddings().weight.dtype
     out = read(
         model(
             input_ids=packed.input_ids,

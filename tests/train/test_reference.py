@@ -7,12 +7,15 @@ copy holds half the bytes of an fp32 one, and its log-probs are the fp32 copy's 
 rounding (the tolerances below, measured on peaked tiny models, are stated per test).
 """
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 import grpo
 import grpo.train.loop as loop
+from grpo.train.layouts import PACKED, decide_layouts, layout_of
 from grpo.train.networks import AdapterOff, FrozenCopy, NoReference
 from grpo.train.seams import KLInLoss
 from tests.algo.test_chunked_head import batch_of, tiny_lm
@@ -93,6 +96,43 @@ def test_a_bf16_copy_holds_half_the_bytes_and_gives_the_fp32_log_probs_within_bf
     mask = batch.completion_mask.bool()
     error = (half.logprobs(batch, 1.0) - exact.logprobs(batch, 1.0))[mask].abs()
     assert 0 < float(error.mean()) < mean and float(error.max()) < most
+
+
+def rounded(model):
+    """A float32 copy of `model` with every weight rounded to bf16."""
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return copied
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize(
+    "make", [lambda: model_of(eos_bias=1.5), lambda: tiny_lm("qwen2", tied=True)], ids=["llama", "qwen2-tied"]
+)
+def test_without_bf16_instructions_a_bf16_copy_computes_in_float32_from_its_rounded_weights(
+    make, attention, chunked, monkeypatch
+):
+    """On a CPU without AVX-512 BF16 or AMX: the log-probs of the bf16-rounded weights computed
+    in float32, bit for bit, with the weights still stored in bf16 after the pass; in the
+    packed layout (its mask made in float32, which SDPA needs) as in any other."""
+    model = make()
+    model.set_attn_implementation(attention)
+    decide_layouts(model, checkpointing=False)
+    assert layout_of(model, checkpointed=False) == PACKED
+    batch = rollout(model, ["a", "bc1", "cab 7"]) if model.config.model_type == "llama" else batch_of(40)
+    monkeypatch.setattr("grpo.train.networks.native", lambda dtype, device: False)
+    half = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16)
+    got = half.logprobs(batch, 0.9)
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert bytes_of(half.model) * 2 == bytes_of(model)
+    want = FrozenCopy(rounded(model), chunked_head=chunked).logprobs(batch, 0.9)
+    assert torch.equal(got, want)
+    monkeypatch.setattr("grpo.train.networks.native", lambda dtype, device: True)
+    in_bf16 = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16).logprobs(batch, 0.9)
+    assert not torch.equal(in_bf16, want)  # where it is native, the forward runs in bf16
 
 
 def test_a_bf16_copy_is_its_own_and_catches_up_with_the_policy_rounded():
