@@ -122,8 +122,11 @@ def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = Fals
     result = json.loads(result_path.read_text())
     steps_run = result.pop("steps")
     timed = steps_run[1:-1] if live else steps_run[1:]  # not the profiled step
-    times = [m["time/step"] for m in timed]
-    return {**result, "median_step_s": statistics.median(times) if times else None}
+    medians = {
+        f"median_{key}_s": statistics.median(m[f"time/{key}"] for m in timed) if timed else None
+        for key in ("step", "generate", "update")
+    }
+    return {**result, **medians}
 
 
 def trl_peak(w: dict, root: Path, steps: int) -> dict:
