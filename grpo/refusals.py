@@ -189,6 +189,14 @@ REFUSALS: dict[str, Refusal] = {
         "norm that clipping divides by exists (got max_grad_norm {max_norm}); set train.max_grad_norm: 0",
         "math: clipping by the global norm needs every gradient at once, which the step in the backward never holds",
     ),
+    "in-backward+token-budget": Refusal(
+        "train.micro_batch_tokens",
+        "`train.optimizer_in_backward` with `train.micro_batch_tokens`",
+        "train.optimizer_in_backward steps at every backward pass, so a minibatch must be one pass, and "
+        "train.micro_batch_tokens: {tokens} may split it into several; set train.micro_batch_tokens: 0",
+        "math: accumulating micro-batches' gradients holds the whole gradient, which the step in the backward "
+        "exists not to hold",
+    ),
     "in-backward+accumulation": Refusal(
         "train.micro_batch_size",
         "`train.optimizer_in_backward` with several micro-batches a minibatch",

@@ -160,6 +160,9 @@ TRIGGERS = {
     "in-backward+accumulation": minimal(
         train={"optimizer_in_backward": True, "max_grad_norm": 0, "micro_batch_size": 4}
     ),
+    "in-backward+token-budget": minimal(
+        train={"optimizer_in_backward": True, "max_grad_norm": 0, "micro_batch_tokens": 64}
+    ),
     "in-backward+torchrun": launch(2, train={"optimizer_in_backward": True, "max_grad_norm": 0}),
     "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
 }

@@ -135,6 +135,7 @@ def validate(c: Config) -> None:
         f"train.minibatches: must be between 1 and the {batch} completions of a step, got {tr.minibatches}",
     )
     _require(tr.micro_batch_size >= 0, f"train.micro_batch_size: must be >= 0, got {tr.micro_batch_size}")
+    _require(tr.micro_batch_tokens >= 0, f"train.micro_batch_tokens: must be >= 0, got {tr.micro_batch_tokens}")
     if tr.old_logprobs == "sampler" and ro.sampler == "hf":
         refuse("sampler-logprobs+hf")
     _require(
@@ -148,6 +149,8 @@ def validate(c: Config) -> None:
         rows = -(-batch // tr.minibatches)  # the largest minibatch
         if 0 < tr.micro_batch_size < rows:
             refuse("in-backward+accumulation", micro=tr.micro_batch_size, rows=rows)
+        if tr.micro_batch_tokens:
+            refuse("in-backward+token-budget", tokens=tr.micro_batch_tokens)
     _require(tr.log_every >= 1, f"train.log_every: must be >= 1, got {tr.log_every}")
     reporters(tr)  # an unknown name is one line, before anything is loaded
     for name in ("warmup_steps", "checkpoint_every", "sample_every"):

@@ -218,6 +218,10 @@ class TrainConfig:
     micro_batch_size: int = opt(
         0, "Completions per forward/backward pass within a minibatch (gradient accumulation); 0 = the whole minibatch."
     )
+    micro_batch_tokens: int = opt(
+        0,
+        "The update's passes filled up to this many real tokens (prompt and completion) instead of a number of completions (verl's dynamic batch size); the same gradient. 0: off, micro_batch_size decides.",
+    )
     old_logprobs: Literal["auto", "recompute", "sampler"] = opt(
         "auto",
         "Where the old policy's log-probs (the ratio's anchor) come from: recompute (a no-grad pass), sampler (the fast loop's or vLLM's), or auto (the sampler's where they equal the pass's). docs/sampling.md#the-old-policys-log-probs-from-the-sampler.",

@@ -361,9 +361,11 @@ def completion_logprobs(
 
 
 def micro_batches(
-    batch: Rollout, rows: Tensor, size: int, *, by_length: bool = False, whole_groups: bool = True
+    batch: Rollout, rows: Tensor, size: int, *, by_length: bool = False, whole_groups: bool = True, tokens: int = 0
 ) -> list[Tensor]:
-    """`rows` (indices of `batch`) split into micro-batches of `size` (0 = all in one).
+    """`rows` (indices of `batch`) split into micro-batches of `size` (0 = all in one), or with
+    `tokens` (train.micro_batch_tokens) into micro-batches of at most that many real tokens
+    (`token_budget_split`).
 
     With `by_length` (train.length_grouping), ordered by completion length first, longest
     first, so that each micro-batch holds rows of similar length and trims (`Rollout.trimmed`)
@@ -380,7 +382,34 @@ def micro_batches(
             group = rows // batch.group_size
             longest = lengths.new_zeros(int(group.max()) + 1).scatter_reduce(0, group, lengths[rows], "amax")
             rows = rows[torch.sort(longest[group], descending=True, stable=True).indices]
+    if tokens:
+        return token_budget_split(batch, rows, tokens, whole_groups)
     return [m for m in rows.split(size or max(len(rows), 1)) if len(m)]
+
+
+def token_budget_split(batch: Rollout, rows: Tensor, tokens: int, whole_groups: bool) -> list[Tensor]:
+    """`rows` in their order, cut into consecutive micro-batches of at most `tokens` real tokens
+    each (a row's prompt and completion, not their padding; with `whole_groups`, a group's prompt
+    once per micro-batch, as the packed layout runs it). A row longer than the budget is a
+    micro-batch of its own. verl's dynamic batch size: passes of similar cost whatever the
+    lengths, and the gradient is the same as any other split's (the loss's denominators are the
+    minibatch's)."""
+    real = batch.attention_mask.sum(1).cpu()  # (N,) prompt + completion tokens
+    prompt = real - batch.completion_lengths.cpu()
+    parts, current, used, groups = [], [], 0, set()
+    for row in rows.tolist():
+        group = row // batch.group_size
+        cost = int(real[row]) - (int(prompt[row]) if whole_groups and group in groups else 0)
+        if current and used + cost > tokens:
+            parts.append(current)
+            current, used, groups = [], 0, set()
+            cost = int(real[row])
+        current.append(row)
+        used += cost
+        groups.add(group)
+    if current:
+        parts.append(current)
+    return [torch.tensor(part, dtype=rows.dtype) for part in parts]
 
 
 def no_grad_pass(

@@ -388,8 +388,15 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
             # Similar lengths side by side (train.length_grouping), each process its own rows:
             # the number of micro-batches, and so of passes, does not change.
             micros = micro_batches(
-                batch, minibatch, tr.micro_batch_size, by_length=tr.length_grouping, whole_groups=_shares_prompts(e)
+                batch,
+                minibatch,
+                tr.micro_batch_size,
+                by_length=tr.length_grouping,
+                whole_groups=_shares_prompts(e),
+                tokens=tr.micro_batch_tokens,
             )
+            if tr.micro_batch_tokens:  # the passes a process needs depend on its rows' lengths
+                passes_needed = int(world.max(torch.tensor(len(micros))))
             padding = [None] * (passes_needed - len(micros))  # passes that weigh nothing: row 0, its loss mask emptied
             for micro in micros + padding:
                 weightless = micro is None

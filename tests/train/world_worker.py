@@ -44,6 +44,8 @@ CASES = {
     "grpo-token-mean-micro-batches": ("grpo", {"aggregation": "token-mean"}, {"micro_batch_size": 2}, {}),
     "grpo-sum-norm-batch-scale": ("grpo", {"aggregation": "seq-mean-token-sum-norm", "scale": "batch"}, {}, {}),
     "grpo-drop-zero-std-groups": ("grpo", {"drop_zero_std_groups": True}, {"micro_batch_size": 2}, {}),
+    # Micro-batches by real tokens: the processes' rows differ in length, so in passes needed.
+    "grpo-token-budget": ("grpo", {"aggregation": "token-mean"}, {"micro_batch_tokens": 9}, {}),
     "ppo": ("ppo", {}, {}, {}),
     # Two updates: the first moves lora_B off 0, so that the second gives lora_A a gradient too.
     "grpo-lora": ("grpo", {}, {"epochs": 2}, LORA),
