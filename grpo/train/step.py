@@ -386,7 +386,8 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 max_tokens=e.rollout.max_new_tokens,
             )
             # Similar lengths side by side (train.length_grouping), each process its own rows:
-            # the number of micro-batches, and so of passes, does not change.
+            # the number of micro-batches of train.micro_batch_size, and so of passes, does not
+            # change; by train.micro_batch_tokens it follows the rows' lengths.
             micros = micro_batches(
                 batch,
                 minibatch,
