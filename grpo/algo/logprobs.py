@@ -63,13 +63,15 @@ class _History:
         return seen[:, : self.vocab]
 
 
-def _scores(x: Tensor, start: int, temperature: float, penalty: float, history: _History | None) -> Tensor:
+def _scores(
+    x: Tensor, start: int, temperature: float, penalty: float, history: _History | None, in_place: bool = False
+) -> Tensor:
     """penalize(x) / tau for the flat positions start..start+m-1: the scores the sampler drew
-    from. `x` (m, V) float32 is not modified."""
+    from. `x` (m, V) float32 is not modified, unless `in_place` (then it is divided in place)."""
     if history is not None:
         x = penalize(x, history.seen(start, start + len(x)), penalty)
     if temperature != 1.0:
-        x = x / temperature
+        x = x.div_(temperature) if in_place else x / temperature
     return x
 
 
@@ -262,24 +264,27 @@ class _Scratch:
     """The (m, V) float32 buffers of a chunked head's calls, allocated once per call and reused
     by every chunk: no fresh vocabulary-sized tensor a chunk (each one's pages faulted in, or
     the allocator's free memory fragmented by them). In float32 without a repetition penalty
-    (`in_place`) the logits are computed into the buffer and reduced in place; otherwise
-    (bf16 logits cast up, the penalty's history) each chunk's come fresh, as `_head_logits`
-    makes them."""
+    (`in_place`) the logits are computed into the buffer and reduced in place (`reduce`), the
+    entropy's product in a second buffer (`spare`); otherwise (bf16 logits cast up, the
+    penalty's history) each chunk's come fresh, as `_head_logits` makes them."""
 
-    def __init__(self, rows, step, vocab, like: Tensor, dtype, history, spares: int = 0):
-        self.in_place = dtype == torch.float32 and history is None
+    def __init__(self, rows, step, vocab, like: Tensor, dtype, history, spare: bool = False):
+        self.in_place = dtype == torch.float32 and history is None and rows > 0
         m = min(rows, step)
-        self.buffer = like.new_empty(m, vocab, dtype=torch.float32) if self.in_place and rows else None
-        self.spares = [
-            like.new_empty(m, vocab, dtype=torch.float32) for _ in range(spares if self.buffer is not None else 0)
-        ]
+        self.buffer = like.new_empty(m, vocab, dtype=torch.float32) if self.in_place else None
+        self.spare = like.new_empty(m, vocab, dtype=torch.float32) if self.in_place and spare else None
 
     def logits(self, hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """_head_logits(hidden, weight, bias), ours to edit: in the buffer where in place."""
         return _head_logits(hidden, weight, bias, self.buffer[: len(hidden)] if self.in_place else None)
 
-    def spare(self, m: int) -> Tensor:
-        return self.spares[0][:m]
+    def reduce(self, scores: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """(m,) logsumexp of `scores` (m, V) and, `with_entropy`, their entropy: in place (the
+        scores overwritten) where `in_place`."""
+        if self.in_place:
+            return _logsumexp_(scores, self.spare[: len(scores)] if with_entropy else None)
+        lse = torch.logsumexp(scores, dim=-1)
+        return lse, _entropy(scores, lse) if with_entropy else None
 
 
 def _logsumexp_(x: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -326,24 +331,16 @@ class _HeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's, once
             w = weight.to(dtype)  # (V, H): the same tensor unless autocast's dtype differs from the head's
             b = None if bias is None else bias.to(dtype)
-            scratch = _Scratch(rows, step, vocab, hidden, dtype, history, spares=1 if with_entropy else 0)
+            scratch = _Scratch(rows, step, vocab, hidden, dtype, history, spare=with_entropy)
             for start in range(0, rows, step):
                 stop = start + step
                 x = scratch.logits(hidden[start:stop].to(dtype), w, b)  # (m, V)
-                if scratch.in_place:  # the scores in the chunk's own buffer, reduced in place
-                    if temperature != 1.0:
-                        x.div_(temperature)
-                    picked = x.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1)
-                    lse[start:stop], ent_chunk = _logsumexp_(x, scratch.spare(len(x)) if with_entropy else None)
-                    out[start:stop] = picked - lse[start:stop]
-                    if with_entropy:
-                        ent[start:stop] = ent_chunk
-                    continue
-                scores = _scores(x, start, temperature, penalty, history)
-                lse[start:stop] = torch.logsumexp(scores, dim=-1)
-                out[start:stop] = scores.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1) - lse[start:stop]
+                scores = _scores(x, start, temperature, penalty, history, in_place=scratch.in_place)
+                picked = scores.gather(-1, ids[start:stop].unsqueeze(-1)).squeeze(-1)  # before `reduce` overwrites
+                lse[start:stop], chunk_entropy = scratch.reduce(scores, with_entropy)
+                out[start:stop] = picked - lse[start:stop]
                 if with_entropy:
-                    ent[start:stop] = _entropy(scores, lse[start:stop])
+                    ent[start:stop] = chunk_entropy
             del scratch
         ctx.save_for_backward(hidden, w, b, ids, lse)
         ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype

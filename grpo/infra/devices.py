@@ -8,6 +8,7 @@ Some defaults depend on the device, because what is fast on one is slow on the o
 - `train.autocast: auto` is bfloat16 on a GPU (weights, gradients and optimizer state stay
   in `train.dtype`), off on a CPU (bf16 matmuls only pay on CPUs with AMX/AVX512-BF16, and
   only for models large enough: benchmarks/README.md);
+- a bf16-stored reference computes in bf16 only where the device does natively (`native`);
 - `train.attention: auto` is eager attention on a CPU for short sequences (its backward is
   the faster one there) and the model's default (SDPA, fused kernels) on a GPU.
 """
@@ -53,6 +54,22 @@ def autocast_dtype(choice: str, device: torch.device) -> torch.dtype | None:
     if choice == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     return {"off": None, "bfloat16": torch.bfloat16}[choice]
+
+
+def native(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `device` computes matmuls in `dtype` natively: a GPU (bf16 from Ampere on), a CPU
+    with AVX-512 BF16 or AMX for bf16 (an AVX2-only CPU runs bf16 matmuls several times slower
+    than float32 ones); float32 everywhere."""
+    if dtype in (torch.float32, torch.float64):
+        return True
+    if device.type == "cuda":
+        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        cpu = torch.cpu
+        return any(
+            getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        )
+    return False
 
 
 def attention_for(choice: str, max_new_tokens: int, device: torch.device = torch.device("cpu")) -> str | None:

@@ -28,7 +28,7 @@ from grpo.algo import entropy, head_logprobs, token_logprobs
 from grpo.errors import UserError
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
-from grpo.train.packing import packed_positions, prompt_groups
+from grpo.train.packing import packed_positions, prompt_groups, real_lengths
 
 
 def completion_logits(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
@@ -394,16 +394,15 @@ def token_budget_split(batch: Rollout, rows: Tensor, tokens: int, whole_groups: 
     micro-batch of its own. verl's dynamic batch size: passes of similar cost whatever the
     lengths, and the gradient is the same as any other split's (the loss's denominators are the
     minibatch's)."""
-    real = batch.attention_mask.sum(1).cpu()  # (N,) prompt + completion tokens
-    prompt = real - batch.completion_lengths.cpu()
+    prompt, completion = (lengths.tolist() for lengths in real_lengths(batch))
     parts, current, used, groups = [], [], 0, set()
     for row in rows.tolist():
         group = row // batch.group_size
-        cost = int(real[row]) - (int(prompt[row]) if whole_groups and group in groups else 0)
+        cost = completion[row] + (0 if whole_groups and group in groups else prompt[row])
         if current and used + cost > tokens:
             parts.append(current)
             current, used, groups = [], 0, set()
-            cost = int(real[row])
+            cost = prompt[row] + completion[row]
         current.append(row)
         used += cost
         groups.add(group)

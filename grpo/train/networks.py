@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.errors import UserError, first_line
+from grpo.infra.devices import native
 from grpo.infra.hf import quiet_loading, torch_dtype
 from grpo.rollout import Rollout
 from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
@@ -115,21 +116,6 @@ class FrozenCopy:
 
     def load_state_dict(self, state):
         self.model.load_state_dict(state)
-
-
-def native(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether `device` computes matmuls in `dtype` natively: a GPU (bf16 from Ampere on), a CPU
-    with AVX-512 BF16 or AMX for bf16; float32 everywhere."""
-    if dtype in (torch.float32, torch.float64):
-        return True
-    if device.type == "cuda":
-        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        cpu = torch.cpu
-        return any(
-            getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        )
-    return False
 
 
 def _computed_in(model: nn.Module, dtype: torch.dtype) -> None:

@@ -37,6 +37,14 @@ def prompt_groups(batch: Rollout) -> tuple[Tensor, Tensor] | None:
     return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
 
 
+def real_lengths(batch: Rollout) -> tuple[Tensor, Tensor]:
+    """(N,) and (N,) on the CPU: each row's real prompt tokens and real completion tokens (its
+    attention mask's, padding left out)."""
+    attention = batch.attention_mask.cpu()
+    p_len = attention.shape[1] - batch.completion_mask.shape[1]
+    return attention[:, :p_len].sum(1), attention[:, p_len:].sum(1)
+
+
 @dataclass
 class Packed:
     """A micro-batch packed into B bins of L slots."""
@@ -79,8 +87,7 @@ def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
     if p_len == 0:
         return None
     attention = batch.attention_mask.cpu()
-    prompt_real = attention[:, :p_len].sum(1)
-    completion_real = attention[:, p_len:].sum(1)
+    prompt_real, completion_real = real_lengths(batch)
     columns = torch.arange(attention.shape[1])
     expected = (columns >= p_len - prompt_real.unsqueeze(1)) & (columns < p_len + completion_real.unsqueeze(1))
     if bool((prompt_real == 0).any()) or not torch.equal(attention.bool(), expected):
