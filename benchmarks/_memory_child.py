@@ -9,9 +9,13 @@ process held while it ran, whatever ran before. Phases: `build` (loading the pol
 reference and the optimizer), `sample` (the rollouts), `passes` (the no-grad passes: the
 reference's log-probs, the old policy's), `update` (forward, backward and optimizer step),
 `other` (everything between: scoring, logging, checkpoints). `runtime` is the resident
-memory as the first model starts loading (torch, transformers, grpo, the tokenizer, the
-rewards and the data read): what the run holds besides its models' states.
-The result: {"allocator", "runtime_mb", "phases": {name: peak MB over the steps}, "peak_mb", "steps"}.
+memory as the first weights start loading: torch, transformers, grpo, the code of the
+model's architecture (which transformers imports as a model starts loading: for Qwen2 and
+Llama about 100 MB more, torch's DTensor, dynamo and sympy among it), the tokenizer (about
+50 MB for a 151,936-token vocabulary), the rewards and the data read: what any run of this
+model holds besides its models' states. `runtime_bare` is the same before the model's code
+and the tokenizer (how stops 44-48 read it, 2026-12-05 and before).
+The result: {"allocator", "runtime_mb", "runtime_bare_mb", "phases": {name: peak MB over the steps}, "peak_mb", "steps"}.
 
 With MEMORY_LIVE=1 in the environment the last step's update runs under torch's memory
 profiler, and the result gains "live": the bytes of the tensors live at that update's peak
@@ -146,6 +150,15 @@ def live_update(update, phases: Phases, steps: int, live: dict):
 MB = 1 << 20
 
 
+def _import_architecture(model: str) -> None:
+    """Import the code of `model`'s architecture, as transformers does when its weights start
+    loading, so that the runtime read after it counts it."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model))]
+
+
 def main(config_path: str, result_path: str, *overrides: str) -> None:
     from grpo.infra import allocator
 
@@ -161,12 +174,19 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
     phases = Phases()
     runtime = {}
     build = phases.wrap("build", loop.build_engine)
+    load_tokenizer = loop.load_tokenizer
 
-    def measured_build(*args, **kwargs):
-        runtime.setdefault("mb", _status("VmRSS"))
-        return build(*args, **kwargs)
+    def measured_tokenizer(model: str, *args, **kwargs):  # the first thing build_engine loads
+        if "mb" in runtime:
+            return load_tokenizer(model, *args, **kwargs)
+        runtime["bare_mb"] = _status("VmRSS")
+        _import_architecture(model)
+        tokenizer = load_tokenizer(model, *args, **kwargs)
+        runtime["mb"] = _status("VmRSS")
+        return tokenizer
 
-    loop.build_engine = measured_build
+    loop.load_tokenizer = measured_tokenizer
+    loop.build_engine = build
     rollouts.Rollouts.take = phases.wrap("sample", rollouts.Rollouts.take)
     step._passes = phases.wrap("passes", step._passes)
     step._update = phases.wrap("update", step._update)
@@ -183,6 +203,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
             {
                 "allocator": allocator.active(),
                 "runtime_mb": runtime["mb"],
+                "runtime_bare_mb": runtime["bare_mb"],
                 "phases": phases.peaks,
                 "peak_mb": max(phases.peaks.values()),
                 "wall_s": time.perf_counter() - start,

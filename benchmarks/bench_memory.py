@@ -10,7 +10,8 @@ built once into --cache-dir; `tiny` for the test), at their settings there (beta
 tool's own default for activation checkpointing, fp32). Each run is its own process
 (`_memory_child.py`): the peak resident memory of each phase (build, sample, the no-grad
 passes, the update, and what runs between), the runtime (what the process holds as the
-first model starts loading), the median step time over steps 2..N.
+first weights start loading: the libraries, the model's code, the tokenizer), the median
+step time over steps 2..N.
 
 The variants (`grpo train --set` overrides), each under the allocator the `grpo` command runs
 under by default (mimalloc where installed: grpo/infra/allocator.py) unless named otherwise:
@@ -27,7 +28,9 @@ under by default (mimalloc where installed: grpo/infra/allocator.py) unless name
 The floor of a variant is what its states must hold plus the runtime, from the parameter
 count P (bytes): weights 4P; gradients 4P, or with the step in the backward the largest
 tensor's; moments 8P, or 2P with 8-bit AdamW; the reference 4P, or 2P in bf16. The table
-prints each peak against its floor, against `exact`'s, and against TRL's (its GRPOTrainer
+prints each peak against its floor, against the "bare" floor (its runtime read before the
+model's code was imported and the tokenizer loaded, as up to 2026-12-05), against `exact`'s,
+and against TRL's (its GRPOTrainer
 at the same settings, TRL's defaults otherwise: `_trl_child.py`). The machine must be idle
 for the step times; the memory numbers do not depend on it.
 
@@ -151,7 +154,8 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     head = (
         "| variant | "
         + " | ".join(PHASES)
-        + " | allocator | peak MB | floor MB | peak / floor | peak / TRL's | step s | step / exact's |"
+        + " | allocator | peak MB | floor MB | peak / floor | bare floor MB | peak / bare floor | peak / TRL's"
+        + " | step s | step / exact's |"
     )
     live = any("live" in run for run in runs.values())
     if live:
@@ -159,6 +163,7 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     lines = [f"{name}:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for variant, run in runs.items():
         floor = floors[variant]["total"]
+        bare = floor - floors[variant]["runtime"] + run.get("runtime_bare_mb", floors[variant]["runtime"])
         ratio_trl = run["peak_mb"] / trl["peak_mb"] if trl.get("peak_mb") else None
         step = run["median_step_s"]
         ratio_step = step / exact["median_step_s"] if exact and step and exact["median_step_s"] else None
@@ -167,12 +172,14 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
             f"| {variant} | "
             + " | ".join(cells)
             + f" | {run.get('allocator', '?')} | {run['peak_mb']:,.0f} | {floor:,.0f} | {run['peak_mb'] / floor:.2f}"
+            + f" | {bare:,.0f} | {run['peak_mb'] / bare:.2f}"
             + f" | {step_bench._fmt(ratio_trl, '.2f')} | {step_bench._fmt(step, '.2f')} | {step_bench._fmt(ratio_step, '.2f')} |"
             + (live_cells(run, floor) if live else "")
         )
     if trl.get("peak_mb"):
         lines.append(
-            f"| TRL {trl.get('trl') or ''} | | | | | | system | {trl['peak_mb']:,.0f} | | | 1.00 | {trl['median_step_s']:.2f} | |"
+            f"| TRL {trl.get('trl') or ''} | | | | | | system | {trl['peak_mb']:,.0f} | | | | | 1.00"
+            + f" | {trl['median_step_s']:.2f} | |"
         )
     else:
         lines.append(f"TRL not measured: {trl.get('error')}")

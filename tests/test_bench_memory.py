@@ -22,6 +22,8 @@ def test_every_variant_has_its_phases_and_its_floor(tmp_path, capsys):
         run = tiny["runs"][variant]
         assert set(bench_memory.PHASES) <= set(run["phases"]) and run["peak_mb"] == max(run["phases"].values())
         assert 100 < run["runtime_mb"] < run["phases"]["update"] and run["median_step_s"] > 0
+        # The runtime counts the model's code and the tokenizer, read before them as "bare".
+        assert 100 < run["runtime_bare_mb"] < run["runtime_mb"]
     # Each run under the allocator the command would pick, or the one the variant names.
     assert tiny["runs"]["exact_glibc"]["allocator"] == "system"
     assert tiny["runs"]["exact"]["allocator"] == ("mimalloc" if library() else "system")
