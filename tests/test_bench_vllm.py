@@ -34,10 +34,8 @@ def test_generation_side_by_side(tmp_path, cache, capsys):
         assert all(c["tokens"] == completions * TOKENS for c in fixed["calls"]), name  # EOS suppressed
         assert all(c["longest"] <= TOKENS and len(c["lengths"]) == completions for c in natural["calls"]), name
         assert fixed["tokens_per_s"] > 0 and row["peak_rss_mb"] > 0
-    # fast draws generate's tokens from the same seed: the same lengths, call by call
-    assert [c["lengths"] for c in rows["fast"]["modes"]["natural"]["calls"]] == [
-        c["lengths"] for c in rows["hf"]["modes"]["natural"]["calls"]
-    ]
+    # At the default draw the fast loop draws other tokens than generate's from the same seed:
+    # each call its own lengths, from the same distribution (tests/rollout/test_draw.py).
     printed = capsys.readouterr().out
     assert "| fast | fixed | 256 | 8 | " in printed
     hf = rows["hf"]["modes"]["fixed"]["tokens_per_s"] / rows["fast"]["modes"]["fixed"]["tokens_per_s"]

@@ -150,9 +150,9 @@ class RolloutConfig:
         1.0,
         "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises the tokens already in the sequence). The loss scores the same penalised distribution (docs/sampling.md).",
     )
-    draw: Literal["generate", "fast"] = opt(
-        "generate",
-        "The fast loop's draw: generate (transformers' generate's, bit for bit: the same tokens as rollout.sampler: hf) or fast (the same distribution, drawn more cheaply: other tokens). docs/sampling.md.",
+    draw: Literal["auto", "generate", "fast"] = opt(
+        "auto",
+        "How tokens are drawn: auto (the fast loop's fast draw; other samplers their own), generate (generate's tokens bit for bit) or fast (the same distribution, drawn more cheaply); the last two are the fast loop's. docs/sampling.md.",
     )
     max_prompt_length: int = opt(
         0,

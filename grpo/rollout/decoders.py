@@ -266,16 +266,22 @@ def choose(name: str, model, total_length: int, options: dict[str, dict] | None 
     return name
 
 
-def fast_only_refusal(options, sampler: str) -> str | None:
+# The values of a fast-loop option (`params.FAST_ONLY`) that another decoder honours as well:
+# `generate` draws generate's own tokens.
+_HONOURED = {"hf": {"draw": ("generate",)}}
+
+
+def fast_only_refusal(options, decoder: str, label: str | None = None) -> str | None:
     """The one-line error for an option only the fast loop reads (`params.FAST_ONLY`) set away
-    from its default in `options` (a SamplingParams or a rollout config) when decoder
-    `sampler` samples (a name, or a label such as "auto (which chose hf)"); None if it may."""
-    if sampler in ("fast", AUTO):
+    from its default in `options` (a SamplingParams or a rollout config) when `decoder`
+    samples (auto: not known yet); None if it may. `label` names the decoder in the message
+    (e.g. "auto (which chose hf)"; default `decoder`)."""
+    if decoder in ("fast", AUTO):
         return None
     for name in FAST_ONLY:
         value, default = getattr(options, name), _FAST_ONLY_DEFAULTS[name]
-        if value != default:
-            return refusal("fast-only", name=name, value=value, sampler=sampler, default=default)
+        if value != default and value not in _HONOURED.get(decoder, {}).get(name, ()):
+            return refusal("fast-only", name=name, value=value, sampler=label or decoder, default=default)
     return None
 
 

@@ -25,7 +25,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off
-    draw: str = "generate"  # generate: generate's tokens bit for bit; fast: the same distribution, drawn faster (fast loop only)
+    # auto: the fast loop draws fast, other decoders their own way; generate: generate's tokens
+    # bit for bit; fast: the same distribution, drawn faster (the last two: the fast loop only)
+    draw: str = "auto"
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -36,6 +38,12 @@ class SamplingParams:
         logits at the temperature, after the repetition penalty): top-p, top-k or min-p cut
         it, or min_new_tokens forbids EOS for the first tokens."""
         return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0 or self.min_new_tokens > 0
+
+    @property
+    def fast_draw(self) -> bool:
+        """Whether the fast loop draws the fast way (rollout.draw auto or fast) rather than
+        generate's, bit for bit."""
+        return self.draw != "generate"
 
     @classmethod
     def of(cls, tokenizer, **options) -> SamplingParams:

@@ -138,7 +138,7 @@ class Sampler:
         name = self.decoder_name(model, prompt_length)
         if name not in self.decoders:
             chosen = name if self.backend == name else f"{self.backend} (which chose {name} for this policy)"
-            refused = None if name == "fast" else decoders.fast_only_refusal(self.params, chosen)
+            refused = decoders.fast_only_refusal(self.params, name, chosen)
             if refused is not None:
                 raise UserError(refused)
             options = self.decoder_options.get(name, {})

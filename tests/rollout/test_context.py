@@ -37,6 +37,7 @@ def gpt2(tokenizer=TOKENIZER, positions=32):
 
 
 def sample(prompts, model=LLAMA, tokenizer=TOKENIZER, seed=0, **options):
+    options = {"draw": "generate", **options}  # generate's tokens, whichever samples
     sampler = Sampler(tokenizer, prompt_column="prompt", group_size=G, max_new_tokens=NEW, **options)
     torch.manual_seed(seed)
     return sampler.sample(model, [{"prompt": p} for p in prompts])

@@ -17,7 +17,7 @@ from tests.rollout.test_fast import ROWS, TOKENIZER, model_of, recording_draws
 
 
 def sampler(backend="fast", **options):
-    options = {"max_new_tokens": 12, **options}
+    options = {"max_new_tokens": 12, "draw": "generate", **options}
     return Sampler(TOKENIZER, prompt_column="prompt", group_size=4, backend=backend, **options)
 
 

@@ -176,6 +176,12 @@ def test_only_the_fast_loop_draws_this_way(tmp_path, tiny_model):
     for sampler_name in ("hf", "vllm"):
         with pytest.raises(UserError, match="rollout.draw: fast is the fast loop's draw"):
             config_from_dict({**config, "rollout": {"draw": "fast", "sampler": sampler_name}})
+    # generate's bits: generate draws them itself, vLLM cannot.
+    with pytest.raises(UserError, match="rollout.draw: generate is the fast loop's draw; rollout.sampler: vllm"):
+        config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "vllm"}})
+    assert config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "hf"}}).rollout.draw == "generate"
+    for sampler_name in ("hf", "vllm", "fast", "auto"):  # the default: each sampler's own
+        assert config_from_dict({**config, "rollout": {"sampler": sampler_name}}).rollout.draw == "auto"
     with pytest.raises(UserError, match="rollout.draw"):
         config_from_dict({**config, "rollout": {"draw": "uniform"}})
     # auto falls back to generate for a model the fast loop cannot decode: refused there, in one line.
@@ -183,8 +189,10 @@ def test_only_the_fast_loop_draws_this_way(tmp_path, tiny_model):
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOKENIZER), n_embd=32, n_layer=1, n_head=2)).eval()
     auto = Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4, draw="fast")
-    with pytest.raises(UserError, match="set rollout.draw: generate"):
+    with pytest.raises(UserError, match="set rollout.draw: auto"):
         auto.sample(gpt2, ROWS)
+    # ... and draws generate's own way by default.
+    assert Sampler(TOKENIZER, prompt_column="prompt", group_size=2, max_new_tokens=4).sample(gpt2, ROWS)
 
 
 @pytest.mark.learning

@@ -96,11 +96,18 @@ def drawn_from(stream, seed, draw):
 
 
 def sample_both(model, seed=1, stream="global", **options):
-    """Sample ROWS with each backend from the same seed; also one draw from the stream after."""
+    """Sample ROWS with each backend from the same seed, the fast loop drawing generate's bits
+    (rollout.draw: generate, which generate honours too); also one draw from the stream after."""
     out = {}
     for backend in ("hf", "fast"):
         sampler = Sampler(
-            TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend=backend, **options
+            TOKENIZER,
+            prompt_column="prompt",
+            group_size=4,
+            max_new_tokens=12,
+            backend=backend,
+            draw="generate",
+            **options,
         )
         assert sampler.decoder_name(model, 5) == backend
         out[backend] = drawn_from(stream, seed, lambda g: sampler.sample(model, ROWS, generator=g))
@@ -207,7 +214,9 @@ def test_a_run_is_the_same_with_either_sampler(make_config, tmp_path):
     runs = {
         backend: grpo.train(
             make_config(
-                output_dir=str(tmp_path / backend), rollout={"sampler": backend}, train={"steps": 3, "lr": 1e-3}
+                output_dir=str(tmp_path / backend),
+                rollout={"sampler": backend, "draw": "generate"},
+                train={"steps": 3, "lr": 1e-3},
             ),
             progress=False,
         ).metrics
@@ -254,6 +263,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
         group_size=4,
         max_new_tokens=12,
         backend=backend,
+        draw="generate",
         temperature=0.8,
         repetition_penalty=penalty,
     )
@@ -283,6 +293,7 @@ def test_seeded_prompts_draw_the_same_completions_whatever_is_sampled_beside_the
             group_size=3,
             max_new_tokens=10,
             backend=backend,
+            draw="generate",
             batch_size=batch_size,
             temperature=1.3,
         )
@@ -329,7 +340,12 @@ def sample_compacting(model, backend="fast", compact_at=None, seeds=None, stream
         mp.setattr(fast.loop, "COMPACT_AT", compact_at)
         mp.setattr(fast.loop, "_draw", recording_draws(draws, fill=0.0))
         sampler = Sampler(
-            TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=24, backend=backend, **options
+            TOKENIZER,
+            prompt_column="prompt",
+            group_size=4,
+            max_new_tokens=24,
+            backend=backend,
+            **{"draw": "generate", **options},
         )
         rollout, after = drawn_from(stream, 1, lambda g: sampler.sample(model, ROWS, seeds, generator=g))
     return rollout, draws, after

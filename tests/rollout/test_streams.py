@@ -23,6 +23,7 @@ def seeded(backend="fast", seed=7, rank=0):
         group_size=4,
         max_new_tokens=12,
         backend=backend,
+        draw="generate",
         temperature=1.3,
         seed=seed,
         rank=rank,
@@ -60,7 +61,9 @@ def test_the_stream_is_the_step_s_and_the_process_s_the_same_on_every_rebuild():
     # Per-prompt seeds still decide alone.
     seeds = [11, 22, 33, 44]
     torch.manual_seed(0)
-    unseeded = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, temperature=1.3)
+    unseeded = Sampler(
+        TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, temperature=1.3, draw="generate"
+    )
     assert seeded().sample(model, ROWS, seeds, step=3).completions == unseeded.sample(model, ROWS, seeds).completions
 
 

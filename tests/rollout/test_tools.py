@@ -277,6 +277,7 @@ def sampler_for(tokenizer, tools, backend="fast", group_size=2, max_new_tokens=2
         max_new_tokens=max_new_tokens,
         temperature=0.3,
         backend=backend,
+        draw="generate",
         seed=0,
         tools=box,
     )

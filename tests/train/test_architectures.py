@@ -151,7 +151,13 @@ def test_auto_samples_with_the_fast_loop_where_it_can_and_with_generate_otherwis
 
     def sample(backend):
         sampler = Sampler(
-            TOKENIZER, prompt_column="prompt", group_size=2, backend=backend, max_new_tokens=6, temperature=0.9
+            TOKENIZER,
+            prompt_column="prompt",
+            group_size=2,
+            backend=backend,
+            max_new_tokens=6,
+            temperature=0.9,
+            draw="generate",
         )
         torch.manual_seed(3)
         return sampler, sampler.sample(model, rows)
@@ -160,7 +166,7 @@ def test_auto_samples_with_the_fast_loop_where_it_can_and_with_generate_otherwis
     assert sampler.decoder_name(model, 5) == ARCHITECTURES[name][2]
     assert rollout.completion_ids.shape == (6, 6)
     assert rollout.completion_mask.sum() > 0
-    if ARCHITECTURES[name][2] == "fast":  # the default draw is generate's, token for token
+    if ARCHITECTURES[name][2] == "fast":  # with rollout.draw: generate, generate's tokens, token for token
         assert torch.equal(rollout.completion_ids, sample("hf")[1].completion_ids)
 
 

@@ -285,7 +285,9 @@ def test_the_fast_loop_fuses_the_weights_once_per_sample(tiny_model, monkeypatch
     monkeypatch.setattr(fast, "fuse_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    sampler = Sampler(tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=4, batch_size=2, backend="fast")
+    sampler = Sampler(
+        tokenizer, prompt_column="prompt", group_size=3, max_new_tokens=4, batch_size=2, backend="fast", draw="generate"
+    )
     sampler.sample(model, [{"prompt": "ab"}, {"prompt": "cab"}])  # 6 completions in 3 decoding calls
     assert calls == [1]
     with torch.no_grad():

@@ -184,7 +184,7 @@ def _forward(
 ) -> Tensor:
     """Run tokens `ids` (B, S) at cache positions start..start+S-1; the last position's logits
     (B, V), or with `heads` (indices into the B rows) those rows' logits only (len(heads), V).
-    `few_rows_layout`: the matmuls in the layout fastest for a few rows (`_linear`; rollout.draw: fast)."""
+    `few_rows_layout`: the matmuls in the layout fastest for a few rows (`_linear`; rollout.draw: fast or auto)."""
     b, s = ids.shape
     q_width, kv_width = w.heads * w.head_dim, w.kv_heads * w.head_dim
     end = start + s

@@ -197,7 +197,7 @@ def _decode(
         cache,
         0,
         mask,
-        few_rows_layout=p.draw == "fast",
+        few_rows_layout=p.fast_draw,
     )
 
     # The G completions of a prompt continue from the same prefix.
@@ -241,7 +241,7 @@ def _extend(
     own = causal & (fresh[:, None, :] | torch.eye(s, dtype=torch.bool, device=device))  # (R, S, S)
     mask = torch.cat([kept.valid[:, None, :].expand(r, s, width), own], 2)[:, None]  # (R, 1, S, W + S)
     logits = _forward(
-        w, ids, cos[positions][:, None], sin[positions][:, None], cache, width, mask, few_rows_layout=p.draw == "fast"
+        w, ids, cos[positions][:, None], sin[positions][:, None], cache, width, mask, few_rows_layout=p.fast_draw
     ).float()
     valid = torch.cat([kept.valid, fresh], 1)  # (R, W + S)
     return _sample(w, cache, logits, cos, sin, valid, kept.cached + lengths, width + s, p, segments, None, True)
@@ -288,7 +288,7 @@ def _sample(
     held, pick = n, None
     # (N, V) off the CPU (or with SKIP_FINISHED_DRAWS off): each row's last distribution, for
     # a draw over all rows; None: the finished rows' draws are skipped (`_draw`).
-    fast_draw = p.draw == "fast"
+    fast_draw = p.fast_draw
     full_batch = (device.type != "cpu" or not SKIP_FINISHED_DRAWS) and not fast_draw
     everyone = None
     generated = 0
