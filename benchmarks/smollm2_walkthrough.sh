@@ -4,9 +4,9 @@
 # questions (examples/smollm2/tasks.py), with held-out pass@1 / maj@8 before and after and the
 # reward curve. From the repository root, after `make smollm2`:
 #     bash benchmarks/smollm2_walkthrough.sh [OUT] [STEPS] [DRAW]   # runs/smollm2, 40, auto
-# DRAW is the training run's rollout.draw (auto, the default: the fast loop's fast draw;
-# generate: generate's tokens bit for bit, the default until 2026-12-05, which the README's
-# first table used; docs/sampling.md); the evaluations draw at grpo eval's default.
+# DRAW is rollout.draw of the training run and of both evaluations (`grpo eval --draw`): auto,
+# the default, the fast loop's fast draw; generate: generate's tokens bit for bit, the default
+# until 2026-12-05, which the README's first table used (docs/sampling.md).
 # Prints each stage's wall time, the two evaluations (all held-out questions, and by kind) and
 # the training reward by tens of steps.
 set -euo pipefail
@@ -24,7 +24,7 @@ seconds() { date +%s; }
 # integer (the reward's reading), 48 new tokens as in training.
 evaluate() {
   $GRPO eval --model "$1" --data "$OUT/held-out.jsonl" --verifier examples.smollm2.tasks:final_number \
-    --answer-pattern '(-?\d+)' --n 8 --k 1,8 --max-new-tokens 48 --temperature 0.7 --quiet --out "$2" > /dev/null
+    --answer-pattern '(-?\d+)' --n 8 --k 1,8 --max-new-tokens 48 --temperature 0.7 --draw "$DRAW" --quiet --out "$2" > /dev/null
 }
 
 t0=$(seconds)

@@ -633,6 +633,7 @@ def _add_eval(commands) -> None:
     flag("prompt_column")
     flag("temperature")
     flag("top_p")
+    flag("draw")
     flag("max_new_tokens", type=positive_int)
     flag("batch_size", type=positive_int)
     flag("seed")

@@ -86,6 +86,10 @@ class EvalConfig:
     prompt_column: str = opt("prompt", "The data's prompt column.")
     temperature: float = opt(0.7, "Sampling temperature (> 0: pass@k and maj@k need sampling).")
     top_p: float = opt(1.0, "Nucleus sampling: the smallest set of tokens with this much probability (1 = off).")
+    draw: Literal["auto", "generate", "fast"] = opt(
+        "auto",
+        "How tokens are drawn, as rollout.draw: auto (the fast loop's fast draw), generate (generate's tokens, bit for bit) or fast.",
+    )
     max_new_tokens: int = opt(64, "Longest completion, in tokens.")
     batch_size: int = opt(256, "Completions per generate call.")
     seed: int = opt(0, "Seeds the sampling: the same seed and batch_size give the same samples.")
@@ -356,6 +360,7 @@ def run(
         prompt_column=c.prompt_column,
         temperature=c.temperature,
         top_p=c.top_p,
+        draw=c.draw,
         max_new_tokens=c.max_new_tokens,
         batch_size=c.batch_size,
         seed=c.seed,

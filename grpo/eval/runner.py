@@ -200,6 +200,7 @@ def sample_completions(
     seed: int = 0,
     progress: bool = True,
     log_every: int = 10,
+    draw: str = "auto",
     on_prompt: Callable[[int, list[str]], dict | None] | None = None,
     tools=None,
 ) -> list[list[str]]:
@@ -208,7 +209,8 @@ def sample_completions(
     turns and the tool messages), as a training rollout's.
 
     Runs under `torch.random.fork_rng` seeded with `seed`: the caller's RNG state is the same
-    afterwards, and the same seed and batch_size give the same completions.
+    afterwards, and the same seed and batch_size give the same completions. `draw`: how the
+    tokens are drawn (rollout.draw: auto, generate's bits with generate, fast).
 
     `on_prompt(i, completions)`, when given, is called as soon as all n completions of row i
     are sampled; the fields it returns (e.g. {"pass@1": ...}) are shown with the progress:
@@ -238,7 +240,11 @@ def sample_completions(
         for indices, group_size in _calls(len(rows), n, batch_size):
             if group_size not in samplers:
                 settings = RolloutConfig(
-                    group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+                    group_size=group_size,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    draw=draw,
                 )
                 samplers[group_size] = Sampler.from_config(
                     tokenizer, settings, prompt_column=prompt_column, tools=tools
@@ -389,13 +395,14 @@ def evaluate(
     progress: bool = True,
     log_every: int = 10,
     tools=None,
+    draw: str = "auto",
 ) -> dict:
     """Sample n completions per row, check them, and report pass@k and maj@k for every k.
     With `tools` (a `grpo.rollout.tools.Toolbox`), multi-turn samples: the verifier gets
     each as its messages, the votes are read from its last turn, and mean_length counts the
     model's turns.
 
-    Returns a JSON-serialisable dict: n, prompts, temperature, top_p, max_new_tokens, seed,
+    Returns a JSON-serialisable dict: n, prompts, temperature, top_p, max_new_tokens, seed, draw,
     "pass@k" and "maj@k" ({str(k): mean over prompts}), "pass@k_ci" and "maj@k_ci"
     ({str(k): [lo, hi]}, normal 95% intervals over prompts clipped to [0, 1]), accuracy
     (mean fraction correct = pass@1), no_answer (fraction of completions without an
@@ -438,6 +445,7 @@ def evaluate(
         log_every=log_every,
         on_prompt=check,
         tools=tools,
+        draw=draw,
     )
     sampled = time.perf_counter()
     report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column, verdicts=verdicts)
@@ -450,6 +458,7 @@ def evaluate(
         "top_p": top_p,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
+        "draw": draw,
         **report,
         "time_s": done - start,
         "time_metrics_s": done - sampled,

@@ -290,6 +290,7 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
             "progress": False,
             "log_every": 10,
             "tools": None,  # single-turn samples
+            "draw": "auto",  # as training draws
         }
     ]
     for k in (1, 2, 4):
@@ -385,6 +386,27 @@ def test_sampling_is_seeded_and_batching_keeps_n_per_prompt(tiny):
         split = sample_completions(model, tokenizer, rows, n=5, batch_size=batch_size, seed=0, **common)
         assert [len(group) for group in split] == [5, 5, 5]
         assert all(isinstance(c, str) for group in split for c in group)
+
+
+def test_draw_generate_samples_generate_s_own_tokens(tiny):
+    """draw: generate gives what transformers' generate draws from the same seed; the default
+    (auto) other tokens from the same distribution; the report says which."""
+    from grpo.rollout import Sampler
+
+    model, tokenizer = tiny
+    rows = make_rows(3, seed=0)
+    common = dict(n=4, max_new_tokens=10, batch_size=12, seed=5, progress=False)
+    generate = sample_completions(model, tokenizer, rows, draw="generate", **common)
+    auto = sample_completions(model, tokenizer, rows, **common)
+    torch.manual_seed(5)
+    by_hf = Sampler(tokenizer, prompt_column="prompt", group_size=4, max_new_tokens=10, temperature=0.7, backend="hf")
+    expected = by_hf.sample(model, rows).scored_completions
+    assert [c for group in generate for c in group] == expected
+    assert auto != generate
+    report = evaluate(
+        model, tokenizer, rows, ks=[1], verifier=task_verifier(load_task("arithmetic")), draw="generate", **common
+    )
+    assert report["draw"] == "generate"
 
 
 @pytest.mark.parametrize("batch_size", [2, 100])
