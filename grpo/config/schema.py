@@ -152,7 +152,7 @@ class RolloutConfig:
     )
     draw: Literal["auto", "generate", "fast"] = opt(
         "auto",
-        "How tokens are drawn: auto (the fast loop's fast draw; other samplers their own), generate (generate's tokens bit for bit) or fast (the same distribution, drawn more cheaply); the last two are the fast loop's. docs/sampling.md.",
+        "How tokens are drawn: auto (the fast loop's fast draw; other samplers their own), generate (generate's tokens bit for bit; not with vllm) or fast (the same distribution, drawn more cheaply; the fast loop only). docs/sampling.md.",
     )
     max_prompt_length: int = opt(
         0,
