@@ -89,8 +89,9 @@ def tensor_sizes(model_dir: str) -> list[int]:
     return [p.numel() for p in model.parameters()]
 
 
-def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float) -> dict:
-    """The bytes the variant's states must hold, by state, and with the runtime."""
+def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float, runtime_bare_mb: float) -> dict:
+    """The bytes the variant's states must hold, by state, and with the runtime ("total") or
+    the bare runtime ("bare_total")."""
     overrides = VARIANTS[variant]
     p = sum(sizes)
     eight_bit = "train.optimizer=adamw_8bit" in overrides
@@ -102,7 +103,8 @@ def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float) -> 
         "reference": 0 if beta == 0 else (2 if "train.reference_dtype=bfloat16" in overrides else 4) * p,
     }
     states = {k: v / MB for k, v in states.items()}
-    return {**states, "runtime": runtime_mb, "total": sum(states.values()) + runtime_mb}
+    held = sum(states.values())
+    return {**states, "runtime": runtime_mb, "total": held + runtime_mb, "bare_total": held + runtime_bare_mb}
 
 
 def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = False) -> dict:
@@ -163,7 +165,7 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     lines = [f"{name}:", "", head, "|" + " --- |" * (head.count("|") - 1)]
     for variant, run in runs.items():
         floor = floors[variant]["total"]
-        bare = floor - floors[variant]["runtime"] + run.get("runtime_bare_mb", floors[variant]["runtime"])
+        bare = floors[variant]["bare_total"]
         ratio_trl = run["peak_mb"] / trl["peak_mb"] if trl.get("peak_mb") else None
         step = run["median_step_s"]
         ratio_step = step / exact["median_step_s"] if exact and step and exact["median_step_s"] else None
@@ -209,7 +211,8 @@ def measure(
     for variant in variants:
         print(f"[memory] {name}: {variant}", flush=True)
         runs[variant] = run_variant(w, root, steps, variant, live)
-        floors[variant] = floor_mb(variant, sizes, runs[variant]["runtime_mb"], beta)
+        run = runs[variant]
+        floors[variant] = floor_mb(variant, sizes, run["runtime_mb"], beta, run["runtime_bare_mb"])
     print(table(name, runs, floors, {"error": "(measuring)"}), flush=True)  # ours, before TRL's run
     trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
     print(table(name, runs, floors, trl), flush=True)

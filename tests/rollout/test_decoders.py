@@ -13,12 +13,11 @@ from grpo.rollout import Sampler, decoders, fast
 from grpo.rollout.decoders import DECODERS, NAMES, generation_config
 from grpo.rollout.params import FAST_ONLY, OPTIONS
 from grpo.train.layouts import policy_logprobs
-from tests.rollout.test_fast import ROWS, TOKENIZER, model_of, recording_draws
+from tests.rollout.test_fast import ROWS, TOKENIZER, generate_drawn, model_of, recording_draws
 
 
 def sampler(backend="fast", **options):
-    options = {"max_new_tokens": 12, "draw": "generate", **options}
-    return Sampler(TOKENIZER, prompt_column="prompt", group_size=4, backend=backend, **options)
+    return generate_drawn(backend, **options)
 
 
 def test_the_config_takes_the_registry_s_names():

@@ -95,20 +95,19 @@ def drawn_from(stream, seed, draw):
     return out, torch.rand(3, generator=generator)
 
 
+def generate_drawn(backend: str, **options) -> Sampler:
+    """A sampler of 4 completions a row, 12 new tokens unless `options` say otherwise, drawing
+    generate's tokens (rollout.draw: generate, which generate honours too)."""
+    options = {"max_new_tokens": 12, "draw": "generate", **options}
+    return Sampler(TOKENIZER, prompt_column="prompt", group_size=4, backend=backend, **options)
+
+
 def sample_both(model, seed=1, stream="global", **options):
     """Sample ROWS with each backend from the same seed, the fast loop drawing generate's bits
     (rollout.draw: generate, which generate honours too); also one draw from the stream after."""
     out = {}
     for backend in ("hf", "fast"):
-        sampler = Sampler(
-            TOKENIZER,
-            prompt_column="prompt",
-            group_size=4,
-            max_new_tokens=12,
-            backend=backend,
-            draw="generate",
-            **options,
-        )
+        sampler = generate_drawn(backend, **options)
         assert sampler.decoder_name(model, 5) == backend
         out[backend] = drawn_from(stream, seed, lambda g: sampler.sample(model, ROWS, generator=g))
     return out
@@ -257,16 +256,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
             return out.sequences
 
         monkeypatch.setattr(model, "generate", recording)
-    sampler = Sampler(
-        TOKENIZER,
-        prompt_column="prompt",
-        group_size=4,
-        max_new_tokens=12,
-        backend=backend,
-        draw="generate",
-        temperature=0.8,
-        repetition_penalty=penalty,
-    )
+    sampler = generate_drawn(backend, temperature=0.8, repetition_penalty=penalty)
     torch.manual_seed(1)
     rollout = sampler.sample(model, ROWS)
     drawn = torch.stack(steps, 1).log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, T)

@@ -13,21 +13,11 @@ from grpo.rewards import load_rewards
 from grpo.rollout import Sampler
 from grpo.train.loop import build_engine
 from tests.helpers import run_generator, sampled_step
-from tests.rollout.test_fast import ROWS, TOKENIZER, model_of
+from tests.rollout.test_fast import ROWS, generate_drawn, model_of
 
 
 def seeded(backend="fast", seed=7, rank=0):
-    return Sampler(
-        TOKENIZER,
-        prompt_column="prompt",
-        group_size=4,
-        max_new_tokens=12,
-        backend=backend,
-        draw="generate",
-        temperature=1.3,
-        seed=seed,
-        rank=rank,
-    )
+    return generate_drawn(backend, temperature=1.3, seed=seed, rank=rank)
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
@@ -61,9 +51,7 @@ def test_the_stream_is_the_step_s_and_the_process_s_the_same_on_every_rebuild():
     # Per-prompt seeds still decide alone.
     seeds = [11, 22, 33, 44]
     torch.manual_seed(0)
-    unseeded = Sampler(
-        TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, temperature=1.3, draw="generate"
-    )
+    unseeded = generate_drawn("auto", temperature=1.3)
     assert seeded().sample(model, ROWS, seeds, step=3).completions == unseeded.sample(model, ROWS, seeds).completions
 
 
