@@ -33,7 +33,7 @@ from tests.algo.test_logprobs import LargestTensor
 # ---- the function: hidden states and a head -------------------------------------------------
 
 
-def plain(hidden, weight, ids, bias=None, **scoring):
+def plain(hidden, weight, ids, bias=None, vocab_tile=None, **scoring):
     """What the chunked function replaces: the whole (N, T, V) logits, then the log-probs."""
     logits = F.linear(hidden, weight, bias)
     return token_logprobs(logits, ids, **scoring), entropy(logits.detach(), ids=ids, **scoring)
@@ -42,7 +42,8 @@ def plain(hidden, weight, ids, bias=None, **scoring):
 @pytest.mark.parametrize("chunk_rows", [1, 3, None])  # one row per chunk, ragged chunks, one chunk
 @pytest.mark.parametrize("temperature,penalty", [(1.0, 1.0), (0.7, 1.0), (1.0, 1.6), (1.3, 0.6)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature, penalty, bias):
+@pytest.mark.parametrize("vocab_tile", [logprobs_module.VOCAB_TILE, 4])  # the whole vocabulary; tiles of 4, 4, 3
+def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature, penalty, bias, vocab_tile):
     g = torch.Generator().manual_seed(chunk_rows or 0)
     n, t_len, hidden_size, vocab = 3, 5, 8, 11  # a small vocabulary: tokens repeat, the penalty bites
     hidden = torch.randn(n, t_len, hidden_size, generator=g).requires_grad_(True)
@@ -52,8 +53,9 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
     context = torch.randint(-1, vocab, (n, 4), generator=g)  # -1 = padding
     weights = torch.randn(n, t_len, generator=g)
     scoring = dict(temperature=temperature, repetition_penalty=penalty, context=context)
-    width = vocab + 1 if penalty != 1.0 else vocab  # the scratch a chunk's row takes
+    width = vocab + 1 if penalty != 1.0 else min(vocab, vocab_tile)  # the scratch a chunk's row takes
     chunk_elements = chunk_rows * width if chunk_rows else 1 << 24
+    scoring["vocab_tile"] = vocab_tile
 
     got, got_entropy = head_logprobs(
         hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, **scoring
@@ -108,6 +110,36 @@ def test_every_row_is_computed_once_in_chunks_of_the_given_size(monkeypatch):
     out, _ = head_logprobs(hidden, weight, ids, chunk_elements=3 * vocab + 2, mask=mask)
     out.sum().backward()
     assert rows_seen == [3, 3, 1] * 2
+
+
+def test_tiles_of_the_vocabulary_are_each_computed_once_per_chunk_and_the_same_numbers(monkeypatch):
+    """In float32 a chunk's logits come a tile of the vocabulary at a time, each tile once in
+    the forward and once in the backward, the log-sum-exp and the entropy carried across tiles
+    (the largest score in a later tile than the first: the running maximum rises)."""
+    g = torch.Generator().manual_seed(1)
+    n, t_len, hidden_size, vocab = 2, 7, 4, 10
+    hidden = (4 * torch.randn(n, t_len, hidden_size, generator=g)).requires_grad_(True)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    weight[8:] *= 3  # the last tile's scores the largest in many rows
+    weight.requires_grad_(True)
+    ids = torch.randint(0, vocab, (n, t_len), generator=g)
+    seen = []
+    head_logits = logprobs_module._head_logits
+
+    def recorded(h, w, b, out=None):
+        seen.append((h.shape[0], w.shape[0]))
+        return head_logits(h, w, b, out)
+
+    monkeypatch.setattr(logprobs_module, "_head_logits", recorded)
+    out, ent = head_logprobs(hidden, weight, ids, chunk_elements=8 * 4, vocab_tile=4, with_entropy=True)
+    tiles = [(8, 4), (8, 4), (8, 2), (6, 4), (6, 4), (6, 2)]  # 14 rows in chunks of 8, 10 columns in tiles of 4
+    assert seen == tiles
+    out.sum().backward()
+    assert seen == tiles * 2
+    monkeypatch.undo()
+    whole, whole_entropy = head_logprobs(hidden, weight, ids, with_entropy=True, vocab_tile=vocab)
+    torch.testing.assert_close(out, whole)
+    torch.testing.assert_close(ent, whole_entropy)
 
 
 def test_under_autocast_the_logits_are_computed_in_its_dtype_as_the_heads_own_forward():
