@@ -696,6 +696,7 @@ def _add_sft(commands) -> None:
     flag("messages_column", metavar="NAME")
     flag("max_length", type=positive_int, metavar="T")
     flag("dtype")
+    flag("layout")
     flag("lora_r", type=int, metavar="R")
     flag("lora_alpha", type=positive_float, metavar="A")
     flag("lora_target_modules", metavar="NAMES")

@@ -466,7 +466,7 @@ def layout_of(model, checkpointed: bool) -> str:
     return SHARED if verdicts is None else verdicts[checkpointed]
 
 
-def decide_layouts(model, checkpointing: bool, layout: str = "auto") -> bool:
+def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = "train.layout") -> bool:
     """Decide, once and before any step, which forward layout serves `model`, by running each on
     a small batch of its own against the plain forward (every row in full, eval mode, the full
     logits): checkpointing (training mode, recomputed in the backward), and the packed and the
@@ -475,8 +475,8 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto") -> bool:
     (the padded one, every row in full, serves every model); the verdicts are kept on the
     model, so that a copy of it, the frozen reference, inherits them. Returns whether
     checkpointing stays on (with a warning when it goes: more activation memory, the same
-    numbers). `layout` (train.layout): auto, or the one layout to try (the padded one, with a
-    warning, where it does not serve)."""
+    numbers). `layout` (train.layout, or the setting `key` names): auto, or the one layout to try
+    (the padded one, with a warning, where it does not serve)."""
     tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
     batch = probe_batch(model)
     with torch.no_grad():
@@ -503,7 +503,7 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto") -> bool:
         taken = next((each for each in candidates if each == PADDED or serves(each, checkpointed)), PADDED)
         if layout not in ("auto", taken):
             print(
-                f"grpo: warning: train.layout: {layout} does not give {type(model).__name__}'s own log-probs"
+                f"grpo: warning: {key}: {layout} does not give {type(model).__name__}'s own log-probs"
                 f"{' under checkpointing' if checkpointed else ''}; every row runs in full (padded)",
                 file=sys.stderr,
             )

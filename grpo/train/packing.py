@@ -53,7 +53,9 @@ class Packed:
     position_ids: Tensor  # (B, L): each token's position in its own sequence
     units: Tensor  # (B, L) long: the unit each slot holds, -1 where none
     branches: Tensor  # (B, L) long: 0 a prompt's token, k > 0 the k-th completion of its unit, -1 none
-    index: Tensor  # (N, T) long: the slot (b * L + l) whose output predicts each completion token
+    # (N, T) long, slots b * L + l: `pack`'s, the slot whose output predicts each completion
+    # token; `pack_sequences`', each token's own slot
+    index: Tensor
 
     @property
     def tokens(self) -> int:
@@ -74,6 +76,62 @@ class Packed:
         allowed = causal & same_unit & visible
         mask = torch.zeros(allowed.shape, dtype=dtype, device=units.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def first_fit(sizes: list[int]) -> tuple[list[list[int]], int]:
+    """Units of these sizes into bins as long as the longest unit (first fit, longest unit
+    first): each bin's units in order, and the longest bin's length."""
+    capacity = max(sizes)
+    bins: list[list[int]] = []
+    filled: list[int] = []
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        for b, used in enumerate(filled):
+            if used + sizes[k] <= capacity:
+                bins[b].append(k)
+                filled[b] += sizes[k]
+                break
+        else:
+            bins.append([k])
+            filled.append(sizes[k])
+    return bins, max(filled)
+
+
+def pack_sequences(input_ids: Tensor, attention_mask: Tensor) -> Packed | None:
+    """Right-padded rows (N, L) of whole sequences (SFT's: each row one run of real tokens from
+    its first column) packed end to end into bins, each sequence its own unit, causal within
+    itself; `index` (N, L) is the slot of each row's token (its padding's: the row's first
+    slot, outside every use). None when a row is not one run of real tokens from column 0, or
+    is empty."""
+    attention = attention_mask.cpu().bool()
+    lengths = attention.sum(1)
+    columns = torch.arange(attention.shape[1])
+    if bool((lengths == 0).any()) or not torch.equal(attention, columns < lengths.unsqueeze(1)):
+        return None
+    sizes = lengths.tolist()
+    bins, length = first_fit(sizes)
+    ids = input_ids.cpu()
+    packed_ids = torch.zeros(len(bins), length, dtype=ids.dtype)
+    positions = torch.zeros(len(bins), length, dtype=torch.long)
+    unit_of = torch.full((len(bins), length), -1, dtype=torch.long)
+    index = torch.zeros(attention.shape, dtype=torch.long)
+    for b, members in enumerate(bins):
+        at = 0
+        for k in members:
+            n = sizes[k]
+            packed_ids[b, at : at + n] = ids[k, :n]
+            positions[b, at : at + n] = torch.arange(n)
+            unit_of[b, at : at + n] = k
+            index[k] = b * length + at
+            index[k, :n] += torch.arange(n)
+            at += n
+    device = input_ids.device
+    return Packed(
+        packed_ids.to(device),
+        positions.to(device),
+        unit_of.to(device),
+        unit_of.clamp(max=0).to(device),  # every real token a prompt's (branch 0): seen by its unit's later ones
+        index.to(device),
+    )
 
 
 def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
@@ -104,22 +162,7 @@ def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
             else:
                 units.append([i])
     sizes = [p_real[u[0]] + sum(c_real[i] for i in u) for u in units]
-
-    # First fit, longest unit first, into bins as long as the longest unit.
-    capacity = max(sizes)
-    bins: list[list[int]] = []
-    filled: list[int] = []
-    for k in sorted(range(len(units)), key=lambda k: -sizes[k]):
-        for b, used in enumerate(filled):
-            if used + sizes[k] <= capacity:
-                bins[b].append(k)
-                filled[b] += sizes[k]
-                break
-        else:
-            bins.append([k])
-            filled.append(sizes[k])
-
-    length = max(filled)
+    bins, length = first_fit(sizes)
     ids = batch.input_ids.cpu()
     input_ids = torch.zeros(len(bins), length, dtype=ids.dtype)
     positions = torch.zeros(len(bins), length, dtype=torch.long)
@@ -164,16 +207,24 @@ def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable)
     packed = pack(batch, None if groups is None else groups[1])
     if packed is None:
         return None
-    # The mask in the dtype the model computes in: its weights', or the one a bf16-stored
-    # reference is cast up to (grpo.train.networks); SDPA takes no mask of another float dtype.
-    dtype = getattr(model, "_grpo_computes_in", None) or model.get_input_embeddings().weight.dtype
     out = read(
         model(
             input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask(dtype if dtype.is_floating_point else torch.float32),
+            attention_mask=packed.attention_mask(mask_dtype(model)),
             position_ids=packed.position_ids,
             use_cache=False,
         )
     )  # (B, L, ...)
     flat = out.reshape(-1, *out.shape[2:])
     return flat[packed.index]  # (N, T, ...)
+
+
+def mask_dtype(model) -> torch.dtype:
+    """The dtype of a packed pass's additive mask: the one the model computes in (autocast's
+    where it is on, else its weights', or the one a bf16-stored reference is cast up to:
+    grpo.train.networks); SDPA takes no mask of another float dtype."""
+    weight = model.get_input_embeddings().weight
+    if torch.is_autocast_enabled(weight.device.type):
+        return torch.get_autocast_dtype(weight.device.type)
+    dtype = getattr(model, "_grpo_computes_in", None) or weight.dtype
+    return dtype if dtype.is_floating_point else torch.float32

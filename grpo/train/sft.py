@@ -114,6 +114,11 @@ class FineTuneConfig:
         "Dtype of the weights, gradients and optimizer state (train.dtype's values); on a GPU the forward runs in "
         "bf16 either way.",
     )
+    layout: Literal["auto", "packed", "padded"] = opt(
+        "auto",
+        "How a batch's rows go through the model. auto: packed (no padding computed) where that gives the model's "
+        "own outputs, else padded; packed: that or, with a warning, padded; padded: every row to the longest.",
+    )
     lora_r: int = opt(0, "LoRA rank (0 = full fine-tuning; needs peft): the adapter is merged into the saved weights.")
     lora_alpha: float = opt(16.0, "LoRA alpha.")
     lora_target_modules: str | tuple[str, ...] = opt(
@@ -270,6 +275,32 @@ def conversation_pieces(tokenizer, messages: list[dict], tools: list[dict] | Non
     return pieces, True
 
 
+def packed_batch(model, batch: dict[str, Tensor]) -> dict[str, Tensor] | None:
+    """A right-padded batch (`_pad`'s) in the packed layout (grpo.train.packing.pack_sequences):
+    the rows' real tokens end to end in a few bins, positions restarting at each sequence, a
+    4-D mask keeping each token within its own, and the labels moved with their tokens; each
+    sequence's first label dropped, as the shifted loss never reads it (the slot before it is
+    another sequence's). `completion_loss` on it learns the same targets from the same
+    contexts as on the padded batch. None where the rows are not whole right-padded runs."""
+    import torch
+
+    from grpo.train.packing import mask_dtype, pack_sequences
+
+    packed = pack_sequences(batch["input_ids"], batch["attention_mask"])
+    if packed is None:
+        return None
+    labels = torch.full(packed.input_ids.shape, IGNORE_INDEX, dtype=torch.long, device=packed.input_ids.device)
+    real = batch["attention_mask"].bool()
+    labels.view(-1)[packed.index[real]] = batch["labels"][real]
+    labels.view(-1)[packed.index[:, 0]] = IGNORE_INDEX
+    return {
+        "input_ids": packed.input_ids,
+        "attention_mask": packed.attention_mask(mask_dtype(model)),
+        "position_ids": packed.position_ids,
+        "labels": labels,
+    }
+
+
 def completion_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """Next-token cross-entropy: position t predicts labels[t + 1]; IGNORE_INDEX labels are
     skipped and the mean is over the rest. logits (B, L, V), labels (B, L)."""
@@ -296,12 +327,14 @@ def _fit(
     compute_dtype=None,
     progress: bool = True,
     log_every: int = 10,
+    packed: bool = False,
 ) -> list[float]:
     """`steps` AdamW updates of `model`'s trainable parameters, one per batch of `batches`,
     on `completion_loss`; the learning rate warms up linearly over `warmup_steps`, then
     decays to 0 on a cosine. `compute_dtype`: the forward's autocast dtype (None: the
-    weights' own). Progress: a bar on a terminal, else a line every `log_every` updates
-    (`grpo.infra.progress`). Returns each update's loss."""
+    weights' own). `packed`: each batch's forward in the packed layout (`packed_batch`: no
+    padding computed; the same loss to float rounding). Progress: a bar on a terminal, else a
+    line every `log_every` updates (`grpo.infra.progress`). Returns each update's loss."""
     import torch
 
     from grpo.infra.progress import Progress
@@ -317,11 +350,11 @@ def _fit(
     try:
         for batch in itertools.islice(batches, steps):
             batch = {key: value.to(device) for key, value in batch.items()}
-            with autocast(model, compute_dtype):
-                logits = model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-                ).logits
-            loss = completion_loss(logits, batch["labels"])
+            with autocast(model, compute_dtype):  # the packed mask in the dtype the forward computes in
+                batch = (packed and packed_batch(model, batch)) or batch
+                labels = batch.pop("labels")
+                logits = model(**batch, use_cache=False).logits
+            loss = completion_loss(logits, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if max_grad_norm > 0:
@@ -626,6 +659,12 @@ def _fine_tune(
                 list(c.lora_target_modules) if isinstance(c.lora_target_modules, tuple) else c.lora_target_modules,
             )
 
+    packed = False
+    if c.layout != "padded":  # decided once, as grpo train decides: by a probe against the padded forward
+        from grpo.train.layouts import PACKED, decide_layouts, layout_of
+
+        decide_layouts(model, False, "auto" if c.layout == "auto" else PACKED, key="--layout")
+        packed = layout_of(model, False) == PACKED
     steps = c.steps or c.epochs * math.ceil(len(examples) / c.batch_size)
     warmup = steps // 10 if c.warmup_steps is None else c.warmup_steps
     trainable = sum(p.numel() for p in trainable_parameters(model))
@@ -641,6 +680,7 @@ def _fine_tune(
         compute_dtype=autocast_dtype("auto", where),
         progress=progress,
         log_every=log_every,
+        packed=packed,
     )
     if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
         model = model.merge_and_unload()

@@ -15,6 +15,7 @@ import grpo
 from grpo.cli import main
 from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer, tiny_llama
+from grpo.train import sft as sft_module
 from grpo.train.sft import (
     IGNORE_INDEX,
     FineTuneConfig,
@@ -224,6 +225,29 @@ def test_fine_tuning_raises_the_likelihood_of_the_completions(base, data, tmp_pa
         32,
     )
     assert AutoTokenizer.from_pretrained(tmp_path / "o").chat_template == CHATML
+
+
+def test_grpo_sft_packs_by_default_learns_and_padded_is_one_flag_away(base, data, tmp_path, capsys, monkeypatch):
+    """`grpo sft --model` on chat rows of several lengths: by default every batch goes packed (a
+    Llama: the probe serves) and the completions are learned; `--layout padded` never packs,
+    and the two runs end at the same loss to float rounding of 30 updates."""
+    calls = []
+    real = sft_module.packed_batch
+    monkeypatch.setattr(sft_module, "packed_batch", lambda model, batch: calls.append(1) or real(model, batch))
+    summaries = {}
+    for layout in ("auto", "padded"):
+        calls.clear()
+        argv = ["sft", "--model", base, "--data", data, "--output", str(tmp_path / layout), "--lr", "1e-2"]
+        status, out, _ = run(
+            [*argv, "--epochs", "8", "--quiet"] + ([] if layout == "auto" else ["--layout", layout]), capsys
+        )
+        assert status == 0
+        summaries[layout] = json.loads(out.strip().splitlines()[-1])
+        assert len(calls) == (summaries[layout]["steps"] if layout == "auto" else 0)
+    for layout, summary in summaries.items():
+        assert summary["loss/last"] < 0.5 * summary["loss/first"], (layout, summary)
+    assert summaries["auto"]["loss/first"] == pytest.approx(summaries["padded"]["loss/first"], rel=1e-5)
+    assert summaries["auto"]["loss/last"] == pytest.approx(summaries["padded"]["loss/last"], rel=1e-2)
 
 
 def test_lora_trains_an_adapter_and_saves_it_merged(base, data, tmp_path, capsys):
