@@ -89,6 +89,7 @@ class RewardModel:
         # the id we pad with, or it would read a padding position.
         for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
             config.pad_token_id = tokenizer.pad_token_id
+        self._packs: bool | None = None  # the packed layout serves this model: decided at the first pass
 
     # ---- loading and saving -------------------------------------------------------------------
 
@@ -167,9 +168,72 @@ class RewardModel:
         return {key: value.to(device) for key, value in padded.items()}
 
     def _forward(self, encoded: dict[str, Tensor]) -> Tensor:
-        """(B,) float32 rewards; the head reads each row's last non-padding token."""
+        """(B,) float32 rewards; the head reads each row's last non-padding token. In the packed
+        layout (`_packed_forward`: no padding computed) where it gives the model's own scores."""
+        if self._packs is None:
+            self._packs = self._packing_serves()
+        if self._packs:
+            rewards = self._packed_forward(encoded)
+            if rewards is not None:
+                return rewards
         out = self.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], use_cache=False)
         return out.logits.squeeze(-1).float()
+
+    def _packed_forward(self, encoded: dict[str, Tensor]) -> Tensor | None:
+        """The rewards of `_forward` from one pass of the backbone over the rows packed end to
+        end (grpo.train.packing.pack_sequences: positions restarting at each text, attention
+        kept within it), the head applied to the hidden state where the classifier pools:
+        the rightmost token that is not the pad id (transformers' rule for a batch, so that a
+        text ending in the pad id's token pools where the padded pass does). None when the
+        rows cannot be packed."""
+        from grpo.train.packing import mask_dtype, pack_sequences
+
+        ids = encoded["input_ids"]
+        packed = pack_sequences(ids, encoded["attention_mask"])
+        if packed is None:
+            return None
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        hidden = backbone(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask(mask_dtype(self.model)),
+            position_ids=packed.position_ids,
+            use_cache=False,
+        ).last_hidden_state  # (bins, L, H)
+        columns = torch.arange(ids.shape[1], device=ids.device)
+        pooled = (columns * (ids != self.model.config.pad_token_id)).argmax(-1)  # (B,)
+        slots = packed.index[torch.arange(len(ids), device=ids.device), pooled]
+        return self.model.score(hidden.reshape(-1, hidden.shape[-1])[slots]).squeeze(-1).float()
+
+    def _packing_serves(self) -> bool:
+        """Whether `_packed_forward` gives this model's own scores: a backbone and a linear
+        `score` head as transformers' causal-LM classifiers have, a pad id, no sliding window,
+        and on a probe of three texts of different lengths the padded pass's scores to float
+        rounding. Decided once, by capability, never by an error mid-training."""
+        from grpo.train.layouts import windowed
+
+        model = self.model
+        head, prefix = getattr(model, "score", None), getattr(model, "base_model_prefix", "")
+        pad = model.config.pad_token_id
+        if not isinstance(head, torch.nn.Linear) or not hasattr(model, prefix) or pad is None or windowed(model):
+            return False
+        vocab = model.get_input_embeddings().num_embeddings
+        lengths = [5, 2, 7]
+        ids = torch.full((len(lengths), max(lengths)), pad, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, n in enumerate(lengths):
+            ids[i, :n] = (torch.arange(n) * 7 + 3 * i + 1) % vocab
+            ids[i, :n] = ids[i, :n].masked_fill(ids[i, :n] == pad, (pad + 1) % vocab)
+            attention[i, :n] = 1
+        device = next(model.parameters()).device
+        probe = {"input_ids": ids.to(device), "attention_mask": attention.to(device)}
+        tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
+        try:
+            with torch.no_grad():
+                packed = self._packed_forward(probe)
+                padded = model(**probe, use_cache=False).logits.squeeze(-1).float()
+        except Exception:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
+            return False
+        return packed is not None and bool((packed - padded).abs().max() <= tolerance)
 
     def _batches(self, n: int, batch_size: int | None) -> Iterator[slice]:
         size = batch_size or self.batch_size
