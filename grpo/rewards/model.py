@@ -181,12 +181,12 @@ class RewardModel:
 
     def _packed_forward(self, encoded: dict[str, Tensor]) -> Tensor | None:
         """The rewards of `_forward` from one pass of the backbone over the rows packed end to
-        end (grpo.train.packing.pack_sequences: positions restarting at each text, attention
+        end (grpo.infra.packing.pack_sequences: positions restarting at each text, attention
         kept within it), the head applied to the hidden state where the classifier pools:
         the rightmost token that is not the pad id (transformers' rule for a batch, so that a
         text ending in the pad id's token pools where the padded pass does). None when the
         rows cannot be packed."""
-        from grpo.train.packing import mask_dtype, pack_sequences
+        from grpo.infra.packing import mask_dtype, pack_sequences
 
         ids = encoded["input_ids"]
         packed = pack_sequences(ids, encoded["attention_mask"])
@@ -209,7 +209,7 @@ class RewardModel:
         `score` head as transformers' causal-LM classifiers have, a pad id, no sliding window,
         and on a probe of three texts of different lengths the padded pass's scores to float
         rounding. Decided once, by capability, never by an error mid-training."""
-        from grpo.train.layouts import windowed
+        from grpo.infra.packing import windowed
 
         model = self.model
         head, prefix = getattr(model, "score", None), getattr(model, "base_model_prefix", "")

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.algo import entropy, head_logprobs, token_logprobs
+from grpo.infra.packing import windowed
 from grpo.errors import UserError
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
@@ -522,17 +523,6 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = 
     verdicts[True] = first_serving(True) if checkpointing else PADDED
     setattr(model, _LAYOUTS, verdicts)
     return checkpointing
-
-
-def windowed(model) -> bool:
-    """Whether some of `model`'s layers attend within a sliding window (Mistral, Gemma 2 and 3,
-    Cohere 2, a Qwen2 with use_sliding_window): the packed layout's mask does not cut what
-    they attend to, and a probe shorter than the window could not tell."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if not isinstance(getattr(config, "sliding_window", None), int):
-        return False
-    kinds = getattr(config, "layer_types", None)
-    return kinds is None or any("sliding" in str(kind) for kind in kinds)
 
 
 def probe_batch(model) -> Rollout:

@@ -13,11 +13,11 @@ row's. The outputs at the slots that predict each completion token are then gath
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from grpo.infra.packing import Packed, first_fit, mask_dtype
 from grpo.rollout import Rollout
 
 
@@ -43,95 +43,6 @@ def real_lengths(batch: Rollout) -> tuple[Tensor, Tensor]:
     attention = batch.attention_mask.cpu()
     p_len = attention.shape[1] - batch.completion_mask.shape[1]
     return attention[:, :p_len].sum(1), attention[:, p_len:].sum(1)
-
-
-@dataclass
-class Packed:
-    """A micro-batch packed into B bins of L slots."""
-
-    input_ids: Tensor  # (B, L): the real tokens, 0 in a bin's unused slots
-    position_ids: Tensor  # (B, L): each token's position in its own sequence
-    units: Tensor  # (B, L) long: the unit each slot holds, -1 where none
-    branches: Tensor  # (B, L) long: 0 a prompt's token, k > 0 the k-th completion of its unit, -1 none
-    # (N, T) long, slots b * L + l: `pack`'s, the slot whose output predicts each completion
-    # token; `pack_sequences`', each token's own slot
-    index: Tensor
-
-    @property
-    def tokens(self) -> int:
-        """The real tokens packed."""
-        return int((self.units >= 0).sum())
-
-    def attention_mask(self, dtype: torch.dtype) -> Tensor:
-        """(B, 1, L, L), additive: 0 where a query may see a key, the dtype's minimum elsewhere.
-        Within a unit, causally: a completion's token sees its prompt and its own completion's
-        earlier tokens. An unused slot sees the unused slots before it (never a real token,
-        and never nothing: a row of a softmax with no key would be NaN)."""
-        units, branches = self.units, self.branches
-        slots = torch.arange(units.shape[1], device=units.device)
-        causal = slots.view(1, -1, 1) >= slots.view(1, 1, -1)  # (1, L, L): query >= key
-        same_unit = units.unsqueeze(2) == units.unsqueeze(1)  # (B, L, L)
-        key_branch = branches.unsqueeze(1)
-        visible = (key_branch == 0) | (key_branch == branches.unsqueeze(2))
-        allowed = causal & same_unit & visible
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=units.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
-
-
-def first_fit(sizes: list[int]) -> tuple[list[list[int]], int]:
-    """Units of these sizes into bins as long as the longest unit (first fit, longest unit
-    first): each bin's units in order, and the longest bin's length."""
-    capacity = max(sizes)
-    bins: list[list[int]] = []
-    filled: list[int] = []
-    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
-        for b, used in enumerate(filled):
-            if used + sizes[k] <= capacity:
-                bins[b].append(k)
-                filled[b] += sizes[k]
-                break
-        else:
-            bins.append([k])
-            filled.append(sizes[k])
-    return bins, max(filled)
-
-
-def pack_sequences(input_ids: Tensor, attention_mask: Tensor) -> Packed | None:
-    """Right-padded rows (N, L) of whole sequences (SFT's: each row one run of real tokens from
-    its first column) packed end to end into bins, each sequence its own unit, causal within
-    itself; `index` (N, L) is the slot of each row's token (its padding's: the row's first
-    slot, outside every use). None when a row is not one run of real tokens from column 0, or
-    is empty."""
-    attention = attention_mask.cpu().bool()
-    lengths = attention.sum(1)
-    columns = torch.arange(attention.shape[1])
-    if bool((lengths == 0).any()) or not torch.equal(attention, columns < lengths.unsqueeze(1)):
-        return None
-    sizes = lengths.tolist()
-    bins, length = first_fit(sizes)
-    ids = input_ids.cpu()
-    packed_ids = torch.zeros(len(bins), length, dtype=ids.dtype)
-    positions = torch.zeros(len(bins), length, dtype=torch.long)
-    unit_of = torch.full((len(bins), length), -1, dtype=torch.long)
-    index = torch.zeros(attention.shape, dtype=torch.long)
-    for b, members in enumerate(bins):
-        at = 0
-        for k in members:
-            n = sizes[k]
-            packed_ids[b, at : at + n] = ids[k, :n]
-            positions[b, at : at + n] = torch.arange(n)
-            unit_of[b, at : at + n] = k
-            index[k] = b * length + at
-            index[k, :n] += torch.arange(n)
-            at += n
-    device = input_ids.device
-    return Packed(
-        packed_ids.to(device),
-        positions.to(device),
-        unit_of.to(device),
-        unit_of.clamp(max=0).to(device),  # every real token a prompt's (branch 0): seen by its unit's later ones
-        index.to(device),
-    )
 
 
 def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
@@ -217,14 +128,3 @@ def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable)
     )  # (B, L, ...)
     flat = out.reshape(-1, *out.shape[2:])
     return flat[packed.index]  # (N, T, ...)
-
-
-def mask_dtype(model) -> torch.dtype:
-    """The dtype of a packed pass's additive mask: the one the model computes in (autocast's
-    where it is on, else its weights', or the one a bf16-stored reference is cast up to:
-    grpo.train.networks); SDPA takes no mask of another float dtype."""
-    weight = model.get_input_embeddings().weight
-    if torch.is_autocast_enabled(weight.device.type):
-        return torch.get_autocast_dtype(weight.device.type)
-    dtype = getattr(model, "_grpo_computes_in", None) or weight.dtype
-    return dtype if dtype.is_floating_point else torch.float32

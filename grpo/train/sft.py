@@ -276,7 +276,7 @@ def conversation_pieces(tokenizer, messages: list[dict], tools: list[dict] | Non
 
 
 def packed_batch(model, batch: dict[str, Tensor]) -> dict[str, Tensor] | None:
-    """A right-padded batch (`_pad`'s) in the packed layout (grpo.train.packing.pack_sequences):
+    """A right-padded batch (`_pad`'s) in the packed layout (grpo.infra.packing.pack_sequences):
     the rows' real tokens end to end in a few bins, positions restarting at each sequence, a
     4-D mask keeping each token within its own, and the labels moved with their tokens; each
     sequence's first label dropped, as the shifted loss never reads it (the slot before it is
@@ -284,7 +284,7 @@ def packed_batch(model, batch: dict[str, Tensor]) -> dict[str, Tensor] | None:
     contexts as on the padded batch. None where the rows are not whole right-padded runs."""
     import torch
 
-    from grpo.train.packing import mask_dtype, pack_sequences
+    from grpo.infra.packing import mask_dtype, pack_sequences
 
     packed = pack_sequences(batch["input_ids"], batch["attention_mask"])
     if packed is None:

@@ -251,7 +251,7 @@ def test_a_packed_layout_that_moves_the_scores_is_not_taken(tmp_path, monkeypatc
     absolute; attention across texts; the head reading the slot after the pooled one) moves
     the packed scores far from the padded ones; the probe then refuses the layout and the
     scores stay the padded pass's."""
-    from grpo.train import packing
+    from grpo.infra import packing
 
     real = packing.pack_sequences
 

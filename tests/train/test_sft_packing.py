@@ -7,7 +7,7 @@ packing bugs moves them by far more. (`grpo sft --model` packing by default: tes
 import pytest
 import torch
 
-from grpo.train import packing
+from grpo.infra import packing
 from grpo.train.sft import IGNORE_INDEX, completion_loss, packed_batch
 from tests.train.test_packing import VOCAB, build
 
