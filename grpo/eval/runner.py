@@ -203,6 +203,7 @@ def sample_completions(
     draw: str = "auto",
     on_prompt: Callable[[int, list[str]], dict | None] | None = None,
     tools=None,
+    lengths: dict | None = None,
 ) -> list[list[str]]:
     """n sampled completions (decoded text) for each row, [prompt][sample]. With `tools` (a
     `grpo.rollout.tools.Toolbox`), multi-turn samples, each its list of messages (the model's
@@ -215,6 +216,10 @@ def sample_completions(
     `on_prompt(i, completions)`, when given, is called as soon as all n completions of row i
     are sampled; the fields it returns (e.g. {"pass@1": ...}) are shown with the progress:
     a bar on a terminal, else a line every `log_every` prompts (grpo.infra.progress).
+
+    `lengths`, when given, is filled in: "samples", "tokens" (the completions' tokens, a
+    multi-turn sample's tool messages included) and "cut" (samples whose last token is not
+    EOS: stopped by max_new_tokens, not by the model).
     """
     import torch
 
@@ -250,6 +255,8 @@ def sample_completions(
                     tokenizer, settings, prompt_column=prompt_column, tools=tools
                 )
             rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
+            if lengths is not None:
+                _count_lengths(lengths, rollout, tokenizer.eos_token_id)
             sampled = rollout.scored_completions
             for j, i in enumerate(indices):  # rows j*G .. j*G+G-1 belong to prompt i
                 completions[i].extend(sampled[j * group_size : (j + 1) * group_size])
@@ -259,6 +266,19 @@ def sample_completions(
                         fields = on_prompt(i, completions[i]) or fields
             bar.update(len(rollout), prompts=f"{done}/{len(rows)}", **fields)
     return completions
+
+
+def _count_lengths(lengths: dict, rollout, eos: int | None) -> None:
+    """Add a rollout's samples, completion tokens and samples cut short (no EOS last; every one
+    where the tokenizer has no EOS) to `lengths`."""
+    import torch
+
+    tokens = rollout.completion_mask.sum(1).long()  # (N,)
+    last = rollout.completion_ids.gather(1, (tokens - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    cut = (last != eos) | (tokens == 0) if eos is not None else torch.ones(len(tokens), dtype=torch.bool)
+    lengths["samples"] = lengths.get("samples", 0) + len(tokens)
+    lengths["tokens"] = lengths.get("tokens", 0) + int(tokens.sum())
+    lengths["cut"] = lengths.get("cut", 0) + int(cut.sum())
 
 
 # ---- metrics ----------------------------------------------------------------------------
@@ -406,7 +426,9 @@ def evaluate(
     "pass@k" and "maj@k" ({str(k): mean over prompts}), "pass@k_ci" and "maj@k_ci"
     ({str(k): [lo, hi]}, normal 95% intervals over prompts clipped to [0, 1]), accuracy
     (mean fraction correct = pass@1), no_answer (fraction of completions without an
-    answer), mean_length (characters), per_prompt ([{prompt, correct, answers: {answer:
+    answer), mean_length (characters), mean_tokens (tokens), truncated (the fraction of
+    samples cut at max_new_tokens: a budget that cuts many reads answers the model had not
+    finished), per_prompt ([{prompt, correct, answers: {answer:
     count}, no_answer, pass@k, maj@k}], the last two this prompt's values by str(k)), time_s (all of it) and time_metrics_s (what follows the sampling:
     reading the answers and the metrics).
     ks beyond n are dropped with a warning on stderr.
@@ -430,6 +452,7 @@ def evaluate(
         correct, checked = correct + sum(verdicts[i]), checked + len(group)
         return {"pass@1": f"{correct / checked:.3f}"}
 
+    lengths: dict = {}
     completions = sample_completions(
         model,
         tokenizer,
@@ -446,6 +469,7 @@ def evaluate(
         on_prompt=check,
         tools=tools,
         draw=draw,
+        lengths=lengths,
     )
     sampled = time.perf_counter()
     report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column, verdicts=verdicts)
@@ -460,6 +484,8 @@ def evaluate(
         "seed": seed,
         "draw": draw,
         **report,
+        "mean_tokens": lengths["tokens"] / max(lengths["samples"], 1),
+        "truncated": lengths["cut"] / max(lengths["samples"], 1),
         "time_s": done - start,
         "time_metrics_s": done - sampled,
         "per_prompt": per_prompt,

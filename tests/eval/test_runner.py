@@ -474,3 +474,22 @@ def test_evaluate_on_a_terminal_shows_a_bar(tiny, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "eval" in err and "\r" in err and "12/12" in err and "pass@1=0.750" in err
     assert "grpo eval: completions" not in err
+
+
+class EndlessModel(EchoModel):
+    """The echo without the EOS: every sample runs into max_new_tokens."""
+
+    def generate(self, input_ids, attention_mask, generation_config):
+        self.calls.append(input_ids.shape[0])
+        return torch.cat([input_ids, input_ids[:, -3:]], 1)
+
+
+def test_the_report_gives_the_share_of_samples_cut_at_max_new_tokens(tiny):
+    """A sample whose last token is EOS ended by itself; one without ran into the budget. The
+    report counts the second kind (what a budget too short for the model's answers shows)."""
+    _, tokenizer = tiny
+    common = dict(n=3, ks=[1], verifier=SYNTHETIC, batch_size=3, progress=False, max_new_tokens=3)
+    ended = evaluate(EchoModel(tokenizer.eos_token_id), tokenizer, ECHO_ROWS, **{**common, "max_new_tokens": 5})
+    assert ended["truncated"] == 0.0 and ended["mean_tokens"] == 4.0  # 3 echoed tokens and EOS
+    cut = evaluate(EndlessModel(tokenizer.eos_token_id), tokenizer, ECHO_ROWS, **common)
+    assert cut["truncated"] == 1.0 and cut["mean_tokens"] == 3.0
