@@ -372,9 +372,13 @@ def run(
     print(
         f"{c.model} on {c.data}: {results['prompts']} prompts x {results['n']} samples, "
         f"temperature {results['temperature']}; accuracy {results['accuracy']:.3f}, "
-        f"no answer {results['no_answer']:.3f}, mean length {results['mean_length']:.1f} characters "
-        f"({results['mean_tokens']:.1f} tokens), {results['truncated']:.1%} cut at --max-new-tokens, "
-        f"{results['time_s']:.1f} s"
+        f"no answer {results['no_answer']:.3f}, mean length {results['mean_length']:.1f} characters"
+        + (
+            f" ({results['mean_tokens']:.1f} tokens), {results['truncated']:.1%} cut at --max-new-tokens"
+            if results["truncated"] is not None
+            else ""
+        )
+        + f", {results['time_s']:.1f} s"
     )
     print(table(results))
     warning = no_answer_warning("eval", results["no_answer"])

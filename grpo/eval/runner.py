@@ -484,8 +484,9 @@ def evaluate(
         "seed": seed,
         "draw": draw,
         **report,
-        "mean_tokens": lengths["tokens"] / max(lengths["samples"], 1),
-        "truncated": lengths["cut"] / max(lengths["samples"], 1),
+        # None where the sampler counted nothing (a stand-in for sample_completions)
+        "mean_tokens": lengths["tokens"] / lengths["samples"] if lengths.get("samples") else None,
+        "truncated": lengths["cut"] / lengths["samples"] if lengths.get("samples") else None,
         "time_s": done - start,
         "time_metrics_s": done - sampled,
         "per_prompt": per_prompt,

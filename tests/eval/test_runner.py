@@ -278,6 +278,8 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
         progress=False,
     )
     assert callable(calls[0].pop("on_prompt"))  # checks each prompt as it is sampled (not called here)
+    assert calls[0].pop("lengths") == {}  # the sampler counts tokens and cut samples there (this one does not)
+    assert report["truncated"] is None and report["mean_tokens"] is None
     assert calls == [
         {
             "n": 4,
