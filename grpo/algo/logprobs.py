@@ -86,6 +86,13 @@ def _entropy(scores: Tensor, lse: Tensor) -> Tensor:
     return lse - (torch.softmax(scores, dim=-1) * scores).sum(-1)
 
 
+def _in_tile(ids: Tensor, first: int, n: int) -> tuple[Tensor, Tensor]:
+    """Each id's column within the tile of vocabulary columns first..first+n-1 (clamped into
+    it, so that it can index the tile) and whether the tile holds it."""
+    local = ids - first
+    return local.clamp(0, n - 1), (local >= 0) & (local < n)
+
+
 def _chunk_grad(
     x: Tensor,
     ids: Tensor,
@@ -116,9 +123,8 @@ def _chunk_grad(
     if offset is None:
         grad.scatter_add_(-1, ids.unsqueeze(-1), g)  # + g at the sampled id
     else:  # + g at the sampled id where this tile holds it, + 0 elsewhere
-        local, n = ids - offset, x.shape[1]
-        inside = (local >= 0) & (local < n)
-        grad.scatter_add_(-1, local.clamp(0, n - 1).unsqueeze(-1), g * inside.unsqueeze(-1))
+        column, inside = _in_tile(ids, offset, x.shape[1])
+        grad.scatter_add_(-1, column.unsqueeze(-1), g * inside.unsqueeze(-1))
     if temperature != 1.0:
         grad.div_(temperature)
     if history is not None:  # through the penalty: its slope on each seen token
@@ -387,9 +393,8 @@ class _HeadLogprobs(torch.autograd.Function):
                     if tile == vocab:  # before the reduction overwrites them
                         picked = scores.gather(-1, chunk_ids.unsqueeze(-1)).squeeze(-1)
                     else:
-                        local = chunk_ids - first
-                        inside = (local >= 0) & (local < scores.shape[1])
-                        here = scores.gather(-1, local.clamp(0, scores.shape[1] - 1).unsqueeze(-1)).squeeze(-1)
+                        column, inside = _in_tile(chunk_ids, first, scores.shape[1])
+                        here = scores.gather(-1, column.unsqueeze(-1)).squeeze(-1)
                         picked = here if first == 0 else torch.where(inside, here, picked)
                     if scratch.in_place:
                         online.add(scores, scratch.spare_for(scores) if with_entropy else None)

@@ -269,13 +269,10 @@ def sample_completions(
 
 
 def _count_lengths(lengths: dict, rollout, eos: int | None) -> None:
-    """Add a rollout's samples, completion tokens and samples cut short (no EOS last; every one
-    where the tokenizer has no EOS) to `lengths`."""
-    import torch
-
-    tokens = rollout.completion_mask.sum(1).long()  # (N,)
-    last = rollout.completion_ids.gather(1, (tokens - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    cut = (last != eos) | (tokens == 0) if eos is not None else torch.ones(len(tokens), dtype=torch.bool)
+    """Add a rollout's samples, completion tokens and samples cut short (no EOS last, or empty;
+    every one where the tokenizer has no EOS) to `lengths`."""
+    tokens = rollout.completion_lengths.long()  # (N,)
+    cut = rollout.ended_without_eos(eos) | (tokens == 0)
     lengths["samples"] = lengths.get("samples", 0) + len(tokens)
     lengths["tokens"] = lengths.get("tokens", 0) + int(tokens.sum())
     lengths["cut"] = lengths.get("cut", 0) + int(cut.sum())

@@ -183,6 +183,13 @@ class Rollout:
     def completion_lengths(self) -> Tensor:  # (N,)
         return self.completion_mask.sum(1)
 
+    def ended_without_eos(self, eos: int | None) -> Tensor:
+        """(N,) bool: the rows whose last completion token is not `eos`, i.e. cut off at
+        max_new_tokens rather than ended by the model (every row when there is no EOS)."""
+        lengths = self.completion_lengths.long()
+        last = self.completion_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
+        return (last != eos) if eos is not None else torch.ones_like(last, dtype=torch.bool)
+
     def to(self, device: torch.device | str) -> Rollout:
         self.input_ids = self.input_ids.to(device)
         self.attention_mask = self.attention_mask.to(device)

@@ -198,9 +198,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
     # Completions cut off at max_new_tokens (no EOS at their last token); with
     # loss.mask_truncated_completions (DAPO's overlong filtering) their tokens leave the
     # loss, after they were scored. They stay there (attended to, counted in the lengths).
-    eos = e.tokenizer.eos_token_id
-    last = batch.completion_ids.gather(1, (lengths.long() - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
-    truncated = (last != eos) if eos is not None else torch.ones_like(last, dtype=torch.bool)
+    truncated = batch.ended_without_eos(e.tokenizer.eos_token_id)  # (N,)
     if e.loss.mask_truncated_completions:
         batch = batch.select(torch.arange(len(batch)))  # a copy: `sampled` keeps its mask
         batch.loss_mask = batch.loss_mask * (~truncated).unsqueeze(1).to(batch.loss_mask.dtype)
