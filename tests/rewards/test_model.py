@@ -335,8 +335,11 @@ def test_truncation_keeps_the_end_of_the_text(trained):
         other_end = trained.scores(["a "], ["0123457"])
     finally:
         trained.max_length = short
-    assert same_end[0] == same_end[1]  # only the last 6 tokens are read
-    assert same_end[0] != other_end[0]
+    # Only the last 6 tokens are read: the same score, to float rounding (the two texts are
+    # two rows of one pass, which a CPU's matmul kernels may round differently: seen on an
+    # AVX-512 host, 1e-7 apart), where another last token moves it by far more.
+    assert abs(float(same_end[0] - same_end[1])) <= 1e-5
+    assert abs(float(same_end[0] - other_end[0])) > 1e-3
 
 
 def test_score_steps_equals_scores_of_the_prefixes(trained):
