@@ -172,6 +172,10 @@ class RewardModel:
         layout (`_packed_forward`: no padding computed) where it gives the model's own scores."""
         if self._packs is None:
             self._packs = self._packing_serves()
+            if self._packs:  # its passes then attend within each text only (grpo.infra.attention)
+                from grpo.infra import attention
+
+                attention.enable(self.model)
         if self._packs:
             rewards = self._packed_forward(encoded)
             if rewards is not None:
@@ -186,6 +190,7 @@ class RewardModel:
         the rightmost token that is not the pad id (transformers' rule for a batch, so that a
         text ending in the pad id's token pools where the padded pass does). None when the
         rows cannot be packed."""
+        from grpo.infra import attention
         from grpo.infra.packing import mask_dtype, pack_sequences
 
         ids = encoded["input_ids"]
@@ -198,6 +203,7 @@ class RewardModel:
             attention_mask=packed.attention_mask(mask_dtype(self.model)),
             position_ids=packed.position_ids,
             use_cache=False,
+            **attention.arguments(self.model, packed.units, packed.branches),
         ).last_hidden_state  # (bins, L, H)
         columns = torch.arange(ids.shape[1], device=ids.device)
         pooled = (columns * (ids != self.model.config.pad_token_id)).argmax(-1)  # (B,)

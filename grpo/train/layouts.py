@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.algo import entropy, head_logprobs, token_logprobs
+from grpo.infra import attention as segments
 from grpo.infra.packing import windowed
 from grpo.errors import UserError
 from grpo.rollout import Rollout
@@ -522,6 +523,8 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = 
     verdicts = {False: first_serving(False)}
     verdicts[True] = first_serving(True) if checkpointing else PADDED
     setattr(model, _LAYOUTS, verdicts)
+    if PACKED in verdicts.values():
+        segments.enable(model)  # packed passes attend within each sequence only, where that serves
     return checkpointing
 
 

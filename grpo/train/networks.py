@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from grpo.infra import attention as segments
 from grpo.errors import UserError, first_line
 from grpo.infra.devices import native
 from grpo.infra.hf import quiet_loading, torch_dtype
@@ -271,4 +272,6 @@ def load_value_model(
         raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
     backbone = backbone.to(device).eval()
     packed = layout in ("auto", PACKED) and backbone_packs(backbone)
+    if packed:
+        segments.enable(backbone)  # its packed passes attend within each sequence only, where that serves
     return ValueModel(backbone, backbone.config.hidden_size, packed).to(device).eval()

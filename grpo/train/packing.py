@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from grpo.infra import attention
 from grpo.infra.packing import Packed, first_fit, mask_dtype
 from grpo.rollout import Rollout
 
@@ -124,6 +125,7 @@ def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable)
             attention_mask=packed.attention_mask(mask_dtype(model)),
             position_ids=packed.position_ids,
             use_cache=False,
+            **attention.arguments(model, packed.units, packed.branches),
         )
     )  # (B, L, ...)
     flat = out.reshape(-1, *out.shape[2:])

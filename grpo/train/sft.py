@@ -284,6 +284,7 @@ def packed_batch(model, batch: dict[str, Tensor]) -> dict[str, Tensor] | None:
     contexts as on the padded batch. None where the rows are not whole right-padded runs."""
     import torch
 
+    from grpo.infra import attention
     from grpo.infra.packing import mask_dtype, pack_sequences
 
     packed = pack_sequences(batch["input_ids"], batch["attention_mask"])
@@ -298,6 +299,7 @@ def packed_batch(model, batch: dict[str, Tensor]) -> dict[str, Tensor] | None:
         "attention_mask": packed.attention_mask(mask_dtype(model)),
         "position_ids": packed.position_ids,
         "labels": labels,
+        **attention.arguments(model, packed.units, packed.branches),
     }
 
 

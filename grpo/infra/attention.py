@@ -1,0 +1,237 @@
+"""Attention within each packed sequence only: the packed layout's kernel.
+
+A packed pass (grpo.infra.packing) lays several sequences end to end in a row ("bin") and
+keeps each within itself with a 4-D mask. Through that mask, attention scores every pair of
+the bin's L slots, (L, L) a head, and eager attention keeps those scores for the backward;
+most of the pairs are ones the mask then throws away (for eight completions of 50 tokens
+behind a shared prompt of 12, a 412-slot bin, the segments below score 25k pairs of the
+bin's 170k). Here each segment attends over its own keys only, one scaled-dot-product call a
+segment:
+- a prompt, or a whole sequence (SFT's, the reward model's), attends causally within itself;
+- a completion attends to every key of its unit's prompt and causally within itself.
+A bin's slots past its last sequence get zeros: no real token sees them, and no output there
+is read. The same attention as through the mask, to float rounding; fewer operations, and
+no (L, L) scores held.
+
+How a model gets it (`enable`): its attention implementation (eager or sdpa) becomes one
+registered here under another name, which computes by segments when a pass hands it the
+plan (keyword `SEGMENTS`: transformers carries a model's extra keywords down to its
+attention functions, and through activation checkpointing's recomputation) and otherwise
+calls the implementation the model had, with the mask, as before: the padded passes and
+`generate` are unchanged. Whether a model gets it is decided once, by capability (a model
+written on transformers' attention interface, eager or sdpa, and no sliding window) and by a
+probe against the mask (`_serves`), never by catching an error mid-step. Bins shorter than
+`SEGMENTED_FROM` slots keep the mask: there the mask's pairs are few, and a call a segment
+costs more than it saves.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SEGMENTS = "grpo_segments"  # the keyword a packed pass hands the plan in
+SEGMENTED_FROM = 128  # a bin of at least this many slots attends by segments (shorter: through the mask)
+_ENABLED = "_grpo_segments"  # the attribute that marks a model switched to segments
+_NAME = "grpo_segments_{}"  # the registered implementation that wraps `{}` (eager or sdpa)
+_BASES = ("eager", "sdpa")
+_segmented_calls = [0]  # attention calls that went by segments (the probe asks whether the plan arrived)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Slots [start, start + length) of a bin, attending causally within themselves and, for a
+    completion behind a shared prompt, to every slot of [prompt, prompt + prompt_length)."""
+
+    start: int
+    length: int
+    prompt: int = 0
+    prompt_length: int = 0
+    mask: Tensor | None = None  # (length, prompt_length + length) bool where prompt_length > 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Each bin's segments in slot order, and how many of its L slots they cover."""
+
+    bins: list[list[Segment]]
+    used: list[int]
+    length: int
+
+
+def plan(units: Tensor, branches: Tensor, *, shortest: int | None = None) -> Plan | None:
+    """The segments of a packed layout (grpo.infra.packing.Packed's `units` and `branches`,
+    (B, L)): each run of slots of one unit and branch; branch 0 a prompt (or a whole sequence),
+    k > 0 a completion that also sees its unit's prompt. None for bins shorter than `shortest`
+    slots (`SEGMENTED_FROM` unless given)."""
+    length = units.shape[1]
+    if length < (SEGMENTED_FROM if shortest is None else shortest):
+        return None
+    device = units.device
+    bins, used = [], []
+    for unit_row, branch_row in zip(units.cpu().tolist(), branches.cpu().tolist()):
+        segments, at, prompt = [], 0, (0, 0)
+        while at < length and unit_row[at] >= 0:
+            end = at + 1
+            while end < length and unit_row[end] == unit_row[at] and branch_row[end] == branch_row[at]:
+                end += 1
+            n = end - at
+            if branch_row[at] == 0:
+                prompt = (at, n)
+                segments.append(Segment(at, n))
+            else:
+                p = prompt[1]
+                keys = torch.arange(p + n, device=device)
+                mask = keys.view(1, -1) <= torch.arange(n, device=device).view(-1, 1) + p
+                segments.append(Segment(at, n, prompt[0], p, mask))
+            at = end
+        bins.append(segments)
+        used.append(at)
+    return Plan(bins, used, length)
+
+
+def arguments(model, units: Tensor, branches: Tensor) -> dict:
+    """The keyword arguments a packed pass of `model` adds to its call: the plan where the model
+    attends by segments (`enable`) and its bins are long enough, else none."""
+    if not getattr(model, _ENABLED, False):
+        return {}
+    found = plan(units, branches)
+    return {} if found is None else {SEGMENTS: found}
+
+
+def _attend(query: Tensor, key: Tensor, value: Tensor, found: Plan, scaling: float | None) -> Tensor:
+    """(B, H, L, D) queries, keys and values (keys' heads already repeated to the queries') to
+    the (B, L, H, D) output, segment by segment."""
+    rows = []
+    for b, segments in enumerate(found.bins):
+        q_row, k_row, v_row = query[b : b + 1], key[b : b + 1], value[b : b + 1]
+        pieces = []
+        for s in segments:
+            q = q_row[:, :, s.start : s.start + s.length]
+            if s.prompt_length == 0:
+                k = k_row[:, :, s.start : s.start + s.length]
+                v = v_row[:, :, s.start : s.start + s.length]
+                pieces.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling))
+            else:
+                seen = (slice(s.prompt, s.prompt + s.prompt_length), slice(s.start, s.start + s.length))
+                k = torch.cat([k_row[:, :, seen[0]], k_row[:, :, seen[1]]], 2)
+                v = torch.cat([v_row[:, :, seen[0]], v_row[:, :, seen[1]]], 2)
+                pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=s.mask, scale=scaling))
+        unused = found.length - found.used[b]
+        if unused:
+            pieces.append(query.new_zeros(1, query.shape[1], unused, query.shape[3]))
+        rows.append(torch.cat(pieces, 2))
+    return torch.cat(rows, 0).transpose(1, 2).contiguous()
+
+
+def _base_function(name: str, module):
+    """The implementation the model had: transformers' sdpa, or the eager function of the
+    module's own modelling file (each architecture writes its own)."""
+    if name == "sdpa":
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+
+
+def _by_segments(base: str):
+    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        found = kwargs.pop(SEGMENTS, None)
+        plain = (
+            found is None
+            or dropout
+            or query.shape[2] != found.length
+            or key.shape[2] != found.length
+            or kwargs.get("sliding_window")
+            or kwargs.get("softcap")
+            or kwargs.get("s_aux") is not None
+            or not getattr(module, "is_causal", True)
+        )
+        if plain:
+            return _base_function(base, module)(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
+        _segmented_calls[0] += 1
+        repeat = query.shape[1] // key.shape[1]
+        if repeat > 1:  # grouped-query attention: each key head serves `repeat` query heads
+            key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
+        return _attend(query, key, value, found, scaling), None
+
+    return attention
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    masks = {"eager": eager_mask, "sdpa": sdpa_mask}
+    for base in _BASES:
+        AttentionInterface.register(_NAME.format(base), _by_segments(base))
+        AttentionMaskInterface.register(_NAME.format(base), masks[base])
+
+
+def enable(model) -> bool:
+    """Switch `model` (a causal LM, a backbone or a sequence classifier) to attend by segments
+    in packed passes where it can and where that gives what the mask gives (`_serves`); leave
+    it as it was otherwise. Returns whether it is on. The frozen reference, a copy of the
+    policy, inherits it."""
+    if getattr(model, _ENABLED, False):
+        return True
+    config = model.config
+    base = getattr(config, "_attn_implementation", None)
+    can = getattr(model, "_can_set_attn_implementation", None)
+    if base not in _BASES or can is None or not can():
+        return False
+    from grpo.infra.packing import windowed
+
+    if windowed(model):
+        return False
+    _register()
+    model.set_attn_implementation(_NAME.format(base))
+    setattr(model, _ENABLED, True)
+    if _serves(model):
+        return True
+    model.set_attn_implementation(base)
+    setattr(model, _ENABLED, False)
+    return False
+
+
+def _serves(model) -> bool:
+    """Whether `model` gives the same outputs by segments as through the mask, to float
+    rounding, on a bin of its own: a prompt with two completions behind it, then a sequence of
+    its own, then unused slots; and whether the plan reached its attention at all (a model
+    whose layers do not pass their keywords on would silently use the mask)."""
+    from grpo.infra.packing import Packed, mask_dtype
+
+    units = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1, -1]])
+    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, -1, -1]])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 3, 4, 0, 1, 2, 3, 4, 0, 0]])
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(1, vocab, units.shape, generator=torch.Generator().manual_seed(0))
+    packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), positions)
+    found = plan(packed.units, packed.branches, shortest=0)
+    inputs = dict(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask(mask_dtype(model)),
+        position_ids=packed.position_ids,
+        use_cache=False,
+    )
+    base = getattr(model, model.base_model_prefix, model)  # the body: (1, L, H) out, whatever head is on top
+    try:
+        with torch.no_grad():
+            masked = base(**inputs)[0]
+            before = _segmented_calls[0]
+            segmented = base(**inputs, **{SEGMENTS: found})[0]
+            reached = _segmented_calls[0] > before
+    except Exception:  # noqa: BLE001 (a model whose code cannot take the plan: not switched)
+        return False
+    real = (units >= 0).to(device).view(1, -1, *([1] * (masked.dim() - 2)))
+    scale = float(masked.abs().max()) or 1.0
+    tolerance = 1e-4 if masked.dtype in (torch.float32, torch.float64) else 5e-2
+    close = bool((((segmented - masked).abs() * real).max() <= tolerance * scale))
+    return close and reached

@@ -1,0 +1,184 @@
+"""Attention by segments in packed passes (grpo.infra.attention): each sequence attends over its
+own keys only (a completion also over its shared prompt's), instead of every pair of a bin's
+slots through the 4-D mask. The log-probs, entropies and gradients equal the padded layout's to
+float32 rounding (the same tolerances as the masked packed pass: tests/train/test_packing.py)
+for the policy (single- and multi-turn, a group's prompt packed once or not, checkpointed or
+not), SFT's loss and the reward model's scores, on Qwen2, Llama, GPT-2 and OPT; three planted
+bugs in the segments each move them by far more, and the probe then leaves the model on the
+mask. The tests lower `SEGMENTED_FROM` to 0 so that their short bins go by segments too."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from grpo.infra import attention
+from grpo.train import packing
+from grpo.train.layouts import prompt_groups
+from grpo.train.models import enable_checkpointing
+from grpo.train.sft import packed_batch
+from tests.train.test_packing import BATCHES, SHAPES, build, differences
+from tests.train.test_sft_packing import model_of, padded_batch, worst
+
+
+@pytest.fixture
+def always(monkeypatch):
+    """Every bin by segments, however short."""
+    monkeypatch.setattr(attention, "SEGMENTED_FROM", 0)
+
+
+def segmented_calls(run) -> int:
+    before = attention._segmented_calls[0]
+    run()
+    return attention._segmented_calls[0] - before
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("turns", list(BATCHES))
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_segments_give_the_padded_log_probs_entropies_and_gradients(always, name, turns, implementation):
+    model = build(name)
+    model.set_attn_implementation(implementation)  # what the segments wrap, and what the padded pass runs
+    batch = BATCHES[turns]()
+    assert enable_checkpointing(model)
+    assert attention.enable(model)
+    for share in (False, True):
+        for checkpointed in (False, True):
+            label = f"{name} {turns} share={share} checkpointed={checkpointed}"
+            found = []
+            calls = segmented_calls(
+                lambda: found.append(differences(model, batch, share, chunked=True, checkpointed=checkpointed))
+            )
+            logprobs, entropy, grads = found[0]
+            assert calls >= 2, label  # the packed pass's two layers went by segments (and the recomputation's)
+            assert logprobs < 2e-5 and entropy < 2e-5 and grads < 1e-4, (label, logprobs, entropy, grads)
+
+
+def test_the_plan_covers_each_sequence_and_sees_what_the_mask_lets_it_see():
+    batch = BATCHES["single-turn"]()
+    packed = packing.pack(batch, prompt_groups(batch)[1])
+    found = attention.plan(packed.units, packed.branches, shortest=0)
+    allowed = packed.attention_mask(torch.float32)[:, 0] == 0  # (B, L, L)
+    for b, segments in enumerate(found.bins):
+        covered = sum(s.length for s in segments)
+        assert covered == found.used[b] == int((packed.units[b] >= 0).sum())
+        for s in segments:
+            queries = range(s.start, s.start + s.length)
+            keys = list(range(s.prompt, s.prompt + s.prompt_length)) + list(queries)
+            seen = torch.zeros(s.length, len(keys), dtype=torch.bool)
+            for i, q in enumerate(queries):
+                for j, k in enumerate(keys):
+                    seen[i, j] = allowed[b, q, k]
+            want = torch.ones_like(seen).tril(s.prompt_length) if s.mask is not None else torch.ones_like(seen).tril()
+            assert torch.equal(seen, want)  # the mask's pairs within the segment's keys, and no others
+            if s.mask is not None:
+                assert torch.equal(s.mask, want)
+            outside = allowed[b, s.start : s.start + s.length].clone()
+            outside[:, keys] = False
+            assert not outside.any()  # nothing the mask allows lies outside its keys
+    assert attention.plan(packed.units, packed.branches, shortest=packed.units.shape[1] + 1) is None
+
+
+def test_a_bin_shorter_than_the_threshold_keeps_the_mask():
+    model = build("llama")
+    assert attention.enable(model)
+    batch = BATCHES["single-turn"]()
+    assert packing.pack(batch).input_ids.shape[1] < attention.SEGMENTED_FROM
+    assert segmented_calls(lambda: differences(model, batch, False)) == 0
+    unswitched = build("llama")
+    packed = packing.pack(batch)
+    assert attention.arguments(unswitched, packed.units, packed.branches) == {}
+
+
+def _no_prompt(segment):  # a completion that does not see its prompt
+    return dataclasses.replace(segment, prompt_length=0, mask=None)
+
+
+def _upper_left(segment):  # a completion's causal mask aligned to the prompt's first key, not its own
+    if segment.mask is None:
+        return segment
+    return dataclasses.replace(segment, mask=torch.ones_like(segment.mask).tril())
+
+
+PLANTED = {"no prompt": _no_prompt, "upper-left": _upper_left}
+
+
+@pytest.mark.parametrize("bug", [*PLANTED, "not causal"])
+def test_each_planted_segment_bug_moves_the_log_probs_and_the_probe_refuses_it(always, monkeypatch, bug):
+    real_plan = attention.plan
+
+    def planted(units, branches, *, shortest=None):
+        found = real_plan(units, branches, shortest=shortest)
+        if found is None or bug == "not causal":
+            return found
+        return dataclasses.replace(found, bins=[[PLANTED[bug](s) for s in segments] for segments in found.bins])
+
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def not_causal(*args, is_causal=False, **kwargs):
+        return real_sdpa(*args, is_causal=False, **kwargs)
+
+    model = build("qwen2_tied")
+    assert attention.enable(model)
+    monkeypatch.setattr(attention, "plan", planted)
+    if bug == "not causal":  # a prompt's (or a sequence's) tokens see its later ones
+        monkeypatch.setattr(attention, "F", types.SimpleNamespace(scaled_dot_product_attention=not_causal))
+    logprobs, _, grads = differences(model, BATCHES["single-turn"](), True)
+    assert logprobs > 1e-2 and grads > 1e-2
+    assert not attention.enable(build("qwen2_tied"))  # the probe sees it: the model stays on the mask
+
+
+def test_only_models_that_can_are_switched_and_a_saved_model_names_no_implementation_of_ours(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    mistral = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(
+            "mistral",
+            vocab_size=40,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=4,
+        )
+    )
+    assert not attention.enable(mistral)  # a sliding window: the segments would not cut it
+    model = build("llama")
+    was = model.config._attn_implementation  # sdpa, transformers' default
+    assert attention.enable(model)
+    assert model.config._attn_implementation == f"grpo_segments_{was}"
+    model.save_pretrained(tmp_path / "saved")
+    assert "grpo" not in (tmp_path / "saved" / "config.json").read_text()
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert "grpo" not in again.config._attn_implementation
+
+
+@pytest.mark.parametrize("shape", ["qwen2_tied", "llama", "gpt2"])
+def test_sft_by_segments_has_the_padded_batchs_loss_and_gradients(always, shape):
+    model = model_of(shape)
+    assert attention.enable(model)
+    padded = padded_batch()
+    packed = packed_batch(model, padded)
+    assert attention.SEGMENTS in packed
+    found = []
+    assert segmented_calls(lambda: found.append(worst(model, padded, packed))) >= 2
+    loss_gap, grad_gap = found[0]
+    assert loss_gap <= 2e-6 and grad_gap <= 1e-4, (loss_gap, grad_gap)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "opt"])
+def test_the_reward_model_scores_by_segments_as_padded(always, tmp_path, kind):
+    from grpo.rewards.model import RewardModel
+    from tests.rewards.test_model import _classifier_base, _padded_scores, sevens
+
+    rm = RewardModel.from_base(_classifier_base(tmp_path, kind), seed=0)
+    pairs = sevens(6, seed=3)
+    prompts = [p["prompt"] for p in pairs]
+    completions = [p["chosen"] + p["rejected"] * (i % 3) for i, p in enumerate(pairs)]
+    got = []
+    calls = segmented_calls(lambda: got.append(rm.scores(prompts, completions)))
+    assert rm._packs and getattr(rm.model, attention._ENABLED)
+    assert calls >= 2
+    torch.testing.assert_close(got[0], _padded_scores(rm, prompts, completions), rtol=0, atol=1e-5)
