@@ -20,9 +20,10 @@ attention functions, and through activation checkpointing's recomputation) and o
 calls the implementation the model had, with the mask, as before: the padded passes and
 `generate` are unchanged. Whether a model gets it is decided once, by capability (a model
 written on transformers' attention interface, eager or sdpa, and no sliding window) and by a
-probe against the mask (`_serves`), never by catching an error mid-step. Bins shorter than
-`SEGMENTED_FROM` slots keep the mask: there the mask's pairs are few, and a call a segment
-costs more than it saves.
+probe against the mask (`_serves`), never by catching an error mid-step. A bin whose scores
+through the mask (heads x L x L a layer) number under `SEGMENTED_FROM` keeps the mask: there
+the scores are small, and a call a segment costs about what it saves (measured on the demo's
+model, benchmarks/README.md#attention-by-segments), so its numbers stay as they were.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 SEGMENTS = "grpo_segments"  # the keyword a packed pass hands the plan in
-SEGMENTED_FROM = 128  # a bin of at least this many slots attends by segments (shorter: through the mask)
+SEGMENTED_FROM = 1 << 19  # a bin whose masked scores (heads x L x L) are at least this many goes by segments
 _ENABLED = "_grpo_segments"  # the attribute that marks a model switched to segments
 _NAME = "grpo_segments_{}"  # the registered implementation that wraps `{}` (eager or sdpa)
 _BASES = ("eager", "sdpa")
@@ -63,13 +64,13 @@ class Plan:
     length: int
 
 
-def plan(units: Tensor, branches: Tensor, *, shortest: int | None = None) -> Plan | None:
+def plan(units: Tensor, branches: Tensor, *, heads: int = 1, smallest: int | None = None) -> Plan | None:
     """The segments of a packed layout (grpo.infra.packing.Packed's `units` and `branches`,
     (B, L)): each run of slots of one unit and branch; branch 0 a prompt (or a whole sequence),
-    k > 0 a completion that also sees its unit's prompt. None for bins shorter than `shortest`
-    slots (`SEGMENTED_FROM` unless given)."""
+    k > 0 a completion that also sees its unit's prompt. None where a bin's scores through the
+    mask, `heads` x L x L, are fewer than `smallest` (`SEGMENTED_FROM` unless given)."""
     length = units.shape[1]
-    if length < (SEGMENTED_FROM if shortest is None else shortest):
+    if heads * length * length < (SEGMENTED_FROM if smallest is None else smallest):
         return None
     device = units.device
     bins, used = [], []
@@ -99,7 +100,8 @@ def arguments(model, units: Tensor, branches: Tensor) -> dict:
     attends by segments (`enable`) and its bins are long enough, else none."""
     if not getattr(model, _ENABLED, False):
         return {}
-    found = plan(units, branches)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    found = plan(units, branches, heads=getattr(config, "num_attention_heads", 1) or 1)
     return {} if found is None else {SEGMENTS: found}
 
 
@@ -214,7 +216,7 @@ def _serves(model) -> bool:
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(1, vocab, units.shape, generator=torch.Generator().manual_seed(0))
     packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), positions)
-    found = plan(packed.units, packed.branches, shortest=0)
+    found = plan(packed.units, packed.branches, smallest=0)
     inputs = dict(
         input_ids=packed.input_ids,
         attention_mask=packed.attention_mask(mask_dtype(model)),

@@ -18,7 +18,8 @@ from grpo.train import packing
 from grpo.train.layouts import prompt_groups
 from grpo.train.models import enable_checkpointing
 from grpo.train.sft import packed_batch
-from tests.train.test_packing import BATCHES, SHAPES, build, differences
+from tests.algo.test_chunked_head import batch_of
+from tests.train.test_packing import BATCHES, SHAPES, VOCAB, build, differences
 from tests.train.test_sft_packing import model_of, padded_batch, worst
 
 
@@ -58,7 +59,7 @@ def test_segments_give_the_padded_log_probs_entropies_and_gradients(always, name
 def test_the_plan_covers_each_sequence_and_sees_what_the_mask_lets_it_see():
     batch = BATCHES["single-turn"]()
     packed = packing.pack(batch, prompt_groups(batch)[1])
-    found = attention.plan(packed.units, packed.branches, shortest=0)
+    found = attention.plan(packed.units, packed.branches, smallest=0)
     allowed = packed.attention_mask(torch.float32)[:, 0] == 0  # (B, L, L)
     for b, segments in enumerate(found.bins):
         covered = sum(s.length for s in segments)
@@ -77,15 +78,23 @@ def test_the_plan_covers_each_sequence_and_sees_what_the_mask_lets_it_see():
             outside = allowed[b, s.start : s.start + s.length].clone()
             outside[:, keys] = False
             assert not outside.any()  # nothing the mask allows lies outside its keys
-    assert attention.plan(packed.units, packed.branches, shortest=packed.units.shape[1] + 1) is None
+    length = packed.units.shape[1]
+    assert attention.plan(packed.units, packed.branches, heads=4, smallest=4 * length**2) is not None
+    assert attention.plan(packed.units, packed.branches, heads=4, smallest=4 * length**2 + 1) is None
 
 
-def test_a_bin_shorter_than_the_threshold_keeps_the_mask():
-    model = build("llama")
+def test_a_small_bin_keeps_the_mask_and_a_large_one_goes_by_segments():
+    model = build("llama")  # 4 heads
     assert attention.enable(model)
     batch = BATCHES["single-turn"]()
-    assert packing.pack(batch).input_ids.shape[1] < attention.SEGMENTED_FROM
+    assert 4 * packing.pack(batch).input_ids.shape[1] ** 2 < attention.SEGMENTED_FROM
     assert segmented_calls(lambda: differences(model, batch, False)) == 0
+    large = batch_of(VOCAB, prompts=1, group_size=80, p_len=5, t_len=10, seed=3)  # one prompt, 80 completions
+    assert 4 * packing.pack(large, prompt_groups(large)[1]).input_ids.shape[1] ** 2 >= attention.SEGMENTED_FROM
+    found = []
+    assert segmented_calls(lambda: found.append(differences(model, large, True))) >= 2
+    logprobs, entropy, grads = found[0]
+    assert logprobs < 2e-5 and entropy < 2e-5 and grads < 1e-4, (logprobs, entropy, grads)
     unswitched = build("llama")
     packed = packing.pack(batch)
     assert attention.arguments(unswitched, packed.units, packed.branches) == {}
@@ -108,8 +117,8 @@ PLANTED = {"no prompt": _no_prompt, "upper-left": _upper_left}
 def test_each_planted_segment_bug_moves_the_log_probs_and_the_probe_refuses_it(always, monkeypatch, bug):
     real_plan = attention.plan
 
-    def planted(units, branches, *, shortest=None):
-        found = real_plan(units, branches, shortest=shortest)
+    def planted(units, branches, **kwargs):
+        found = real_plan(units, branches, **kwargs)
         if found is None or bug == "not causal":
             return found
         return dataclasses.replace(found, bins=[[PLANTED[bug](s) for s in segments] for segments in found.bins])
