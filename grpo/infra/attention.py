@@ -23,7 +23,7 @@ written on transformers' attention interface, eager or sdpa, and no sliding wind
 probe against the mask (`_serves`), never by catching an error mid-step. A bin whose scores
 through the mask (heads x L x L a layer) number under `SEGMENTED_FROM` keeps the mask: there
 the scores are small, and a call a segment costs about what it saves (measured on the demo's
-model, benchmarks/README.md#attention-by-segments), so its numbers stay as they were.
+model, benchmarks/README.md#attention-by-segments-bench_segmentspy-issue-39), so its numbers stay as they were.
 """
 
 from __future__ import annotations
