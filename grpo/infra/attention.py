@@ -176,6 +176,16 @@ def _register() -> None:
         AttentionMaskInterface.register(_NAME.format(base), masks[base])
 
 
+def kernel(model) -> str | None:
+    """The attention implementation `model` computes with (transformers' name: eager, sdpa,
+    ...), whether or not it attends by segments in packed passes."""
+    name = getattr(model.config, "_attn_implementation", None)
+    for base in _BASES:
+        if name == _NAME.format(base):
+            return base
+    return name
+
+
 def enable(model) -> bool:
     """Switch `model` (a causal LM, a backbone or a sequence classifier) to attend by segments
     in packed passes where it can and where that gives what the mask gives (`_serves`); leave

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import grpo
 import grpo.train.step as step_module
+from grpo.infra import attention as segments
 from grpo.config import config_from_dict
 from grpo.data import PromptStream, load_rows
 from grpo.rewards import load_rewards
@@ -207,8 +208,9 @@ def test_train_attention_picks_the_kernel_of_policy_and_reference(make_config, a
     e, _, _ = engine_for(
         make_config(train={"attention": attention}, rollout={"max_new_tokens": max_new_tokens, "min_new_tokens": 0})
     )
-    assert e.policy.config._attn_implementation == expected
-    assert e.reference.model.config._attn_implementation == expected
+    assert segments.kernel(e.policy) == expected
+    assert segments.kernel(e.reference.model) == expected
+    assert getattr(e.policy, segments._ENABLED)  # the packed layout's passes by segments, around that kernel
 
 
 def test_autocast_reaches_the_sampler_the_reference_and_the_update(make_config):
