@@ -94,7 +94,8 @@ class FastDecoder:
         from grpo.rollout import fast
 
         self.weights = None  # the previous weights go before the next are built
-        self.weights = fast.fuse_weights(policy, self.autocast or next(policy.parameters()).dtype)
+        dtype = self.autocast or next(policy.parameters()).dtype
+        self.weights = fast.fuse_weights(policy, dtype, pack=self.params.fast_draw)
         self.policy, self.version = policy, version
 
     def release(self) -> None:

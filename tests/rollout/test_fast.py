@@ -127,6 +127,48 @@ def test_fast_draws_the_same_tokens_as_generate(kind, kv_heads, options, stream)
     assert len(set(ours.completions)) > len(ROWS)
 
 
+def test_the_fast_draw_packs_its_weights_and_generates_draw_never_does(monkeypatch):
+    """On a CPU in float32 the fast draw's decoder holds its stacked q/k/v and gate/up weights
+    oneDNN-packed (its few-row matmuls stream them faster); generate's draw keeps the plain
+    ones, and a decode that asks for generate's draw with packed weights in hand draws with
+    plain ones all the same."""
+    if not fast.forward.packs(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packed inner product")
+    model = model_of()
+    fast_decoder = Sampler(TOKENIZER, prompt_column="prompt", group_size=3, max_new_tokens=6, backend="fast").decoder(
+        model, 8
+    )
+    fast_decoder.prepare(model, 0)
+    assert fast_decoder.weights.packed
+    generate_decoder = generate_drawn("fast").decoder(model, 8)
+    generate_decoder.prepare(model, 0)
+    assert not generate_decoder.weights.packed
+    TOKENIZER.padding_side = "left"
+    enc = TOKENIZER(["a", "bc1"], padding=True, return_tensors="pt")
+    counts = torch.tensor([3, 3])
+
+    linear, seen = fast.forward._linear, []
+
+    def recording(x, weight, *args):
+        seen.append(isinstance(weight, fast.forward._Packed))
+        return linear(x, weight, *args)
+
+    monkeypatch.setattr(fast.forward, "_linear", recording)
+
+    def decoded(weights, params):
+        seen.clear()
+        generator = torch.Generator().manual_seed(5)
+        ids = fast.decode(
+            model, enc["input_ids"], enc["attention_mask"], counts, params, weights=weights, generators=[generator]
+        )[0]
+        return ids, set(seen)
+
+    assert True in decoded(fast_decoder.weights, fast_decoder.params)[1]  # q/k/v and gate/up through the packed weights
+    got, used = decoded(fast_decoder.weights, generate_decoder.params)  # packed weights, generate's draw
+    assert used == {False}
+    assert torch.equal(got, decoded(generate_decoder.weights, generate_decoder.params)[0])
+
+
 def test_fast_stops_when_every_row_has_ended_as_generate_does():
     out = sample_both(model_of(eos_bias=4.0))
     (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
@@ -137,9 +179,11 @@ def test_fast_stops_when_every_row_has_ended_as_generate_does():
     assert torch.equal(ours_after, hf_after)
 
 
+@pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2), ("qwen3", 2)])
-def test_fast_logits_equal_the_models_own(kind, kv_heads):
-    """Prefill and several decoding steps against the model's forward over the whole sequence."""
+def test_fast_logits_equal_the_models_own(kind, kv_heads, pack):
+    """Prefill and several decoding steps against the model's forward over the whole sequence;
+    with `pack`, every matmul through oneDNN's packed weights (the fast draw's layout on a CPU)."""
     model = model_of(kind, kv_heads)
     TOKENIZER.padding_side = "left"
     enc = TOKENIZER(["a", "bc1", "cab 7"], padding=True, return_tensors="pt")
@@ -150,7 +194,8 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads):
     positions = (full_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         expected = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits  # (3, 9, V)
-        w = fast.fuse_weights(model, torch.float32)
+        w = fast.fuse_weights(model, torch.float32, pack=pack)
+        assert w.packed == (pack and fast.forward.packs(torch.float32, torch.device("cpu")))
         total = full_ids.shape[1]
         cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
         cos, sin = cos[0], sin[0]

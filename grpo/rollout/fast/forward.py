@@ -13,15 +13,24 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+@dataclass(frozen=True)
+class _Packed:
+    """A linear layer's weight in oneDNN's blocked layout for a few rows (`pack`), in place of
+    the (out, in) matrix; `_linear` runs it through oneDNN's inner product."""
+
+    weight: Tensor
+    out_features: int
+
+
 @dataclass
 class _Layer:
     norm_attn: Tensor
-    qkv: Tensor  # (q + k + v outputs, H): the three projections stacked
+    qkv: Tensor | _Packed  # (q + k + v outputs, H): the three projections stacked
     qkv_bias: Tensor | None
     out: Tensor
     out_bias: Tensor | None
     norm_mlp: Tensor
-    gate_up: Tensor  # (2 * I, H)
+    gate_up: Tensor | _Packed  # (2 * I, H)
     gate_up_bias: Tensor | None
     down: Tensor
     down_bias: Tensor | None
@@ -40,6 +49,12 @@ class _Weights:
     heads: int
     kv_heads: int
     head_dim: int
+
+    @property
+    def packed(self) -> bool:
+        """Whether the stacked weights are oneDNN-packed (`fuse_weights(pack=True)`): only for
+        the fast draw, whose tokens need not be generate's bit for bit."""
+        return any(isinstance(layer.qkv, _Packed) for layer in self.layers)
 
 
 def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
@@ -64,8 +79,16 @@ def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
     )
 
 
-def fuse_weights(model, dtype: torch.dtype) -> _Weights:
-    """The model's current weights, in `dtype`, with the fused projections built."""
+def fuse_weights(model, dtype: torch.dtype, pack: bool = False) -> _Weights:
+    """The model's current weights, in `dtype`, with the fused projections built; with `pack`
+    (the fast draw's few-row layout), the stacked q/k/v and gate/up matrices in oneDNN's
+    packed layout where `packs` says it serves (`pack_weight`). Those two are copies in either
+    layout, so packing them holds no more memory; the single matrices (the attention's output,
+    the MLP's down projection, the LM head) stay views of the model's own weights, which a
+    packed copy would add to what sampling holds (benchmarks/README.md has what that would
+    buy)."""
+    packed = pack and packs(dtype, model.model.embed_tokens.weight.device)
+    linear = pack_weight if packed else (lambda weight: weight)
     config = model.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -85,12 +108,12 @@ def fuse_weights(model, dtype: torch.dtype) -> _Weights:
         layers.append(
             _Layer(
                 norm_attn=layer.input_layernorm.weight.detach().to(dtype),
-                qkv=qkv,
+                qkv=linear(qkv),
                 qkv_bias=qkv_bias,
                 out=out,
                 out_bias=out_bias,
                 norm_mlp=layer.post_attention_layernorm.weight.detach().to(dtype),
-                gate_up=gate_up,
+                gate_up=linear(gate_up),
                 gate_up_bias=gate_up_bias,
                 down=down,
                 down_bias=down_bias,
@@ -234,10 +257,41 @@ def _forward(
 FEW_ROWS = 12
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, few_rows_layout: bool) -> Tensor:
-    """F.linear(x, weight, bias), as W @ x^T where `few_rows_layout` and x has fewer than
-    FEW_ROWS rows (all dimensions but the last) on a CPU."""
+# The rows oneDNN's packed layout is chosen for (`pack_weight`): the fast loop's decoding steps
+# run a handful of rows (a prompt's G completions, a few prompts); its prefill runs more, on
+# the same packed weights.
+PACK_ROWS = 8
+
+
+def packs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the few-row layout packs its stacked weights for oneDNN (`pack_weight`): float32
+    on a CPU whose torch has oneDNN's packed inner product. Few-row matmuls from memory run
+    there at about 1.4-1.7x the rate of either plain layout (benchmarks/README.md, "On an
+    AVX-512 host")."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+def pack_weight(weight: Tensor) -> _Packed:
+    """`weight` (out, in) reordered into oneDNN's blocked layout for PACK_ROWS rows: a copy of
+    the same size (the plain one can go)."""
+    return _Packed(torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS), weight.shape[0])
+
+
+def _linear(x: Tensor, weight: Tensor | _Packed, bias: Tensor | None, few_rows_layout: bool) -> Tensor:
+    """F.linear(x, weight, bias): through oneDNN's inner product for a packed weight (`pack_weight`),
+    else as W @ x^T where `few_rows_layout` and x has fewer than FEW_ROWS rows (all dimensions
+    but the last) on a CPU."""
     rows = x.numel() // x.shape[-1]
+    if isinstance(weight, _Packed):
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), weight.weight, bias, "none", [], "")
+        return out.view(*x.shape[:-1], weight.out_features)
     if not (few_rows_layout and rows < FEW_ROWS and x.device.type == "cpu"):
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.reshape(rows, x.shape[-1]).T).T.contiguous()

@@ -130,7 +130,13 @@ def decode(
     # inference_mode skips autograd's per-op bookkeeping; its tensors cannot enter autograd
     # later, so the result is copied out of it.
     with torch.inference_mode():
-        w = weights if weights is not None else fuse_weights(model, dtype or next(model.parameters()).dtype)
+        if weights is not None and weights.packed and not p.fast_draw:
+            weights = None  # generate's bits need the plain layout
+        w = (
+            weights
+            if weights is not None
+            else fuse_weights(model, dtype or next(model.parameters()).dtype, p.fast_draw)
+        )
         ids, logprobs, kept = _decode(model, w, prompt_ids, prompt_mask, counts, p, _segments(counts, generators), keep)
     if not keep:
         return ids.clone(), logprobs.clone()
@@ -154,6 +160,8 @@ def extend(
     do (consecutive rows in one segment of the draw: a prompt's rows with the same context,
     as `decode` would get them). Returns `decode(keep=True)`'s three."""
     with torch.inference_mode():
+        if weights.packed and not p.fast_draw:
+            weights = fuse_weights(model, weights.embed.dtype)  # generate's bits need the plain layout
         out = _extend(model, weights, kept, blocks, p, _segments(counts.cpu(), generators))
     ids, logprobs, kept = out
     return ids.clone(), logprobs.clone(), kept
