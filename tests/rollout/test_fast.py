@@ -135,6 +135,8 @@ def test_the_fast_draw_packs_its_weights_and_generates_draw_never_does(monkeypat
     if not fast.forward.packs(torch.float32, torch.device("cpu")):
         pytest.skip("this torch has no oneDNN packed inner product")
     model = model_of()
+    assert not fast.fuse_weights(model, torch.float32, pack=True).packed  # its matrices stay in the cache: not packed
+    monkeypatch.setattr(fast.forward, "PACK_FROM", 0)  # packed here all the same
     fast_decoder = Sampler(TOKENIZER, prompt_column="prompt", group_size=3, max_new_tokens=6, backend="fast").decoder(
         model, 8
     )
@@ -181,9 +183,11 @@ def test_fast_stops_when_every_row_has_ended_as_generate_does():
 
 @pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2), ("qwen3", 2)])
-def test_fast_logits_equal_the_models_own(kind, kv_heads, pack):
+def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
     """Prefill and several decoding steps against the model's forward over the whole sequence;
-    with `pack`, every matmul through oneDNN's packed weights (the fast draw's layout on a CPU)."""
+    with `pack`, the stacked matmuls through oneDNN's packed weights (the fast draw's layout on
+    a CPU; packed here whatever their size)."""
+    monkeypatch.setattr(fast.forward, "PACK_FROM", 0)
     model = model_of(kind, kv_heads)
     TOKENIZER.padding_side = "left"
     enc = TOKENIZER(["a", "bc1", "cab 7"], padding=True, return_tensors="pt")

@@ -81,14 +81,18 @@ def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
 
 def fuse_weights(model, dtype: torch.dtype, pack: bool = False) -> _Weights:
     """The model's current weights, in `dtype`, with the fused projections built; with `pack`
-    (the fast draw's few-row layout), the stacked q/k/v and gate/up matrices in oneDNN's
-    packed layout where `packs` says it serves (`pack_weight`). Those two are copies in either
+    (the fast draw's few-row layout), the stacked q/k/v and gate/up matrices of at least
+    PACK_FROM values in oneDNN's packed layout where `packs` says it serves (`pack_weight`).
+    Those two are copies in either
     layout, so packing them holds no more memory; the single matrices (the attention's output,
     the MLP's down projection, the LM head) stay views of the model's own weights, which a
     packed copy would add to what sampling holds (benchmarks/README.md has what that would
     buy)."""
     packed = pack and packs(dtype, model.model.embed_tokens.weight.device)
-    linear = pack_weight if packed else (lambda weight: weight)
+
+    def linear(weight: Tensor) -> Tensor | _Packed:
+        return pack_weight(weight) if packed and weight.numel() >= PACK_FROM else weight
+
     config = model.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -261,6 +265,11 @@ FEW_ROWS = 12
 # run a handful of rows (a prompt's G completions, a few prompts); its prefill runs more, on
 # the same packed weights.
 PACK_ROWS = 8
+# The smallest matrix packed (values): packing pays where a matrix streams from memory; one of
+# a tiny model stays in the cache, where oneDNN's call costs more than it saves (the demo's
+# 192 x 64 at 8 rows: 17.5 us packed against 8.8 as W @ x^T, an AVX-512 host), and its
+# runs' numbers stay as they were.
+PACK_FROM = 1 << 18
 
 
 def packs(dtype: torch.dtype, device: torch.device) -> bool:
