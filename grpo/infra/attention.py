@@ -225,7 +225,8 @@ def _serves(model) -> bool:
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(1, vocab, units.shape, generator=torch.Generator().manual_seed(0))
-    packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), positions)
+    slots = torch.arange(units.numel()).view_as(units)  # each token's own slot, as pack_sequences' index
+    packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), slots.to(device))
     found = plan(packed.units, packed.branches, smallest=0)
     inputs = dict(
         input_ids=packed.input_ids,

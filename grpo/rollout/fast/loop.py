@@ -104,6 +104,18 @@ def _segments(counts: Tensor, generators: Sequence[torch.Generator | None] | Non
     return list(zip(starts, starts[1:], generators))
 
 
+def _weights_for(model, weights: _Weights | None, p: SamplingParams, dtype=None) -> _Weights:
+    """The fused weights a call drawing by `p` runs on: `weights` where given and fit for its
+    draw, else the model's fused now (packed for the fast draw). Packed weights serve the fast
+    draw only: generate's bits need the plain layout. `dtype`: the compute dtype (default:
+    the given weights', else the model's)."""
+    if weights is not None and (p.fast_draw or not weights.packed):
+        return weights
+    if dtype is None:
+        dtype = weights.embed.dtype if weights is not None else next(model.parameters()).dtype
+    return fuse_weights(model, dtype, p.fast_draw)
+
+
 def decode(
     model,
     prompt_ids: Tensor,
@@ -130,13 +142,7 @@ def decode(
     # inference_mode skips autograd's per-op bookkeeping; its tensors cannot enter autograd
     # later, so the result is copied out of it.
     with torch.inference_mode():
-        if weights is not None and weights.packed and not p.fast_draw:
-            weights = None  # generate's bits need the plain layout
-        w = (
-            weights
-            if weights is not None
-            else fuse_weights(model, dtype or next(model.parameters()).dtype, p.fast_draw)
-        )
+        w = _weights_for(model, weights, p, dtype)
         ids, logprobs, kept = _decode(model, w, prompt_ids, prompt_mask, counts, p, _segments(counts, generators), keep)
     if not keep:
         return ids.clone(), logprobs.clone()
@@ -160,9 +166,7 @@ def extend(
     do (consecutive rows in one segment of the draw: a prompt's rows with the same context,
     as `decode` would get them). Returns `decode(keep=True)`'s three."""
     with torch.inference_mode():
-        if weights.packed and not p.fast_draw:
-            weights = fuse_weights(model, weights.embed.dtype)  # generate's bits need the plain layout
-        out = _extend(model, weights, kept, blocks, p, _segments(counts.cpu(), generators))
+        out = _extend(model, _weights_for(model, weights, p), kept, blocks, p, _segments(counts.cpu(), generators))
     ids, logprobs, kept = out
     return ids.clone(), logprobs.clone(), kept
 
