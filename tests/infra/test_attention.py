@@ -191,3 +191,124 @@ def test_the_reward_model_scores_by_segments_as_padded(always, tmp_path, kind):
     assert rm._packs and getattr(rm.model, attention._ENABLED)
     assert calls >= 2
     torch.testing.assert_close(got[0], _padded_scores(rm, prompts, completions), rtol=0, atol=1e-5)
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    """What torch's `varlen_attn` computes (CUDA only), from its documented arguments, written
+    plainly for the CPU: segment i's queries q[cu_q[i]:cu_q[i+1]] over its keys
+    k[cu_k[i]:cu_k[i+1]], causal where window_size is (-1, 0), aligned at the end of the keys
+    as flash attention aligns a segment with more keys than queries. The maxima must be the
+    longest segment's (the kernel sizes its grid by them)."""
+    assert cu_q.dtype == cu_k.dtype == torch.int32 and len(cu_q) == len(cu_k)
+    lengths_q, lengths_k = cu_q.diff().tolist(), cu_k.diff().tolist()
+    assert (max_q, max_k) == (max(lengths_q), max(lengths_k))
+    assert enable_gqa or q.shape[1] == k.shape[1]
+    pieces = []
+    for i, (n, m) in enumerate(zip(lengths_q, lengths_k)):
+        qi = q[cu_q[i] : cu_q[i + 1]].transpose(0, 1)  # (H, n, D)
+        ki, vi = (
+            t[cu_k[i] : cu_k[i + 1]].transpose(0, 1).repeat_interleave(q.shape[1] // k.shape[1], 0) for t in (k, v)
+        )
+        mask = None
+        if tuple(window_size) == (-1, 0):
+            mask = torch.arange(m)[None] <= torch.arange(n)[:, None] + (m - n)
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale))
+    return torch.cat(pieces, 1).transpose(0, 1)
+
+
+def _top_left(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):  # a kernel whose causal mask starts at the first key
+    out = []
+    for i in range(len(cu_q) - 1):
+        n = int(cu_q[i + 1] - cu_q[i])
+        one = torch.tensor([0, n], dtype=torch.int32)
+        out.append(
+            reference_varlen(
+                q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i] + n], v[cu_k[i] : cu_k[i] + n], one, one, n, n, **kwargs
+            )
+        )
+    return torch.cat(out)
+
+
+def _gqa_qkv(found, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (len(found.bins), found.length, 64)
+    q = torch.randn(shape[0], 4, *shape[1:], generator=g, requires_grad=True)
+    k, v = (torch.randn(shape[0], 2, *shape[1:], generator=g, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("turns", list(BATCHES))
+def test_one_varlen_call_gives_what_a_call_per_segment_gives(turns, share):
+    """The plan laid end to end for one variable-length call (`Varlen`), through a kernel with
+    varlen_attn's arguments and semantics: the same output and gradients as a call per segment,
+    grouped-query heads not repeated, zeros at unused slots."""
+    batch = BATCHES[turns]()
+    packed = packing.pack(batch, prompt_groups(batch)[1] if share else None)
+    found = attention.plan(packed.units, packed.branches, smallest=0)
+    q, k, v = _gqa_qkv(found)
+    got = attention._attend_varlen(q, k, v, found, 0.3, reference_varlen)
+    grads_got = torch.autograd.grad((got * torch.linspace(-1, 1, got.numel()).view_as(got)).sum(), (q, k, v))
+    want = attention._attend(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), found, 0.3)
+    grads_want = torch.autograd.grad((want * torch.linspace(-1, 1, want.numel()).view_as(want)).sum(), (q, k, v))
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-5
+    for a, b in zip(grads_got, grads_want):
+        assert (a - b).abs().max() < 1e-5
+    for b, used in enumerate(found.used):
+        assert not got[b, used:].any()
+
+
+def test_a_model_through_the_varlen_call_has_the_padded_log_probs_and_gradients(always, monkeypatch):
+    """The model's layers handing their segments to the varlen kernel (as on a GPU in half
+    precision; here the plain kernel above on the CPU): the padded layout's numbers."""
+    monkeypatch.setattr(attention, "_varlen_kernel", lambda query: reference_varlen)
+    for name in SHAPES:
+        model = build(name)
+        assert enable_checkpointing(model) and attention.enable(model)
+        for share, checkpointed in ((False, False), (True, True)):
+            logprobs, entropy, grads = differences(
+                model, BATCHES["multi-turn"](), share, chunked=True, checkpointed=checkpointed
+            )
+            assert logprobs < 2e-5 and entropy < 2e-5 and grads < 1e-4, (name, share, logprobs, entropy, grads)
+
+
+def test_the_varlen_call_is_used_only_where_it_runs_and_gives_the_segments_outputs(monkeypatch):
+    """On a CPU (no such kernel in torch) or in float32 a call per segment; a kernel that aligns
+    a completion's causal mask at its prompt's first key, or fails, is refused by the check."""
+    assert attention._varlen_kernel(torch.zeros(1, 4, 8, 64)) is None
+    assert attention._varlen_kernel(torch.zeros(1, 4, 8, 64, dtype=torch.bfloat16)) is None
+    cpu = torch.device("cpu")
+    assert attention._varlen_serves(reference_varlen, cpu, torch.float32)
+    assert attention._varlen_serves(reference_varlen, cpu, torch.bfloat16)
+    assert not attention._varlen_serves(_top_left, cpu, torch.float32)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available")
+
+    assert not attention._varlen_serves(broken, cpu, torch.bfloat16)
+
+
+def test_a_planted_varlen_layout_bug_moves_the_outputs(monkeypatch):
+    """A completion's keys laid own-first (its prompt after it): the end-aligned causal mask
+    then shows it the wrong keys, and the outputs move by far more than rounding."""
+    batch = BATCHES["single-turn"]()
+    packed = packing.pack(batch, prompt_groups(batch)[1])
+    found = attention.plan(packed.units, packed.branches, smallest=0)
+    q, k, v = _gqa_qkv(found)
+    want = attention._attend(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), found, None)
+    real = attention.Varlen.of
+
+    def own_first(plan, device):
+        v = real(plan, device)
+        kb, ks = v.key_bins.clone(), v.key_slots.clone()
+        for i, s in enumerate(s for segments in plan.bins for s in segments):
+            a, b = int(v.cu_k[i]), int(v.cu_k[i + 1])
+            kb[a:b] = torch.cat([kb[a + s.prompt_length : b], kb[a : a + s.prompt_length]])
+            ks[a:b] = torch.cat([ks[a + s.prompt_length : b], ks[a : a + s.prompt_length]])
+        return dataclasses.replace(v, key_bins=kb, key_slots=ks)
+
+    monkeypatch.setattr(attention.Varlen, "of", staticmethod(own_first))
+    got = attention._attend_varlen(q, k, v, found, None, reference_varlen)
+    assert (got - want).abs().max() > 1e-1
+    assert not attention._varlen_serves(reference_varlen, torch.device("cpu"), torch.float32)
