@@ -311,6 +311,10 @@ def _sample(
         tokens = _inverse_cdf_draw(probs, rows, segments) if fast_draw else _draw(probs, rows, segments, everyone)
         # The drawn token's probability, already computed: a gather, no pass over the vocabulary.
         logprobs = probs.gather(1, tokens[:, None]).squeeze(1).log_()  # (len(rows),)
+        # This step's (rows, V) logits and probabilities are done with: freed before the next
+        # step's are made, not beside them (two vocabulary-wide tensors fewer at the peak).
+        del probs
+        logits = None
         if eos is not None:
             logprobs = logprobs.masked_fill_(~unfinished, 0.0)
             tokens = torch.where(unfinished, tokens, p.pad_token_id)
