@@ -270,10 +270,12 @@ def entropy(
 
 def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
     """(m, V) float32 logits of one chunk of hidden states (m, H), computed in the head's
-    compute dtype (the operands' dtype; a fresh tensor, ours to edit), or into `out` (float32
-    operands only)."""
+    compute dtype (the operands' dtype; a fresh tensor, ours to edit), or into the float32
+    `out` (low-precision operands' logits cast into it)."""
     if out is None:
         return F.linear(hidden, weight, bias).float()
+    if hidden.dtype != torch.float32:
+        return out.copy_(F.linear(hidden, weight, bias))
     if bias is None:
         return torch.mm(hidden, weight.T, out=out)
     return torch.addmm(bias, hidden, weight.T, out=out)
@@ -282,14 +284,15 @@ def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, out: Tenso
 class _Scratch:
     """The float32 buffers of a chunked head's calls, allocated once per call and reused by every
     chunk and tile: no fresh vocabulary-sized tensor a chunk (each one's pages faulted in, or
-    the allocator's free memory fragmented by them). In float32 without a repetition penalty
-    (`in_place`) the logits of a chunk's rows over a tile of the vocabulary are computed into
-    the buffer and reduced in place (`_Online`), the entropy's product in a second buffer
-    (`spare`); otherwise (bf16 logits cast up, the penalty's history) each chunk's come fresh,
-    over the whole vocabulary, as `_head_logits` makes them."""
+    the allocator's free memory fragmented by them). Without a repetition penalty, in float32
+    or tiled (`_tiling`: bf16 logits cast into the buffer), `in_place`: the logits of a chunk's
+    rows over a tile of the vocabulary are computed into the buffer and reduced in place
+    (`_Online`), the entropy's product in a second buffer (`spare`); otherwise (bf16 logits
+    with a backward to come, the penalty's history) each chunk's come fresh, over the whole
+    vocabulary, as `_head_logits` makes them."""
 
-    def __init__(self, rows, step, tile, like: Tensor, dtype, history, spare: bool = False):
-        self.in_place = dtype == torch.float32 and history is None and rows > 0
+    def __init__(self, rows, step, tile, like: Tensor, dtype, history, spare: bool = False, tiled: bool = False):
+        self.in_place = history is None and rows > 0 and (dtype == torch.float32 or tiled)
         size = min(rows, step) * tile
         self.buffer = like.new_empty(size, dtype=torch.float32) if self.in_place else None
         self.spare = like.new_empty(size, dtype=torch.float32) if self.in_place and spare else None
@@ -305,12 +308,23 @@ class _Scratch:
         return self.spare[: x.numel()].view(x.shape)
 
 
-def _tiling(vocab: int, tile: int, dtype: torch.dtype, hidden: Tensor, history: _History | None) -> int:
+def _tiling(
+    vocab: int, tile: int, dtype: torch.dtype, hidden: Tensor, history: _History | None, backward: bool = True
+) -> int:
     """The columns of the vocabulary a chunk's logits are computed over at a time: `tile` in
-    float32 without a penalty's history (the in-place path), else the whole vocabulary."""
-    if dtype == torch.float32 and hidden.dtype == torch.float32 and history is None:
+    float32 without a penalty's history (the in-place path), and for bf16 or fp16 logits on a
+    CPU where no backward follows (a reference's or an old policy's pass: each tile's logits
+    cast into the float32 buffer and reduced there, where the whole vocabulary's would be cast
+    up and reduced in passes over memory); else the whole vocabulary."""
+    if history is None and (
+        (dtype == torch.float32 and hidden.dtype == torch.float32)
+        or (dtype in LOW_PRECISION and hidden.device.type == "cpu" and not backward)
+    ):
         return max(1, min(vocab, tile))
     return vocab
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 class _Online:
@@ -374,7 +388,7 @@ class _HeadLogprobs(torch.autograd.Function):
         vocab_tile: int,
     ) -> tuple[Tensor, Tensor]:
         rows, vocab = hidden.shape[0], weight.shape[0]  # hidden (M, H), weight (V, H)
-        tile = _tiling(vocab, vocab_tile, dtype, hidden, history)
+        tile = _tiling(vocab, vocab_tile, dtype, hidden, history, backward=any(ctx.needs_input_grad[:3]))
         step = _rows_per_chunk(history.width if history else tile, chunk_elements)
         out = torch.empty(rows, dtype=torch.float32, device=hidden.device)  # (M,)
         lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)  # (M,)
@@ -382,7 +396,7 @@ class _HeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit: autocast's, once
             w = weight.to(dtype)  # (V, H): the same tensor unless autocast's dtype differs from the head's
             b = None if bias is None else bias.to(dtype)
-            scratch = _Scratch(rows, step, tile, hidden, dtype, history, spare=with_entropy)
+            scratch = _Scratch(rows, step, tile, hidden, dtype, history, spare=with_entropy, tiled=tile < vocab)
             for start in range(0, rows, step):
                 stop = start + step
                 h, chunk_ids, online = hidden[start:stop].to(dtype), ids[start:stop], _Online()

@@ -161,6 +161,45 @@ def test_under_autocast_the_logits_are_computed_in_its_dtype_as_the_heads_own_fo
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)  # bf16 matmuls, summed in another order
 
 
+@pytest.mark.parametrize("entropy_too", [False, True])
+def test_bf16_logits_without_a_backward_are_reduced_tile_by_tile_to_the_whole_vocabularys_numbers(
+    monkeypatch, entropy_too
+):
+    """A pass no backward follows (a reference's), bf16 logits on a CPU: each tile of the
+    vocabulary computed in bf16 and cast into the float32 buffer, the log-sum-exp carried
+    across tiles: the whole-vocabulary path's log-probs and entropy to float32 rounding. With a
+    gradient to come, the whole vocabulary at once, as before."""
+    g = torch.Generator().manual_seed(2)
+    n, t_len, hidden_size, vocab = 2, 7, 16, 40
+    hidden = 3 * torch.randn(n, t_len, hidden_size, generator=g)
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    weight[30:] *= 2  # a later tile holds the largest scores: the running maximum rises
+    ids = torch.randint(0, vocab, (n, t_len), generator=g)
+    seen = []
+    head_logits = logprobs_module._head_logits
+
+    def recorded(h, w, b, out=None):
+        seen.append((w.shape[0], out is not None))
+        return head_logits(h, w, b, out)
+
+    monkeypatch.setattr(logprobs_module, "_head_logits", recorded)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, got_entropy = head_logprobs(hidden, weight, ids, vocab_tile=16, with_entropy=entropy_too)
+    assert seen == [(16, True), (16, True), (8, True)]  # tiles, into the buffer
+    seen.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        whole, whole_entropy = head_logprobs(hidden, weight, ids, vocab_tile=vocab, with_entropy=entropy_too)
+    assert seen == [(vocab, False)]
+    torch.testing.assert_close(got, whole, rtol=0, atol=2e-6)
+    if entropy_too:
+        torch.testing.assert_close(got_entropy, whole_entropy, rtol=0, atol=1e-5)  # lse - E[x]: cancels
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a gradient to come: untiled
+        trained, _ = head_logprobs(hidden, weight.clone().requires_grad_(True), ids, vocab_tile=16)
+    assert seen == [(vocab, False)]
+    torch.testing.assert_close(trained.detach(), whole, rtol=0, atol=0)
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="disagree"):
         head_logprobs(torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 4, dtype=torch.long))
