@@ -314,8 +314,10 @@ def attention_check(device: torch.device, shape: str, prompts: int, group_size: 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     lengths = [max(1, max_new_tokens * (i + 1) // group_size) for i in range(group_size)]
     width = PROMPT_LENGTH + sum(lengths)
-    units = torch.tensor([[0] * width] * prompts)
-    branches = torch.tensor([[0] * PROMPT_LENGTH + [i + 1 for i, n in enumerate(lengths) for _ in range(n)]] * prompts)
+    units = torch.tensor([[0] * width] * prompts, device=device)  # the plan's masks on the device
+    branches = torch.tensor(
+        [[0] * PROMPT_LENGTH + [i + 1 for i, n in enumerate(lengths) for _ in range(n)]] * prompts, device=device
+    )
     found = attention.plan(units, branches, smallest=0)
     allowed = torch.zeros(width, width, dtype=torch.bool)
     for s in found.bins[0]:

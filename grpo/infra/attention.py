@@ -246,17 +246,17 @@ def _varlen_serves(kernel, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `kernel` gives, on `device` in `dtype`, what a call per segment gives (to that
     dtype's rounding) on a bin of a prompt with two completions behind it, a sequence of its
     own and unused slots, with grouped-query heads; a kernel that fails is not used."""
-    units = torch.tensor([[0] * 8 + [1] * 6 + [-1] * 2])
-    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2] + [0] * 6 + [-1] * 2])
+    units = torch.tensor([[0] * 8 + [1] * 6 + [-1] * 2], device=device)  # the plan's masks on the device
+    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2] + [0] * 6 + [-1] * 2], device=device)
     found = plan(units, branches, smallest=0)
     g = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(1, heads, 16, 64, generator=g) for heads in (4, 2, 2))
     query, key, value = (t.to(device=device, dtype=dtype) for t in (query, key, value))
     try:
         got = _attend_varlen(query, key, value, found, None, kernel)
+        want = _attend(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), found, None)
     except Exception:  # noqa: BLE001 (a kernel that cannot run here: the call per segment)
         return False
-    want = _attend(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), found, None)
     return bool((got.float() - want.float()).abs().max() <= 2e-2 * float(want.float().abs().max()))
 
 
