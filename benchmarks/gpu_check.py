@@ -307,6 +307,7 @@ def attention_check(device: torch.device, shape: str, prompts: int, group_size: 
     device passed). The largest difference of each from the mask's output (relative to the
     output's largest value) and the median time of 5 passes after 2 warm-up ones."""
     from grpo.infra import attention
+    from grpo.infra.packing import Packed
 
     config = SHAPES[shape]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -319,13 +320,8 @@ def attention_check(device: torch.device, shape: str, prompts: int, group_size: 
         [[0] * PROMPT_LENGTH + [i + 1 for i, n in enumerate(lengths) for _ in range(n)]] * prompts, device=device
     )
     found = attention.plan(units, branches, smallest=0)
-    allowed = torch.zeros(width, width, dtype=torch.bool)
-    for s in found.bins[0]:
-        own = slice(s.start, s.start + s.length)
-        allowed[own, own] = torch.ones(s.length, s.length, dtype=torch.bool).tril()
-        if s.prompt_length:
-            allowed[own, s.prompt : s.prompt + s.prompt_length] = True
-    allowed = allowed.to(device)
+    unused = torch.zeros_like(units)  # the mask needs only the units and branches
+    allowed = Packed(unused, unused, units, branches, unused).attention_mask(dtype)  # the packed pass's own mask
     g = torch.Generator().manual_seed(0)
     q = torch.randn(prompts, heads, width, head_dim, generator=g).to(device, dtype)
     k, v = (torch.randn(prompts, kv_heads, width, head_dim, generator=g).to(device, dtype) for _ in range(2))

@@ -308,6 +308,9 @@ class _Scratch:
         return self.spare[: x.numel()].view(x.shape)
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # logits cast up to float32 for their reduction
+
+
 def _tiling(
     vocab: int, tile: int, dtype: torch.dtype, hidden: Tensor, history: _History | None, backward: bool = True
 ) -> int:
@@ -322,9 +325,6 @@ def _tiling(
     ):
         return max(1, min(vocab, tile))
     return vocab
-
-
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 class _Online:

@@ -215,7 +215,7 @@ def _attend_varlen(query: Tensor, key: Tensor, value: Tensor, found: Plan, scali
 
 
 _VARLEN_DTYPES = (torch.float16, torch.bfloat16)
-_varlen_checked: dict = {}  # (device, dtype) -> whether `_varlen_serves` found the kernel right there
+_varlen_kernels: dict = {}  # (device, dtype) -> the kernel `_varlen_serves` found right there, or None
 
 
 def _varlen_function() -> Callable | None:
@@ -228,29 +228,34 @@ def _varlen_function() -> Callable | None:
 
 def _varlen_kernel(query: Tensor) -> Callable | None:
     """torch's variable-length flash attention where it runs and was found right for `query`'s
-    device and dtype (`_varlen_serves`): a GPU, fp16 or bf16, a head size flash attention
-    takes (a multiple of 8, at most 256). None: a call per segment."""
+    device and dtype (`_varlen_serves`, once per pair): a GPU, fp16 or bf16, a head size flash
+    attention takes (a multiple of 8, at most 256). None: a call per segment."""
     d = query.shape[-1]
     if not query.is_cuda or query.dtype not in _VARLEN_DTYPES or d % 8 or d > 256:
         return None
-    kernel = _varlen_function()
-    if kernel is None:
-        return None
     key = (str(query.device), query.dtype)
-    if key not in _varlen_checked:
-        _varlen_checked[key] = _varlen_serves(kernel, query.device, query.dtype)
-    return kernel if _varlen_checked[key] else None
+    if key not in _varlen_kernels:
+        kernel = _varlen_function()
+        _varlen_kernels[key] = (
+            kernel if kernel is not None and _varlen_serves(kernel, query.device, query.dtype) else None
+        )
+    return _varlen_kernels[key]
+
+
+# The probes' bin (`_serves`, `_varlen_serves`): a prompt of 3 tokens with completions of 3 and
+# 2 behind it, a sequence of 5 of its own, 2 unused slots.
+_PROBE_UNITS = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1, -1]])
+_PROBE_BRANCHES = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, -1, -1]])
 
 
 def _varlen_serves(kernel, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `kernel` gives, on `device` in `dtype`, what a call per segment gives (to that
     dtype's rounding) on a bin of a prompt with two completions behind it, a sequence of its
     own and unused slots, with grouped-query heads; a kernel that fails is not used."""
-    units = torch.tensor([[0] * 8 + [1] * 6 + [-1] * 2], device=device)  # the plan's masks on the device
-    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2] + [0] * 6 + [-1] * 2], device=device)
-    found = plan(units, branches, smallest=0)
+    found = plan(_PROBE_UNITS.to(device), _PROBE_BRANCHES.to(device), smallest=0)  # its masks on the device
     g = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(1, heads, 16, 64, generator=g) for heads in (4, 2, 2))
+    slots = _PROBE_UNITS.shape[1]
+    query, key, value = (torch.randn(1, heads, slots, 64, generator=g) for heads in (4, 2, 2))
     query, key, value = (t.to(device=device, dtype=dtype) for t in (query, key, value))
     try:
         got = _attend_varlen(query, key, value, found, None, kernel)
@@ -352,8 +357,7 @@ def _serves(model) -> bool:
     whose layers do not pass their keywords on would silently use the mask)."""
     from grpo.infra.packing import Packed, mask_dtype
 
-    units = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1, -1]])
-    branches = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, -1, -1]])
+    units, branches = _PROBE_UNITS, _PROBE_BRANCHES
     positions = torch.tensor([[0, 1, 2, 3, 4, 5, 3, 4, 0, 1, 2, 3, 4, 0, 0]])
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
