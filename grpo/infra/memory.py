@@ -54,7 +54,7 @@ def return_freed_memory(threshold: int = 256 << 10) -> bool:
     """train.return_freed_memory: from now on, in this process, freed memory goes back to the
     system at once instead of staying resident for reuse. Under mimalloc (the `grpo` command's
     allocator: grpo.infra.allocator) its purge delay becomes 0 (freed pages are decommitted as
-    soon as they are free, not ~10 ms later). Under glibc every allocation of `threshold`
+    soon as they are free, not a second later: mimalloc 3's default). Under glibc every allocation of `threshold`
     bytes or more (a tensor's storage, mostly) becomes glibc's own mapping, unmapped when
     freed: by default glibc raises that threshold as large blocks are freed (up to 32 MiB), so
     freed tensors stay in its heap, resident, and the heap fragments: a run's resident memory
