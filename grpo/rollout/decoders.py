@@ -75,9 +75,14 @@ class FastDecoder:
     decodes_lora = False
     in_auto = True
 
-    def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None):
+    def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None, spare_bytes: int = 0):
         self.params, self.autocast = params, autocast
         self.policy, self.version, self.weights = None, None, None
+        # Memory the sampling may hold beyond its own without holding more than the update does
+        # (the gradients the update holds and the sampling does not: `grpo.train.loop`); the
+        # fast draw spends it on packed copies of the single matrices (`_pack_within`). 0: none.
+        self.spare_bytes = spare_bytes
+        self.sized = False  # whether this version's weights have been through `_pack_within`
 
     @staticmethod
     def refuses(model, total_length: int, **options) -> str | None:
@@ -96,12 +101,28 @@ class FastDecoder:
         self.weights = None  # the previous weights go before the next are built
         dtype = self.autocast or next(policy.parameters()).dtype
         self.weights = fast.fuse_weights(policy, dtype, pack=self.params.fast_draw)
-        self.policy, self.version = policy, version
+        self.policy, self.version, self.sized = policy, version, False
 
     def release(self) -> None:
         """The fused weights are a copy of the layers' weights: released, they do not sit in
         memory through the update that follows a sample."""
-        self.policy, self.version, self.weights = None, None, None
+        self.policy, self.version, self.weights, self.sized = None, None, None, False
+
+    def _pack_within(self, prompt_ids, counts, p) -> None:
+        """At a version's first call: pack the single matrices of the fast draw's weights
+        (`fast.pack_single_matrices`: the head, the down and output projections) whose copies
+        fit in `spare_bytes` less what this call's sampling holds of its own
+        (`fast.sampling_bytes`). A decision by sizes alone, the same at every run of a config
+        (its draws' rounding depends on it), never by timing."""
+        if self.sized or self.weights is None or not self.spare_bytes or not self.weights.packing:
+            return
+        from grpo.rollout import fast
+
+        self.sized = True
+        prompts, prompt_len = prompt_ids.shape
+        vocab = self.weights.embed.shape[0]
+        own = fast.sampling_bytes(self.weights, prompts, prompt_len, int(counts.sum()), p.max_new_tokens, vocab)
+        fast.pack_single_matrices(self.weights, self.spare_bytes - own)
 
     def exact_logprobs(self) -> bool:
         """Float32 fused weights (the policy's own, no autocast) and a distribution that
@@ -115,6 +136,7 @@ class FastDecoder:
         from grpo.rollout import fast
 
         p = params or self.params
+        self._pack_within(prompt_ids, counts, p)
         return fast.decode(
             self.policy, prompt_ids, prompt_mask, counts, p, weights=self.weights, generators=generators, keep=keep
         )

@@ -59,9 +59,12 @@ class GeneratorSpec:
     device: str = "cpu"
     threads: int = 1  # a worker's torch threads
     folder: str = ""  # a worker's private folder (weights and batches travel as its files)
+    # Memory the fast loop may spend on packed weights: the gradients the update holds and a
+    # sampling between updates does not (`grpo.train.loop.sampling_room`); 0 in a worker.
+    spare_bytes: int = 0
 
     @classmethod
-    def of(cls, c, *, autocast, rank: int = 0, device: str = "cpu") -> GeneratorSpec:
+    def of(cls, c, *, autocast, rank: int = 0, device: str = "cpu", spare_bytes: int = 0) -> GeneratorSpec:
         """The spec of run config `c` (a grpo.config.Config)."""
         u = c.reward_model_update
         return cls(
@@ -75,6 +78,7 @@ class GeneratorSpec:
             dtype=c.train.dtype,
             device=device,
             threads=c.rollout.async_.threads,
+            spare_bytes=spare_bytes,
         )
 
 
@@ -82,7 +86,7 @@ def samplers_of(spec: GeneratorSpec, tokenizer, tools: Toolbox | None) -> dict[s
     """The samplers of a generator, by purpose: training's (the run's seed and rank: its own
     stream per step) and, with iterative RL, the reward model's (its group size, no seed:
     the global stream, as before training had a generator)."""
-    common = dict(prompt_column=spec.prompt_column, autocast=spec.autocast, tools=tools)
+    common = dict(prompt_column=spec.prompt_column, autocast=spec.autocast, tools=tools, spare_bytes=spec.spare_bytes)
     made = {TRAIN: Sampler.from_config(tokenizer, spec.rollout, seed=spec.seed, rank=spec.rank, **common)}
     if spec.pairs:
         made[PAIRS] = Sampler.from_config(tokenizer, spec.rollout, group_size=spec.pairs, **common)

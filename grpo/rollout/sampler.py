@@ -103,13 +103,15 @@ class Sampler:
         seed: int | None = None,
         rank: int = 0,
         tools: Toolbox | None = None,
+        spare_bytes: int = 0,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt). With the
         run's `seed` (and the process's `rank`), it draws from its own stream (module doc).
         rollout.vllm's options go to the vllm decoder, with the longest sequence its engine
         holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit).
-        `tools` (a `grpo.rollout.tools.Toolbox`): multi-turn rollouts with them."""
+        `tools` (a `grpo.rollout.tools.Toolbox`): multi-turn rollouts with them.
+        `spare_bytes`: memory the fast loop may spend on packed weights (`FastDecoder`)."""
         from grpo.vllm.decoder import EngineOptions
 
         longest = rollout.max_prompt_length + rollout.max_new_tokens if rollout.max_prompt_length else None
@@ -125,7 +127,7 @@ class Sampler:
             max_prompt_length=rollout.max_prompt_length,
             seed=seed,
             rank=rank,
-            decoder_options={"vllm": {"options": engine}},
+            decoder_options={"vllm": {"options": engine}, "fast": {"spare_bytes": spare_bytes}},
             tools=tools,
         )
 

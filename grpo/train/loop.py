@@ -56,7 +56,7 @@ from grpo.train.models import (
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
 from grpo.infra.memory import return_freed_memory
-from grpo.train.optimizers import build_optimizer
+from grpo.train.optimizers import StepInBackward, build_optimizer
 from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
@@ -247,9 +247,23 @@ def build_run_generator(c: Config, e: Engine, tools: Toolbox | None = None) -> G
     """What samples the run's batches (and iterative RL's): in this process, or with
     rollout.async in a worker process of its own (one per torchrun process). `tools`: the
     run's tools and environment (multi-turn rollouts), None for single-turn ones."""
-    spec = GeneratorSpec.of(c, autocast=e.compute_dtype, rank=e.world.rank, device=str(e.device))
     worker = c.rollout.async_.max_staleness > 0
+    spare = 0 if worker else sampling_room(e)
+    spec = GeneratorSpec.of(c, autocast=e.compute_dtype, rank=e.world.rank, device=str(e.device), spare_bytes=spare)
     return build_generator(spec, e.tokenizer, tools=tools, world=e.world, worker=worker)
+
+
+def sampling_room(e: Engine) -> int:
+    """The memory a sampling in this process may spend beyond its own without holding more
+    than the update does: the bytes of the policy's gradients, which the update holds all at
+    once and which are freed before the next sampling (zero_grad sets them to None). The
+    fast loop spends it on packed copies of its single matrices (`FastDecoder`), so that a
+    step samples faster at no higher peak. 0 where the update does not hold them all (the
+    step in the backward holds one tensor's at a time), on a GPU (where nothing is packed),
+    and under torchrun (the gradients are sharded; the sampling gathers whole weights)."""
+    if e.device.type != "cpu" or e.world.world_size > 1 or isinstance(e.optimizer, StepInBackward):
+        return 0
+    return sum(p.numel() * p.element_size() for p in e.policy_params)
 
 
 def build_updater(

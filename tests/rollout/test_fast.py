@@ -171,6 +171,80 @@ def test_the_fast_draw_packs_its_weights_and_generates_draw_never_does(monkeypat
     assert torch.equal(got, decoded(generate_decoder.weights, generate_decoder.params)[0])
 
 
+def test_single_matrices_are_packed_in_order_as_far_as_the_room_goes(monkeypatch):
+    """The head first, then every layer's down projection, then every output projection, each
+    kind whole or not at all, each where its copies fit in what the kinds before left of the
+    room; none where the weights are not the fast draw's, and none twice."""
+    if not fast.forward.packs(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packed inner product")
+    monkeypatch.setattr(fast.forward, "PACK_FROM", 0)
+    model = model_of()
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    head = size(model.lm_head.weight)
+    down = sum(size(layer.mlp.down_proj.weight) for layer in model.model.layers)
+    out = sum(size(layer.self_attn.o_proj.weight) for layer in model.model.layers)
+
+    def packed(room, pack=True):
+        w = fast.fuse_weights(model, torch.float32, pack=pack)
+        kinds = fast.pack_single_matrices(w, room)
+        layers = [
+            (isinstance(layer.down, fast.forward._Packed), isinstance(layer.out, fast.forward._Packed))
+            for layer in w.layers
+        ]
+        assert len(set(layers)) == 1  # every layer alike
+        assert layers[0] == ("down" in kinds, "out" in kinds)
+        assert isinstance(w.head, fast.forward._Packed) == ("head" in kinds)
+        return kinds, w
+
+    assert packed(head - 1)[0] == []
+    assert packed(head)[0] == ["head"]
+    assert out < down
+    assert packed(head + down - 1)[0] == ["head", "out"]  # the down projections do not fit; the outputs do
+    assert packed(head + down + out - 1)[0] == ["head", "down"]
+    assert packed(head + down + out)[0] == ["head", "down", "out"]
+    assert packed(1 << 30, pack=False)[0] == []  # generate's draw: plain weights
+    kinds, w = packed(1 << 30)
+    assert fast.pack_single_matrices(w, 1 << 30) == []  # already packed
+
+
+def test_the_fast_decoder_packs_single_matrices_only_within_its_spare_memory(monkeypatch):
+    """FastDecoder packs the head (and more) at a version's first decode only where the copy fits
+    in spare_bytes less the call's own sampling memory (`fast.sampling_bytes`); with no spare
+    memory nothing more is packed; the tokens drawn either way are the fast draw's, and
+    `exact_logprobs` still holds (float32 weights)."""
+    if not fast.forward.packs(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packed inner product")
+    monkeypatch.setattr(fast.forward, "PACK_FROM", 0)
+    model = model_of()
+    TOKENIZER.padding_side = "left"
+    enc = TOKENIZER(["a", "bc1"], padding=True, return_tensors="pt")
+    counts = torch.tensor([3, 3])
+    head = model.lm_head.weight.numel() * 4
+
+    def decoder(spare):
+        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=3, max_new_tokens=6, backend="fast")
+        sampler.decoder_options = {"fast": {"spare_bytes": spare}}
+        made = sampler.decoder(model, 8)
+        made.prepare(model, 0)
+        own = fast.sampling_bytes(made.weights, 2, enc["input_ids"].shape[1], 6, 6, len(TOKENIZER))
+        ids, _ = made.decode(enc["input_ids"], enc["attention_mask"], counts, [torch.Generator().manual_seed(3)])
+        return made, own, ids
+
+    made, own, ids = decoder(0)
+    assert not isinstance(made.weights.head, fast.forward._Packed)
+    assert own > 0
+    made, _, _ = decoder(own + head - 1)  # the head's copy does not fit beside the sampling's own
+    assert not isinstance(made.weights.head, fast.forward._Packed)
+    made, _, packed_ids = decoder(own + head)
+    assert isinstance(made.weights.head, fast.forward._Packed)
+    assert made.exact_logprobs()
+    assert packed_ids.shape == ids.shape
+    made.prepare(model, 1)  # a new version: built plain again, sized at its first decode
+    assert not isinstance(made.weights.head, fast.forward._Packed)
+    made.decode(enc["input_ids"], enc["attention_mask"], counts, [torch.Generator().manual_seed(3)])
+    assert isinstance(made.weights.head, fast.forward._Packed)
+
+
 def test_fast_stops_when_every_row_has_ended_as_generate_does():
     out = sample_both(model_of(eos_bias=4.0))
     (hf, hf_after), (ours, ours_after) = out["hf"], out["fast"]
@@ -181,12 +255,13 @@ def test_fast_stops_when_every_row_has_ended_as_generate_does():
     assert torch.equal(ours_after, hf_after)
 
 
-@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("pack", [False, True, "singles"])
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
     """Prefill and several decoding steps against the model's forward over the whole sequence;
     with `pack`, the stacked matmuls through oneDNN's packed weights (the fast draw's layout on
-    a CPU; packed here whatever their size)."""
+    a CPU; packed here whatever their size); "singles": the head, down and output projections
+    packed too (`pack_single_matrices`, given room for them)."""
     monkeypatch.setattr(fast.forward, "PACK_FROM", 0)
     model = model_of(kind, kv_heads)
     TOKENIZER.padding_side = "left"
@@ -198,8 +273,12 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
     positions = (full_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         expected = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits  # (3, 9, V)
-        w = fast.fuse_weights(model, torch.float32, pack=pack)
-        assert w.packed == (pack and fast.forward.packs(torch.float32, torch.device("cpu")))
+        w = fast.fuse_weights(model, torch.float32, pack=bool(pack))
+        packs = fast.forward.packs(torch.float32, torch.device("cpu"))
+        assert w.packed == (bool(pack) and packs)
+        if pack == "singles":
+            assert fast.pack_single_matrices(w, 1 << 30) == (["head", "down", "out"] if packs else [])
+            assert isinstance(w.head, fast.forward._Packed) == packs
         total = full_ids.shape[1]
         cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(total)[None])
         cos, sin = cos[0], sin[0]

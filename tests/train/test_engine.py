@@ -279,6 +279,33 @@ def test_the_sampler_leaves_the_callers_tokenizer_as_it_was(tiny_model, make_con
     assert saved["padding"] is None and AutoTokenizer.from_pretrained(result.final_dir).padding_side == "right"
 
 
+@pytest.mark.parametrize(
+    "settings,held",
+    [
+        ({}, True),  # a full fine-tune: the update holds every gradient, the sampling none
+        ({"train": {"optimizer_in_backward": True, "max_grad_norm": 0.0}}, False),  # one tensor's at a time
+        ({"rollout": {"async": {"max_staleness": 1}}}, False),  # a worker process samples beside the update
+    ],
+)
+def test_the_fast_loops_room_is_the_gradients_the_update_holds(make_config, monkeypatch, settings, held):
+    """What the run's samplers may spend on packed weights (`sampling_room`): the bytes of the
+    policy's gradients where the update holds them all and the sampling runs between updates
+    in this process; else nothing."""
+    import grpo.train.loop as loop
+
+    specs = []
+    monkeypatch.setattr(loop, "build_generator", lambda spec, *a, **k: specs.append(spec))
+    c = config_from_dict(make_config(**settings))
+    e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
+    loop.build_run_generator(c, e)
+    gradients = sum(p.numel() * 4 for p in e.policy.parameters() if p.requires_grad)
+    assert specs[0].spare_bytes == (gradients if held else 0)
+    if held:
+        assert gradients > 0
+        sampler = Sampler.from_config(e.tokenizer, c.rollout, prompt_column="prompt", spare_bytes=specs[0].spare_bytes)
+        assert sampler.decoder(e.policy, 4).spare_bytes == gradients
+
+
 def test_the_fast_loop_fuses_the_weights_once_per_sample(tiny_model, monkeypatch):
     import grpo.rollout.fast as fast
 

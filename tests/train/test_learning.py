@@ -66,6 +66,23 @@ def test_grpo_learns_the_sevens_reward(make_config, tiny_model):
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
 
 
+def test_grpo_learns_with_the_fast_draws_single_matrices_packed(make_config, monkeypatch):
+    """The sampling's room (the gradients the update holds) spent on packed copies of the head,
+    down and output projections at every step (`FastDecoder`; packed here whatever their size
+    and whatever the sampling holds of its own): the run learns as with plain ones."""
+    import grpo.rollout.fast as fast
+
+    if not fast.forward.packs(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packed inner product")
+    monkeypatch.setattr(fast.forward, "PACK_FROM", 0)
+    monkeypatch.setattr(fast, "sampling_bytes", lambda *a: 0)  # the tiny model's cache outweighs its gradients
+    packed, real = [], fast.pack_single_matrices
+    monkeypatch.setattr(fast, "pack_single_matrices", lambda w, room: packed.append(real(w, room)) or packed[-1])
+    result = grpo.train(make_config(train={"steps": 40, "lr": 1e-3, "sample_every": 0}), progress=False)
+    assert packed == [["head", "down", "out"]] * 40  # once a version, every step
+    assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
+
+
 def test_ppo_learns_the_sevens_reward(make_config):
     config = make_config("ppo", train={"steps": 40, "lr": 1e-3, "sample_every": 10})
     result = grpo.train(config, progress=False)

@@ -10,7 +10,18 @@ processors and draws, loop.py the loops; the options: docs/sampling.md.
 """
 
 from grpo.rollout.fast.draws import process
-from grpo.rollout.fast.forward import cache_dtype, fuse_weights
-from grpo.rollout.fast.loop import ARCHITECTURES, Kept, decode, extend, supported
+from grpo.rollout.fast.forward import cache_dtype, fuse_weights, pack_single_matrices
+from grpo.rollout.fast.loop import ARCHITECTURES, Kept, decode, extend, sampling_bytes, supported
 
-__all__ = ["ARCHITECTURES", "Kept", "cache_dtype", "decode", "extend", "fuse_weights", "process", "supported"]
+__all__ = [
+    "ARCHITECTURES",
+    "Kept",
+    "cache_dtype",
+    "decode",
+    "extend",
+    "fuse_weights",
+    "pack_single_matrices",
+    "process",
+    "sampling_bytes",
+    "supported",
+]

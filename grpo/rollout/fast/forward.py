@@ -27,12 +27,12 @@ class _Layer:
     norm_attn: Tensor
     qkv: Tensor | _Packed  # (q + k + v outputs, H): the three projections stacked
     qkv_bias: Tensor | None
-    out: Tensor
+    out: Tensor | _Packed
     out_bias: Tensor | None
     norm_mlp: Tensor
     gate_up: Tensor | _Packed  # (2 * I, H)
     gate_up_bias: Tensor | None
-    down: Tensor
+    down: Tensor | _Packed
     down_bias: Tensor | None
     q_norm: Tensor | None = None  # Qwen3: RMSNorm over each query head (carrying the 1/sqrt(D))
     k_norm: Tensor | None = None  # Qwen3: RMSNorm over each key head
@@ -43,18 +43,21 @@ class _Weights:
     embed: Tensor
     layers: list[_Layer]
     norm: Tensor
-    head: Tensor
+    head: Tensor | _Packed
     head_bias: Tensor | None
     eps: float
     heads: int
     kv_heads: int
     head_dim: int
 
+    packing: bool = False  # built to be packed (`fuse_weights(pack=True)` where `packs`)
+
     @property
     def packed(self) -> bool:
-        """Whether the stacked weights are oneDNN-packed (`fuse_weights(pack=True)`): only for
-        the fast draw, whose tokens need not be generate's bit for bit."""
-        return any(isinstance(layer.qkv, _Packed) for layer in self.layers)
+        """Whether any matrix is oneDNN-packed (`fuse_weights(pack=True)`, `pack_single_matrices`):
+        only for the fast draw, whose tokens need not be generate's bit for bit."""
+        matrices = [self.head, *(m for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down))]
+        return any(isinstance(m, _Packed) for m in matrices)
 
 
 def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:
@@ -83,11 +86,10 @@ def fuse_weights(model, dtype: torch.dtype, pack: bool = False) -> _Weights:
     """The model's current weights, in `dtype`, with the fused projections built; with `pack`
     (the fast draw's few-row layout), the stacked q/k/v and gate/up matrices of at least
     PACK_FROM values in oneDNN's packed layout where `packs` says it serves (`pack_weight`).
-    Those two are copies in either
-    layout, so packing them holds no more memory; the single matrices (the attention's output,
-    the MLP's down projection, the LM head) stay views of the model's own weights, which a
-    packed copy would add to what sampling holds (benchmarks/README.md has what that would
-    buy)."""
+    Those two are copies in either layout, so packing them holds no more memory; the single
+    matrices (the attention's output, the MLP's down projection, the LM head) stay views of
+    the model's own weights, which a packed copy would add to what sampling holds: packed
+    only where the caller has that room (`pack_single_matrices`)."""
     packed = pack and packs(dtype, model.model.embed_tokens.weight.device)
 
     def linear(weight: Tensor) -> Tensor | _Packed:
@@ -136,7 +138,42 @@ def fuse_weights(model, dtype: torch.dtype, pack: bool = False) -> _Weights:
         heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
+        packing=packed,
     )
+
+
+def pack_single_matrices(w: _Weights, room: int) -> list[str]:
+    """Pack the fast draw's single matrices (`fuse_weights(pack=True)` packs only the stacked
+    ones, which are copies anyway) where their packed copies fit in `room` bytes: the LM head
+    first (the largest, and the most time a step: a 49,152 x 576 head at 8 rows 4.1 ms
+    packed against 8.2-8.6 as W @ x^T or F.linear, an AVX-512 host), then the MLP's down
+    projections, then the attention's outputs, each kind for every layer or none. Their
+    plain matrices are the model's own weights, so each packed copy is memory the sampling
+    holds in addition: `room` is what the caller found it may spend (the gradients the
+    update holds and the sampling does not, less the sampling's own cache and logits:
+    `FastDecoder`). Returns the kinds packed, in order. The logits differ from the plain
+    layout's by float rounding, as the stacked matrices' packing does (the fast draw's tokens
+    need not be generate's bit for bit)."""
+    if not w.packing:  # not the fast draw, or no oneDNN packing on this device or dtype
+        return []
+    kinds = [
+        ("head", [w], "head"),
+        ("down", w.layers, "down"),
+        ("out", w.layers, "out"),
+    ]
+    done = []
+    for kind, owners, name in kinds:
+        matrices = [getattr(o, name) for o in owners]
+        if any(isinstance(m, _Packed) or m.numel() < PACK_FROM for m in matrices):
+            continue
+        size = sum(m.numel() * m.element_size() for m in matrices)
+        if size > room:
+            continue
+        for owner, matrix in zip(owners, matrices):
+            setattr(owner, name, pack_weight(matrix))
+        room -= size
+        done.append(kind)
+    return done
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

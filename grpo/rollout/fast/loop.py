@@ -13,7 +13,7 @@ from torch import Tensor
 from grpo.rollout.params import SamplingParams
 
 from grpo.rollout.fast.draws import Segments, _draw, _inverse_cdf_draw, process
-from grpo.rollout.fast.forward import _Cache, _forward, _Weights, fuse_weights
+from grpo.rollout.fast.forward import _Cache, _forward, _Packed, _Weights, cache_dtype, fuse_weights
 
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -114,6 +114,21 @@ def _weights_for(model, weights: _Weights | None, p: SamplingParams, dtype=None)
     if dtype is None:
         dtype = weights.embed.dtype if weights is not None else next(model.parameters()).dtype
     return fuse_weights(model, dtype, p.fast_draw)
+
+
+def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int, vocab: int) -> int:
+    """About the most memory a `decode` call holds of its own: the prefill's KV cache beside
+    the rows' (`_Cache.repeat`), a few (rows, V) float32 tensors of logits and probabilities,
+    and the prefill's widest activations (the MLP's, and the attention's). `prompts` prompts
+    of `prompt_len` tokens (padded), `rows` completions of up to `new_tokens`. What
+    `FastDecoder` leaves out of the room it may spend on packed weights."""
+    total = prompt_len + new_tokens
+    cache = 2 * len(w.layers) * (prompts + rows) * w.kv_heads * w.head_dim * total * cache_dtype(w).itemsize
+    logits = 3 * rows * vocab * 4
+    gate_up = w.layers[0].gate_up if w.layers else None
+    mlp = 0 if gate_up is None else (gate_up.out_features if isinstance(gate_up, _Packed) else gate_up.shape[0])
+    prefill = prompts * prompt_len * (mlp + 4 * w.heads * w.head_dim) * 4
+    return cache + logits + prefill
 
 
 def decode(
