@@ -120,8 +120,7 @@ class FastDecoder:
 
         self.sized = True
         prompts, prompt_len = prompt_ids.shape
-        vocab = self.weights.embed.shape[0]
-        own = fast.sampling_bytes(self.weights, prompts, prompt_len, int(counts.sum()), p.max_new_tokens, vocab)
+        own = fast.sampling_bytes(self.weights, prompts, prompt_len, int(counts.sum()), p.max_new_tokens)
         fast.pack_single_matrices(self.weights, self.spare_bytes - own)
 
     def exact_logprobs(self) -> bool:

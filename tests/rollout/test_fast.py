@@ -226,7 +226,7 @@ def test_the_fast_decoder_packs_single_matrices_only_within_its_spare_memory(mon
         sampler.decoder_options = {"fast": {"spare_bytes": spare}}
         made = sampler.decoder(model, 8)
         made.prepare(model, 0)
-        own = fast.sampling_bytes(made.weights, 2, enc["input_ids"].shape[1], 6, 6, len(TOKENIZER))
+        own = fast.sampling_bytes(made.weights, 2, enc["input_ids"].shape[1], 6, 6)
         ids, _ = made.decode(enc["input_ids"], enc["attention_mask"], counts, [torch.Generator().manual_seed(3)])
         return made, own, ids
 

@@ -56,8 +56,13 @@ class _Weights:
     def packed(self) -> bool:
         """Whether any matrix is oneDNN-packed (`fuse_weights(pack=True)`, `pack_single_matrices`):
         only for the fast draw, whose tokens need not be generate's bit for bit."""
-        matrices = [self.head, *(m for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down))]
-        return any(isinstance(m, _Packed) for m in matrices)
+        layers = (m for layer in self.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down))
+        return isinstance(self.head, _Packed) or any(isinstance(m, _Packed) for m in layers)
+
+
+def out_features(weight: Tensor | _Packed) -> int:
+    """The outputs of a linear layer's weight, packed (`pack_weight`) or plain (out, in)."""
+    return weight.out_features if isinstance(weight, _Packed) else weight.shape[0]
 
 
 def _stack(linears, dtype, scales=None) -> tuple[Tensor, Tensor | None]:

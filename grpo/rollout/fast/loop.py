@@ -13,7 +13,7 @@ from torch import Tensor
 from grpo.rollout.params import SamplingParams
 
 from grpo.rollout.fast.draws import Segments, _draw, _inverse_cdf_draw, process
-from grpo.rollout.fast.forward import _Cache, _forward, _Packed, _Weights, cache_dtype, fuse_weights
+from grpo.rollout.fast.forward import _Cache, _forward, _Weights, cache_dtype, fuse_weights, out_features
 
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -116,7 +116,7 @@ def _weights_for(model, weights: _Weights | None, p: SamplingParams, dtype=None)
     return fuse_weights(model, dtype, p.fast_draw)
 
 
-def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int, vocab: int) -> int:
+def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int) -> int:
     """About the most memory a `decode` call holds of its own: the prefill's KV cache beside
     the rows' (`_Cache.repeat`), a few (rows, V) float32 tensors of logits and probabilities,
     and the prefill's widest activations (the MLP's, and the attention's). `prompts` prompts
@@ -124,9 +124,8 @@ def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_to
     `FastDecoder` leaves out of the room it may spend on packed weights."""
     total = prompt_len + new_tokens
     cache = 2 * len(w.layers) * (prompts + rows) * w.kv_heads * w.head_dim * total * cache_dtype(w).itemsize
-    logits = 3 * rows * vocab * 4
-    gate_up = w.layers[0].gate_up if w.layers else None
-    mlp = 0 if gate_up is None else (gate_up.out_features if isinstance(gate_up, _Packed) else gate_up.shape[0])
+    logits = 3 * rows * out_features(w.head) * 4
+    mlp = out_features(w.layers[0].gate_up) if w.layers else 0
     prefill = prompts * prompt_len * (mlp + 4 * w.heads * w.head_dim) * 4
     return cache + logits + prefill
 
