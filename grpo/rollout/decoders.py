@@ -108,7 +108,7 @@ class FastDecoder:
         memory through the update that follows a sample."""
         self.policy, self.version, self.weights, self.sized = None, None, None, False
 
-    def _pack_within(self, prompt_ids, counts, p) -> None:
+    def _pack_within(self, prompt_ids, counts, p, keep: bool) -> None:
         """At a version's first call: pack the single matrices of the fast draw's weights
         (`fast.pack_single_matrices`: the head, the down and output projections) whose copies
         fit in `spare_bytes` less what this call's sampling holds of its own
@@ -120,7 +120,8 @@ class FastDecoder:
 
         self.sized = True
         prompts, prompt_len = prompt_ids.shape
-        own = fast.sampling_bytes(self.weights, prompts, prompt_len, int(counts.sum()), p.max_new_tokens)
+        rows, shared = int(counts.sum()), fast.shares_prompts(self.weights, p, counts, prompt_len, keep)
+        own = fast.sampling_bytes(self.weights, prompts, prompt_len, rows, p.max_new_tokens, shared)
         fast.pack_single_matrices(self.weights, self.spare_bytes - own)
 
     def exact_logprobs(self) -> bool:
@@ -135,7 +136,7 @@ class FastDecoder:
         from grpo.rollout import fast
 
         p = params or self.params
-        self._pack_within(prompt_ids, counts, p)
+        self._pack_within(prompt_ids, counts, p, keep)
         return fast.decode(
             self.policy, prompt_ids, prompt_mask, counts, p, weights=self.weights, generators=generators, keep=keep
         )

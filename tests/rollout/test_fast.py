@@ -226,7 +226,7 @@ def test_the_fast_decoder_packs_single_matrices_only_within_its_spare_memory(mon
         sampler.decoder_options = {"fast": {"spare_bytes": spare}}
         made = sampler.decoder(model, 8)
         made.prepare(model, 0)
-        own = fast.sampling_bytes(made.weights, 2, enc["input_ids"].shape[1], 6, 6)
+        own = fast.sampling_bytes(made.weights, 2, enc["input_ids"].shape[1], 6, 6)  # prompts too short to share
         ids, _ = made.decode(enc["input_ids"], enc["attention_mask"], counts, [torch.Generator().manual_seed(3)])
         return made, own, ids
 
@@ -307,6 +307,103 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
                 )
             )
     torch.testing.assert_close(torch.stack(got, 1), expected[:, p - 1 :], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 1)])
+def test_rows_reading_their_prompts_one_copy_get_the_models_own_logits(kind, kv_heads):
+    """A shared cache (`_Cache.share`: each prompt's keys and values once, its rows' own after
+    them) against the model's forward over each row's whole sequence: prompts of 3, 1 and 2
+    rows (left-padded, grouped-query heads or not), each row going on with its own tokens;
+    halfway, rows leave (`keep`), all of the second prompt's among them, so that its prompt
+    leaves the prefix and the others' are renumbered."""
+    model = model_of(kind, kv_heads)
+    TOKENIZER.padding_side = "left"
+    enc = TOKENIZER(["a", "bc1", "cab 7"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]  # (3, 5), left-padded
+    counts = torch.tensor([3, 1, 2])
+    torch.manual_seed(1)
+    extra = torch.randint(4, len(TOKENIZER), (6, 4))  # each row's own tokens
+    full_ids = torch.cat([ids.repeat_interleave(counts, 0), extra], 1)
+    full_mask = torch.cat([mask.repeat_interleave(counts, 0), torch.ones_like(extra)], 1)
+    positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits  # (6, 9, V)
+        w = fast.fuse_weights(model, torch.float32)
+        p = ids.shape[1]
+        cos, sin = model.model.rotary_emb(w.embed[:1], torch.arange(full_ids.shape[1])[None])
+        cos, sin = cos[0], sin[0]
+        cache = fast.forward._Cache(w, 3, p)
+        valid = mask.bool()
+        causal = torch.ones(p, p, dtype=torch.bool).tril()
+        prefill_mask = (causal & (valid[:, None, :] | torch.eye(p, dtype=torch.bool)))[:, None]
+        first = fast.forward._forward(
+            w,
+            ids,
+            cos[positions[[0, 3, 4], :p]][:, None],
+            sin[positions[[0, 3, 4], :p]][:, None],
+            cache,
+            0,
+            prefill_mask,
+        )
+        torch.testing.assert_close(first, expected[[0, 3, 4], p - 1], rtol=1e-5, atol=1e-5)
+        cache.share(counts, p, extra.shape[1])
+        rows = torch.arange(6)
+        for t in range(extra.shape[1]):
+            if t == 2:  # rows 1 and 3 (the second prompt's only row) leave
+                rows = torch.tensor([0, 2, 4, 5])
+                cache.keep(torch.tensor([0, 2, 4, 5]), p + t)
+                assert cache.prefix.keys.shape[1] == 2 and cache.prefix.owner.tolist() == [0, 0, 1, 1]
+            at = p + t
+            pos = positions[rows, at]
+            got = fast.forward._forward(
+                w,
+                full_ids[rows, at : at + 1],
+                cos[pos][:, None, None],
+                sin[pos][:, None, None],
+                cache,
+                at,
+                full_mask.bool()[rows, None, None, : at + 1],
+            )
+            torch.testing.assert_close(got, expected[rows, at], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", OPTIONS[:3] + OPTIONS[5:6], ids=OPTION_IDS[:3] + OPTION_IDS[5:6])
+def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(options, monkeypatch):
+    """The fast draw's rows read their prompt's keys and values from one copy (`shares_prompts`)
+    and draw the same tokens, with the same log-probs to float rounding, as with a copy of
+    the prompt's cache a row; rows finishing early leave the loop meanwhile. Generate's draw
+    never shares (its tokens are generate's bit for bit)."""
+    model = model_of(eos_bias=1.5)
+    shared = []
+    share = fast.forward._Cache.share
+    monkeypatch.setattr(fast.forward._Cache, "share", lambda self, *a: shared.append(a) or share(self, *a))
+
+    def draw(shares):
+        monkeypatch.setattr(fast.loop, "SHARE_FROM", 1 if shares else 1 << 60)
+        sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend="fast", **options)
+        return sampler.sample(model, ROWS, generator=torch.Generator().manual_seed(5))
+
+    alone = draw(False)
+    assert not shared
+    together = draw(True)
+    assert len(shared) == 1
+    assert torch.equal(together.completion_ids, alone.completion_ids)
+    assert (together.completion_mask.sum(1) < 12).any()  # some rows finished early
+    torch.testing.assert_close(together.sampled_logprobs, alone.sampled_logprobs, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+    # By sizes: the copies beyond a prompt's first row hold SHARE_FROM bytes a layer or more.
+    w = fast.fuse_weights(model_of(kv_heads=2), torch.float32)
+    fast_draw = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend="fast").params
+    per_position = 2 * 2 * 16 * 4  # keys and values, 2 heads of 16, float32
+    at = -(-fast.loop.SHARE_FROM // (6 * per_position))  # positions for 6 copies to reach it
+    assert fast_draw.fast_draw and fast.shares_prompts(w, fast_draw, torch.tensor([4, 4]), at)
+    assert not fast.shares_prompts(w, fast_draw, torch.tensor([4, 4]), at - 1)
+    assert not fast.shares_prompts(w, fast_draw, torch.tensor([4, 3, 0]), at)  # 5 copies
+    assert not fast.shares_prompts(w, fast_draw, torch.tensor([1, 1]), 1 << 30)  # a row a prompt: nothing to share
+    assert not fast.shares_prompts(
+        w, fast_draw, torch.tensor([4, 4]), at, keep=True
+    )  # a kept cache holds each row's all
+    assert not fast.shares_prompts(w, generate_drawn("fast").params, torch.tensor([4, 4]), at)
 
 
 def test_bf16_decoding_stays_close_to_float32():

@@ -11,7 +11,7 @@ processors and draws, loop.py the loops; the options: docs/sampling.md.
 
 from grpo.rollout.fast.draws import process
 from grpo.rollout.fast.forward import cache_dtype, fuse_weights, pack_single_matrices
-from grpo.rollout.fast.loop import ARCHITECTURES, Kept, decode, extend, sampling_bytes, supported
+from grpo.rollout.fast.loop import ARCHITECTURES, Kept, decode, extend, sampling_bytes, shares_prompts, supported
 
 __all__ = [
     "ARCHITECTURES",
@@ -23,5 +23,6 @@ __all__ = [
     "pack_single_matrices",
     "process",
     "sampling_bytes",
+    "shares_prompts",
     "supported",
 ]

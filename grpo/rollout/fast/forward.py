@@ -200,13 +200,38 @@ def cache_dtype(w: _Weights) -> torch.dtype:
     return torch.float32 if w.embed.device.type == "cpu" else w.embed.dtype
 
 
+@dataclass
+class _Prefix:
+    """The prompts' keys and values, one copy a prompt, that its rows read instead of a copy
+    each (`_Cache.share`): (layers, P, kv_heads, Lp, head_dim) each; `owner` (rows,) is each
+    row's prompt, `slot` (rows,) its place among that prompt's at most `group` rows."""
+
+    keys: Tensor
+    values: Tensor
+    owner: Tensor
+    slot: Tensor
+    group: int
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep rows `rows` (in that order); a prompt none of them reads is dropped."""
+        self.owner, self.slot = self.owner[rows], self.slot[rows]
+        live = torch.unique(self.owner)  # sorted
+        if len(live) < self.keys.shape[1]:
+            self.keys, self.values = self.keys[:, live], self.values[:, live]
+            self.owner = torch.searchsorted(live, self.owner)
+
+
 class _Cache:
-    """Preallocated keys and values: (layers, B, kv_heads, length, head_dim) each, in `cache_dtype`."""
+    """Preallocated keys and values: (layers, B, kv_heads, length, head_dim) each, in `cache_dtype`.
+    Once shared (`share`), it holds the rows' own positions only, from `offset` on, and
+    `prefix` the prompts' positions before it, read by all of a prompt's rows."""
 
     def __init__(self, w: _Weights, rows: int, length: int):
         shape = (len(w.layers), rows, w.kv_heads, length, w.head_dim)
         self.keys = torch.empty(shape, device=w.embed.device, dtype=cache_dtype(w))
         self.values = torch.empty_like(self.keys)
+        self.prefix: _Prefix | None = None
+        self.offset = 0  # the cache's first position (positions before it are the prefix's)
 
     def repeat(self, counts: Tensor, filled: int) -> None:
         """Repeat cache row i counts[i] times (the G completions of a prompt share its prefix)."""
@@ -217,13 +242,36 @@ class _Cache:
         values[:, :, :, :filled] = self.values[:, :, :, :filled].repeat_interleave(counts, 1)
         self.keys, self.values = keys, values
 
+    def share(self, counts: Tensor, filled: int, length: int) -> None:
+        """Prompt i's counts[i] rows go on from its first `filled` positions, which stay here
+        once as the prefix (not copied to every row, as `repeat` does: a step's attention
+        then reads a prompt's keys and values once for its G rows), and the rows get their
+        own cache of `length` positions after them."""
+        rows, device = int(counts.sum()), self.keys.device
+        owner = torch.arange(len(counts), device=device).repeat_interleave(counts)  # (rows,)
+        first = (counts.cumsum(0) - counts).repeat_interleave(counts)  # each row's prompt's first row
+        self.prefix = _Prefix(
+            self.keys[:, :, :, :filled],
+            self.values[:, :, :, :filled],
+            owner,
+            torch.arange(rows, device=device) - first,
+            int(counts.max()),
+        )
+        self.prefix.keep(torch.arange(rows, device=device))  # a prompt without rows dropped
+        shape = self.keys.shape[:1] + (rows,) + self.keys.shape[2:3] + (length,) + self.keys.shape[4:]
+        self.keys = self.keys.new_empty(shape)
+        self.values = torch.empty_like(self.keys)
+        self.offset = filled
+
     def keep(self, rows: Tensor, filled: int) -> None:
         """Keep cache rows `rows` only (in that order), moved to the front of the same buffers
         (their first `filled` positions): no second cache is allocated."""
-        k = len(rows)
-        self.keys[:, :k, :, :filled] = self.keys[:, rows, :, :filled]
-        self.values[:, :k, :, :filled] = self.values[:, rows, :, :filled]
+        k, own = len(rows), filled - self.offset
+        self.keys[:, :k, :, :own] = self.keys[:, rows, :, :own]
+        self.values[:, :k, :, :own] = self.values[:, rows, :, :own]
         self.keys, self.values = self.keys[:, :k], self.values[:, :k]
+        if self.prefix is not None:
+            self.prefix.keep(rows)
 
 
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -238,6 +286,32 @@ def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) ->
         scores = scores.masked_fill(~mask.view(b, 1, 1, length), -math.inf)
     weights = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
     return torch.matmul(weights, values).view(b, heads, 1, d)
+
+
+def _attend_shared(q: Tensor, prefix: _Prefix, layer: int, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """`_attend_one` for rows whose context starts with their prompt's positions in `prefix`
+    and goes on in their own `keys` and `values` (B, kv_heads, L, D). Each prompt's rows'
+    queries are laid side by side (a prompt's `group` slots, a slot without a row zero), so
+    that one batched matmul a prompt reads its keys and values once for all of its rows.
+    The same attention as over each row's own copy of the prompt, to float rounding."""
+    b, heads, _, d = q.shape
+    pk, pv = prefix.keys[layer], prefix.values[layer]  # (P, kv_heads, Lp, D)
+    prompts, kv_heads, lp = pk.shape[:3]
+    group, per_kv = prefix.group, heads // kv_heads
+    q = q.reshape(b, kv_heads, per_kv, d)
+    side = q.new_zeros(prompts, kv_heads, group, per_kv, d)  # (P, kv_heads, G, heads/kv_heads, D)
+    side[prefix.owner, :, prefix.slot] = q
+    scores = torch.matmul(side.view(prompts, kv_heads, group * per_kv, d), pk.transpose(-1, -2))
+    scores = scores.view(prompts, kv_heads, group, per_kv, lp)[prefix.owner, :, prefix.slot]  # (B, kv, g, Lp)
+    scores = torch.cat([scores, torch.matmul(q, keys.transpose(-1, -2))], -1)  # (B, kv, g, Lp + L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.view(b, 1, 1, scores.shape[-1]), -math.inf)
+    weights = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
+    side = weights.new_zeros(prompts, kv_heads, group, per_kv, lp)
+    side[prefix.owner, :, prefix.slot] = weights[..., :lp]
+    out = torch.matmul(side.view(prompts, kv_heads, group * per_kv, lp), pv)
+    out = out.view(prompts, kv_heads, group, per_kv, d)[prefix.owner, :, prefix.slot]  # (B, kv, g, D)
+    return out.add_(torch.matmul(weights[..., lp:], values)).view(b, heads, 1, d)
 
 
 def _forward(
@@ -277,9 +351,12 @@ def _forward(
         q, k = qk[:, : w.heads].to(cache.keys.dtype), qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
         keys, values = cache.keys[i], cache.values[i]
-        keys[:, :, start:end] = k
-        values[:, :, start:end] = v
-        if s == 1:
+        first, last = start - cache.offset, end - cache.offset  # in this cache's positions
+        keys[:, :, first:last] = k
+        values[:, :, first:last] = v
+        if s == 1 and cache.prefix is not None:
+            attn = _attend_shared(q, cache.prefix, i, keys[:, :, :last], values[:, :, :last], mask)
+        elif s == 1:
             attn = _attend_one(q, keys[:, :, :end], values[:, :, :end], mask)
         else:
             attn = F.scaled_dot_product_attention(

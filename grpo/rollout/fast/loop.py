@@ -116,14 +116,40 @@ def _weights_for(model, weights: _Weights | None, p: SamplingParams, dtype=None)
     return fuse_weights(model, dtype, p.fast_draw)
 
 
-def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int) -> int:
-    """About the most memory a `decode` call holds of its own: the prefill's KV cache beside
-    the rows' (`_Cache.repeat`), a few (rows, V) float32 tensors of logits and probabilities,
+# Where a decoding step's rows read their prompt's keys and values from one copy a prompt
+# (`_Cache.share`) instead of a copy each (`_Cache.repeat`): where the copies beyond the
+# first would hold at least this many bytes a layer. Reading a prompt once takes a few more
+# ops a layer (the queries laid out a prompt at a time, and back), which cost more than the
+# copies' reads save where those are small. SmolLM2-135M, 2 prompts x G rows, 128 tokens, an
+# Intel Xeon AVX-512 host (`benchmarks/bench_shared_prefix.py`): 30-token prompts x 4 (0.3
+# MiB) 6.30 s against 5.98 a copy a row, 150 x 4 (1.3 MiB) 6.59 against 6.67, 300 x 4 (2.6
+# MiB) 7.04 against 7.45, 500 x 8 (10.3 MiB) 9.71 against 12.12.
+SHARE_FROM = 2 << 20
+
+
+def shares_prompts(w: _Weights, p: SamplingParams, counts: Tensor, prompt_len: int, keep: bool = False) -> bool:
+    """Whether a `decode` call's rows read their prompt's keys and values from one copy a
+    prompt (`_Cache.share`) rather than each from its own (`_Cache.repeat`): for the fast
+    draw, where the copies would hold SHARE_FROM bytes a layer or more (`prompt_len`
+    positions for each row beyond a prompt's first), and where the rows' caches are not
+    kept for another turn (`keep`, whose `Kept` holds each row's whole context). Never for
+    generate's draw: its tokens are generate's bit for bit, and the shared attention's sums
+    round differently. A decision by sizes, the same at every run of a config."""
+    copies = int(counts.sum()) - int((counts > 0).sum())
+    size = copies * prompt_len * 2 * w.kv_heads * w.head_dim * cache_dtype(w).itemsize
+    return p.fast_draw and not keep and copies > 0 and size >= SHARE_FROM
+
+
+def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int, shared: bool = False) -> int:
+    """About the most memory a `decode` call holds of its own: its KV caches (`shared`, as
+    `shares_prompts` decides: the prompts' and the rows' own, `_Cache.share`; else the
+    prefill's beside the rows' whole ones, `_Cache.repeat`), a few (rows, V) float32 tensors of logits and probabilities,
     and the prefill's widest activations (the MLP's, and the attention's). `prompts` prompts
     of `prompt_len` tokens (padded), `rows` completions of up to `new_tokens`. What
     `FastDecoder` leaves out of the room it may spend on packed weights."""
     total = prompt_len + new_tokens
-    cache = 2 * len(w.layers) * (prompts + rows) * w.kv_heads * w.head_dim * total * cache_dtype(w).itemsize
+    positions = prompts * prompt_len + rows * new_tokens if shared else (prompts + rows) * total
+    cache = 2 * len(w.layers) * positions * w.kv_heads * w.head_dim * cache_dtype(w).itemsize
     logits = 3 * rows * out_features(w.head) * 4
     mlp = out_features(w.layers[0].gate_up) if w.layers else 0
     prefill = prompts * prompt_len * (mlp + 4 * w.heads * w.head_dim) * 4
@@ -212,7 +238,8 @@ def _decode(
     # Prefill once per distinct prompt. Padding keys are masked out; a padding query attends
     # to itself (its output is never used) so that no row of the mask is empty.
     valid = prompt_mask.bool()  # (B, P)
-    cache = _Cache(w, b, total)
+    shared = shares_prompts(w, p, counts, prompt_len, keep)
+    cache = _Cache(w, b, prompt_len if shared else total)
     causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()
     mask = (causal & (valid[:, None, :] | torch.eye(prompt_len, dtype=torch.bool, device=device)))[:, None]
     logits = _forward(
@@ -226,8 +253,12 @@ def _decode(
         few_rows_layout=p.fast_draw,
     )
 
-    # The G completions of a prompt continue from the same prefix.
-    cache.repeat(counts, prompt_len)
+    # The G completions of a prompt continue from the same prefix: read from one copy
+    # (`shares_prompts`), or each row given its own.
+    if shared:
+        cache.share(counts, prompt_len, p.max_new_tokens)
+    else:
+        cache.repeat(counts, prompt_len)
     logits = logits.repeat_interleave(counts, 0).float()  # (N, V)
     valid = valid.repeat_interleave(counts, 0)
     next_position = prompt_mask.long().sum(1).repeat_interleave(counts, 0)  # (N,)
