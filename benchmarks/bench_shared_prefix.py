@@ -48,7 +48,7 @@ def main() -> None:
         length, group = (int(x) for x in shape.split("x"))
         ids = torch.randint(100, 1000, (2, length), generator=torch.Generator().manual_seed(0))
         counts = torch.tensor([group, group])
-        copies = 2 * (group - 1) * length * 2 * w.kv_heads * w.head_dim * 4
+        copies = fast.forward.cache_bytes(w, 2 * (group - 1) * length)  # a layer's, as SHARE_FROM counts them
         times: dict[bool, list[float]] = {False: [], True: []}
         for shared in [False, True] * (args.repeats + 1):
             loop.SHARE_FROM = 0 if shared else 1 << 62

@@ -200,6 +200,11 @@ def cache_dtype(w: _Weights) -> torch.dtype:
     return torch.float32 if w.embed.device.type == "cpu" else w.embed.dtype
 
 
+def cache_bytes(w: _Weights, positions: int) -> int:
+    """The bytes of one layer's keys and values over `positions` cache positions (`cache_dtype`)."""
+    return 2 * positions * w.kv_heads * w.head_dim * cache_dtype(w).itemsize
+
+
 @dataclass
 class _Prefix:
     """The prompts' keys and values, one copy a prompt, that its rows read instead of a copy
@@ -279,13 +284,18 @@ def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) ->
     matmuls, which for a single query beat the fused scaled_dot_product_attention kernel on
     a CPU. Grouped-query heads share their key/value head."""
     b, heads, _, d = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
+    kv_heads = keys.shape[1]
     q = q.reshape(b, kv_heads, heads // kv_heads, d)  # the query heads of each key/value head
     scores = torch.matmul(q, keys.transpose(-1, -2))  # (B, kv_heads, group, L); q carries the 1/sqrt(D)
+    return torch.matmul(_weights_of(scores, mask, values.dtype), values).view(b, heads, 1, d)
+
+
+def _weights_of(scores: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The attention weights of a query per row's `scores` (B, kv_heads, group, L): a softmax in
+    float32 over the positions `mask` (B, ..., L) allows (all where None), cast to `dtype`."""
     if mask is not None:
-        scores = scores.masked_fill(~mask.view(b, 1, 1, length), -math.inf)
-    weights = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(weights, values).view(b, heads, 1, d)
+        scores = scores.masked_fill(~mask.view(scores.shape[0], 1, 1, scores.shape[-1]), -math.inf)
+    return torch.softmax(scores, -1, dtype=torch.float32).to(dtype)
 
 
 def _attend_shared(q: Tensor, prefix: _Prefix, layer: int, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -304,9 +314,7 @@ def _attend_shared(q: Tensor, prefix: _Prefix, layer: int, keys: Tensor, values:
     scores = torch.matmul(side.view(prompts, kv_heads, group * per_kv, d), pk.transpose(-1, -2))
     scores = scores.view(prompts, kv_heads, group, per_kv, lp)[prefix.owner, :, prefix.slot]  # (B, kv, g, Lp)
     scores = torch.cat([scores, torch.matmul(q, keys.transpose(-1, -2))], -1)  # (B, kv, g, Lp + L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.view(b, 1, 1, scores.shape[-1]), -math.inf)
-    weights = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
+    weights = _weights_of(scores, mask, values.dtype)
     side = weights.new_zeros(prompts, kv_heads, group, per_kv, lp)
     side[prefix.owner, :, prefix.slot] = weights[..., :lp]
     out = torch.matmul(side.view(prompts, kv_heads, group * per_kv, lp), pv)
@@ -330,7 +338,6 @@ def _forward(
     `few_rows_layout`: the matmuls in the layout fastest for a few rows (`_linear`; rollout.draw: fast or auto)."""
     b, s = ids.shape
     q_width, kv_width = w.heads * w.head_dim, w.kv_heads * w.head_dim
-    end = start + s
     gqa = w.kv_heads != w.heads
     h = F.embedding(ids, w.embed)  # (B, S, H)
     for i, layer in enumerate(w.layers):
@@ -351,16 +358,18 @@ def _forward(
         q, k = qk[:, : w.heads].to(cache.keys.dtype), qk[:, w.heads :]  # (B, heads, S, D), (B, kv_heads, S, D)
         v = qkv[..., q_width + kv_width :].view(b, s, w.kv_heads, w.head_dim).transpose(1, 2)
         keys, values = cache.keys[i], cache.values[i]
-        first, last = start - cache.offset, end - cache.offset  # in this cache's positions
+        first = start - cache.offset  # in this cache's positions (the prefix's are before them)
+        last = first + s
         keys[:, :, first:last] = k
         values[:, :, first:last] = v
+        keys, values = keys[:, :, :last], values[:, :, :last]
         if s == 1 and cache.prefix is not None:
-            attn = _attend_shared(q, cache.prefix, i, keys[:, :, :last], values[:, :, :last], mask)
+            attn = _attend_shared(q, cache.prefix, i, keys, values, mask)
         elif s == 1:
-            attn = _attend_one(q, keys[:, :, :end], values[:, :, :end], mask)
+            attn = _attend_one(q, keys, values, mask)
         else:
             attn = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa, scale=1.0
+                q, keys, values, attn_mask=mask, enable_gqa=gqa, scale=1.0
             )  # (B, heads, S, D)
         h = h + _linear(
             attn.transpose(1, 2).reshape(b, s, q_width).to(h.dtype), layer.out, layer.out_bias, few_rows_layout

@@ -13,7 +13,7 @@ from torch import Tensor
 from grpo.rollout.params import SamplingParams
 
 from grpo.rollout.fast.draws import Segments, _draw, _inverse_cdf_draw, process
-from grpo.rollout.fast.forward import _Cache, _forward, _Weights, cache_dtype, fuse_weights, out_features
+from grpo.rollout.fast.forward import _Cache, _forward, _Weights, cache_bytes, fuse_weights, out_features
 
 
 ARCHITECTURES = {"llama", "qwen2", "qwen3", "mistral"}
@@ -136,8 +136,7 @@ def shares_prompts(w: _Weights, p: SamplingParams, counts: Tensor, prompt_len: i
     generate's draw: its tokens are generate's bit for bit, and the shared attention's sums
     round differently. A decision by sizes, the same at every run of a config."""
     copies = int(counts.sum()) - int((counts > 0).sum())
-    size = copies * prompt_len * 2 * w.kv_heads * w.head_dim * cache_dtype(w).itemsize
-    return p.fast_draw and not keep and copies > 0 and size >= SHARE_FROM
+    return p.fast_draw and not keep and copies > 0 and cache_bytes(w, copies * prompt_len) >= SHARE_FROM
 
 
 def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_tokens: int, shared: bool = False) -> int:
@@ -149,7 +148,7 @@ def sampling_bytes(w: _Weights, prompts: int, prompt_len: int, rows: int, new_to
     `FastDecoder` leaves out of the room it may spend on packed weights."""
     total = prompt_len + new_tokens
     positions = prompts * prompt_len + rows * new_tokens if shared else (prompts + rows) * total
-    cache = 2 * len(w.layers) * positions * w.kv_heads * w.head_dim * cache_dtype(w).itemsize
+    cache = len(w.layers) * cache_bytes(w, positions)
     logits = 3 * rows * out_features(w.head) * 4
     mlp = out_features(w.layers[0].gate_up) if w.layers else 0
     prefill = prompts * prompt_len * (mlp + 4 * w.heads * w.head_dim) * 4
