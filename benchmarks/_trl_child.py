@@ -98,6 +98,7 @@ def main(spec_path: str, result_path: str) -> None:
         **checkpointing,
         model_init_kwargs={"dtype": "float32"},
         dataloader_num_workers=0,
+        shuffle_dataset=False,  # the file's order, as ours takes them (bench_grpo_step.ours_config)
         # No evaluation, no saving, no reporting; log every step.
         eval_strategy="no",
         save_strategy="no",

@@ -186,13 +186,16 @@ def sevens(prompts, completions, **columns):
 
 def sevens_recorded(prompts, completions, completion_ids=None, **columns):
     """sevens, and one JSON line per call appended to the file $GRPO_BENCH_LENGTHS: each
-    completion's length in tokens (EOS included) and whether it ended with the EOS id
-    $GRPO_BENCH_EOS. Both tools pass the generated ids up to and including the first EOS."""
+    completion's length in tokens (EOS included), whether it ended with the EOS id
+    $GRPO_BENCH_EOS, and its prompt's text (so that a run can check that both tools sampled
+    the same prompts at each step). Both tools pass the generated ids up to and including the
+    first EOS."""
     path = os.environ.get("GRPO_BENCH_LENGTHS")
     if path and completion_ids is not None:
         eos = int(os.environ["GRPO_BENCH_EOS"])
         record = {"lengths": [len(ids) for ids in completion_ids],
-                  "ended": [bool(len(ids)) and int(ids[-1]) == eos for ids in completion_ids]}
+                  "ended": [bool(len(ids)) and int(ids[-1]) == eos for ids in completion_ids],
+                  "prompts": [_text(p) for p in prompts]}
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\\n")
     return sevens(prompts, completions)
@@ -489,7 +492,9 @@ def ours_config(
         "model": w["model_dir"],
         "seed": s["seed"],
         "output_dir": str(out),
-        "data": {"path": w["prompts"], "prompt_column": "prompt"},
+        # In the file's order, as TRL takes them (`_trl_child.py`: shuffle_dataset False): each
+        # step samples the same prompts in both tools, and completion lengths follow the prompt.
+        "data": {"path": w["prompts"], "prompt_column": "prompt", "shuffle": False},
         "rewards": [{"function": w["reward"], "weight": 1.0}],
         "rollout": {
             "group_size": s["group_size"],
@@ -945,7 +950,22 @@ def run_pair(
         }
         if w.get("record_lengths"):  # the issue's bar on the realistic workload
             entry["verdicts"]["rss_at_most_half"] = entry["ratios"]["peak_rss"] <= 0.5
+            entry["same_prompts_per_step"] = same = same_prompts(ours_run, trl_run)
+            if same is not None:
+                print(
+                    f"[{name} {precision}] steps at which both tools sampled the same prompts: {same:.0%}", flush=True
+                )
     return entry
+
+
+def same_prompts(ours: dict, trl: dict) -> float | None:
+    """The fraction of steps at which both tools' reward calls saw the same prompts (as
+    multisets: the order within a step may differ); None where either recorded none."""
+    a, b = ours.get("lengths", []), trl.get("lengths", [])
+    pairs = [(x.get("prompts"), y.get("prompts")) for x, y in zip(a, b)]
+    if not pairs or any(x is None or y is None for x, y in pairs):
+        return None
+    return sum(sorted(x) == sorted(y) for x, y in pairs) / len(pairs)
 
 
 def _brief(summary: dict) -> str:

@@ -86,6 +86,12 @@ def test_realistic_tiny_one_step_of_ours(tmp_path, monkeypatch):
     ((metrics,), (record,)) = run["steps"], run["lengths"]
     assert len(record["lengths"]) == group * prompts and max(record["lengths"]) <= limit
     assert sum(record["lengths"]) == metrics["tokens/completion"]
+    # The prompts in the file's order (as TRL's run takes them), recorded with the lengths.
+    first = [json.loads(line)["prompt"] for line in Path(w["prompts"]).read_text().splitlines()[:prompts]]
+    assert sorted(record["prompts"]) == sorted(p for p in first for _ in range(group))
+    assert bench.same_prompts(run, run) == 1.0
+    other = {"lengths": [{**record, "prompts": ["another prompt", *record["prompts"][1:]]}]}
+    assert bench.same_prompts(run, other) == 0.0 and bench.same_prompts(run, {"lengths": []}) is None
 
     summary = bench.summarize(run, None, w)
     (stats,) = summary["lengths_per_step"]
