@@ -121,7 +121,8 @@ def agreement(model, sequences: list[list[int]], starts: list[int]) -> float:
 
 def matmul_ms(model, rows: int, dtype, repeats: int = 7) -> float:
     """Milliseconds for the fast draw's matmuls of one decoding step (every layer's stacked
-    q/k/v, output, gate/up and down, and the head), oneDNN-packed for `rows` rows, in `dtype`."""
+    q/k/v, output, gate/up and down, and the head) over `rows` rows, in `dtype`, the weights
+    oneDNN-packed as the fast draw packs them (`pack_weight`: for its few rows, whatever `rows` is)."""
     import torch
 
     from grpo.rollout.fast.forward import pack_weight
