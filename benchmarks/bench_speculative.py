@@ -119,25 +119,22 @@ def agreement(model, sequences: list[list[int]], starts: list[int]) -> float:
     return total / count
 
 
-def matmul_ms(model, rows: int, dtype, repeats: int = 7) -> float:
-    """Milliseconds for the fast draw's matmuls of one decoding step (every layer's stacked
-    q/k/v, output, gate/up and down, and the head) over `rows` rows, in `dtype`, the weights
-    oneDNN-packed as the fast draw packs them (`pack_weight`: for its few rows, whatever `rows` is)."""
+def packed_matrices(model, dtype) -> list:
+    """The fast draw's matrices of one decoding step (`fuse_weights`: every layer's stacked
+    q/k/v, output, gate/up and down, and the head) in `dtype`, each oneDNN-packed as the fast
+    draw packs them (`pack_weight`: for its few rows)."""
+
+    from grpo.rollout.fast.forward import fuse_weights, pack_weight
+
+    w = fuse_weights(model, dtype)
+    mats = [m for layer in w.layers for m in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [w.head]
+    return [(pack_weight(m).weight, m.shape[1]) for m in mats]
+
+
+def matmul_ms(packed: list, rows: int, dtype, repeats: int = 7) -> float:
+    """Milliseconds for one pass of `rows` rows through the `packed_matrices`, in `dtype`."""
     import torch
 
-    from grpo.rollout.fast.forward import pack_weight
-
-    mats = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        mats += [
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-            a.o_proj.weight,
-            torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-            m.down_proj.weight,
-        ]
-    mats.append(model.lm_head.weight)
-    packed = [(pack_weight(w.detach().to(dtype)).weight, w.shape[1]) for w in mats]
     inputs = {width: torch.randn(rows, width).to(dtype) for _, width in packed}
 
     def run():
@@ -220,6 +217,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from benchmarks import bench_grpo_step, smollm2
+    from grpo.rollout.prompts import prompt_text
 
     from grpo.infra.host import cpu_model
 
@@ -239,8 +237,7 @@ def main() -> None:
     sequences, starts = [], []
     for row in rows:
         messages = [{"role": "system", "content": smollm2.SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(prompt_text(messages, tokenizer), add_special_tokens=False)["input_ids"]
         for _ in range(args.group):
             completion, n, ps = sample_with_lookup(model, prompt, args.draft_tokens, tokenizer.eos_token_id, generator)
             tokens, passes, kept_p = tokens + len(completion), passes + n, kept_p + ps
@@ -256,7 +253,8 @@ def main() -> None:
     alpha = agreement(model, sequences, starts)
     step, linear = step_split(model, tokenizer)
     rest = step - linear
-    draft = matmul_ms(model, ROWS, torch.bfloat16) + rest
+    draft = matmul_ms(packed_matrices(model, torch.bfloat16), ROWS, torch.bfloat16) + rest
+    fp32 = packed_matrices(model, torch.float32)
     print(
         f"bf16 draft: agreement with the fp32 policy {alpha:.3f} a token; a plain decoding step {step:.1f} ms "
         f"({linear:.1f} in the matmuls, {rest:.1f} not); a draft step {draft:.1f} ms "
@@ -265,7 +263,7 @@ def main() -> None:
     )
     best = None
     for k in range(1, 7):
-        verify = matmul_ms(model, ROWS * (k + 1), torch.float32) + rest
+        verify = matmul_ms(fp32, ROWS * (k + 1), torch.float32) + rest
         gained = (1 - alpha ** (k + 1)) / (1 - alpha)  # tokens a round, expected
         per_token = (k * draft + verify) / gained
         print(

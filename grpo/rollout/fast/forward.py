@@ -263,8 +263,8 @@ class _Cache:
             int(counts.max()),
         )
         self.prefix.keep(torch.arange(rows, device=device))  # a prompt without rows dropped
-        shape = self.keys.shape[:1] + (rows,) + self.keys.shape[2:3] + (length,) + self.keys.shape[4:]
-        self.keys = self.keys.new_empty(shape)
+        layers, _, kv_heads, _, head_dim = self.keys.shape
+        self.keys = self.keys.new_empty(layers, rows, kv_heads, length, head_dim)
         self.values = torch.empty_like(self.keys)
         self.offset = filled
 
