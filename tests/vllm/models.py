@@ -44,3 +44,19 @@ def save(kind: str, directory: Path, **kw) -> Path:
     build(kind, tokenizer, **kw).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# The engine's log-probs of the tokens it drew against the trainer's, in fp32. On this project's
+# hosts the gap is ~1e-5 a token at worst; a CI host once showed one token of 192 at 2.6e-4
+# (vLLM's CPU kernels are picked per instruction set). A wrong weight sync, temperature or
+# penalty moves every token by 1e-2 or more (a LoRA scale off by 10%: 0.3), so the bound is
+# tight on the average and allows one kernel's rounding at the worst token.
+WORST_GAP, MEAN_GAP = 1e-3, 2e-5
+
+
+def assert_same_logprobs(engine: torch.Tensor, trainer: torch.Tensor) -> None:
+    """`engine` and `trainer` (the valid tokens' log-probs) agree: each within WORST_GAP, their
+    mean gap within MEAN_GAP."""
+    torch.testing.assert_close(engine, trainer, atol=WORST_GAP, rtol=0)
+    gap = float((engine - trainer).abs().mean())
+    assert gap < MEAN_GAP, f"mean gap {gap:.2e} over {engine.numel()} tokens"

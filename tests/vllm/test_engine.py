@@ -1,7 +1,8 @@
 """The vLLM engine in the training process: its log-probs of the tokens it samples are the
-trainer's (fp32, to ~1e-4) before any update and after optimizer updates (the weight sync
-works: a tied head with Qwen2's biases, and an untied Llama), at temperature and repetition
-penalty; its check catches a stale sync; one engine serves every sampler of a model."""
+trainer's (fp32: ~1e-5 a token, models.assert_same_logprobs) before any update and after
+optimizer updates (the weight sync works: a tied head with Qwen2's biases, and an untied
+Llama), at temperature and repetition penalty; its check catches a stale sync; one engine
+serves every sampler of a model."""
 
 import copy
 import random
@@ -17,7 +18,7 @@ from grpo.train.layouts import policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
 from grpo.vllm.decoder import EngineOptions, VllmDecoder, shared_engine
 from grpo.vllm.engine import StaleWeights, policy_weights
-from tests.vllm.models import ALPHABET, build
+from tests.vllm.models import ALPHABET, assert_same_logprobs, build
 
 pytestmark = pytest.mark.vllm
 
@@ -63,7 +64,7 @@ def assert_trainer_scores_the_samples(model, temperature=1.0, penalty=1.0, versi
         scored = policy_logprobs(model, rollout, temperature, penalty)  # (N, T)
     valid = rollout.completion_mask.bool()
     assert valid.sum() > 20
-    torch.testing.assert_close(rollout.sampled_logprobs[valid], scored[valid], atol=1e-4, rtol=0)
+    assert_same_logprobs(rollout.sampled_logprobs[valid], scored[valid])
     assert bool((rollout.sampled_logprobs[~valid] == 0).all())
     return rollout
 

@@ -29,7 +29,7 @@ from grpo.vllm.client import RemoteEngine, identity
 from grpo.vllm.decoder import EngineOptions
 from grpo.vllm.engine import policy_weights
 from tests.train.test_learning import gain
-from tests.vllm.models import ALPHABET, save
+from tests.vllm.models import ALPHABET, assert_same_logprobs, save
 from tests.vllm.test_engine import update
 
 pytestmark = pytest.mark.vllm
@@ -123,7 +123,7 @@ def assert_scored_as_the_trainer(policy, rollout, temperature=1.0, penalty=1.0):
         scored = policy_logprobs(policy, rollout, temperature, penalty)  # (N, T)
     valid = rollout.completion_mask.bool()
     assert valid.sum() > 20
-    torch.testing.assert_close(rollout.sampled_logprobs[valid], scored[valid], atol=1e-4, rtol=0)
+    assert_same_logprobs(rollout.sampled_logprobs[valid], scored[valid])
 
 
 def test_the_server_holds_the_directory_s_model_and_weights(server, policy):
