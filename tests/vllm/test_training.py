@@ -8,7 +8,7 @@ import pytest
 import grpo
 from grpo.vllm import decoder as vllm_decoder
 from tests.train.test_learning import gain
-from tests.vllm.models import save
+from tests.vllm.models import WORST_GAP, save
 
 pytestmark = pytest.mark.vllm
 
@@ -39,7 +39,7 @@ def test_grpo_with_vllm_learns_the_sevens_reward_on_one_engine(make_config, qwen
     # tests/vllm/test_engine.py); what is left is min_new_tokens (8 here) holding EOS back: the
     # engine gives each token's log-prob without EOS's share, so the trainer's is never above it.
     for m in result.metrics:
-        assert 0 < m["rollout/mismatch_kl"] < 1e-3 and m["rollout/mismatch_ratio_max"] <= 1 + 1e-4, m
+        assert 0 < m["rollout/mismatch_kl"] < 1e-3 and m["rollout/mismatch_ratio_max"] <= 1 + WORST_GAP, m
 
 
 def test_ppo_with_vllm_learns_the_sevens_reward(make_config, qwen2):
