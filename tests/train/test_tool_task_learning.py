@@ -91,7 +91,7 @@ def test_grpo_on_the_multiply_task_learns_to_call_its_tool(warmed_base, tmp_path
             "max_tool_calls": 1,
             **rollout,
         },
-        "train": {"steps": 20, "lr": 1e-3, "gradient_checkpointing": False},
+        "train": {"steps": 20, "lr": 3e-4, "gradient_checkpointing": False},
         "loss": {"beta": 0.04},
     }
     metrics = grpo.train(config, progress=False).metrics
@@ -99,7 +99,11 @@ def test_grpo_on_the_multiply_task_learns_to_call_its_tool(warmed_base, tmp_path
     calls = [m["tools/calls_per_rollout"] for m in metrics]
     # Step 1's samples are the base's: it calls the tool part of the time, and is right when it does.
     assert 0.1 < rewards[0] < 0.6 and 0.1 < calls[0] < 0.7, (rewards, calls)
-    # The reward of one step is noisy (32 rollouts of 4 problems): five steps against five.
-    # Over seeds 0-3 at the default draw the gain was 0.10-0.27 (sync) and 0.21-0.29 (async).
-    assert mean(rewards[-5:]) > mean(rewards[:5]) + 0.08, rewards
+    # At lr 3e-4 the reward is up within two or three steps and stays there; the last five
+    # steps' mean against the base's step: +0.26 to +0.37 over seeds 0-3, sync and async, with
+    # torch's AVX-512 kernels and with its AVX2 ones (ATEN_CPU_CAPABILITY=avx2); the advantages'
+    # sign flipped: -0.31 to -0.38. (At lr 1e-3 some seeds collapse into malformed calls: a
+    # reward of 0 from step 11 at seed 2, and the gain of five steps against five from -0.17 to
+    # +0.31, which failed this test on torch's AVX2 kernels.)
+    assert mean(rewards[-5:]) > rewards[0] + 0.15, rewards
     assert mean(calls[-3:]) > calls[0] + 0.3, calls
