@@ -8,7 +8,9 @@ limit (Python cannot stop a thread), or cancelled when the function is async. A 
 its own copies of the batch (`_copies`). `isolate` (a tool: its spec) runs the function in a
 worker process of its own that imports it by its spec and is killed past the limit
 (`_Worker`). A step's async reward functions run together on one event loop
-(`call_concurrently`), as TRL runs them. What this means for a user: docs/safety.md.
+(`call_concurrently`), as TRL runs them. A `Recorder` among a call's shared arguments (TRL's
+`log_metric`) reaches an isolated function too: its calls there are recorded and made again
+here when the call returns. What this means for a user: docs/safety.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Protocol
 from grpo.errors import UserError
 from grpo.infra.imports import describe, import_callable, one_line
 
-__all__ = ["Failed", "Outcome", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
+__all__ = ["Failed", "Outcome", "Recorder", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
 
 _START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
 _STOP_SECONDS = 5.0  # for a killed worker to be reaped
@@ -49,6 +51,35 @@ class Failed(Exception):
 
 class TimedOut(Exception):
     """The call took longer than the reward's `timeout`."""
+
+
+class Recorder:
+    """A callable given to a reward function among its shared arguments (TRL's `log_metric`,
+    `log_extra`): `Recorder(receive)(*args)` is `receive(*args)`. In an isolated function's
+    worker process its calls are recorded and sent back with what the function returned, then
+    made here, in order, once the call has returned (so a call that failed or timed out made
+    none). A UserError that `receive` raises passes through the contained call, as the
+    function's own would."""
+
+    def __init__(self, receive):
+        self.receive = receive
+
+    def __call__(self, *args) -> None:
+        self.receive(*args)
+
+
+class _Tape:
+    """A Recorder's stand-in in a worker process: it adds (its key, the arguments) of every
+    call to `calls`, which all the call's tapes share (their order kept)."""
+
+    def __init__(self, key: str, calls: list[tuple[str, tuple]]):
+        self.key, self.calls = key, calls
+
+    def __call__(self, *args) -> None:
+        self.calls.append((self.key, args))
+
+
+_RECORDED = "grpo.infra.contain:recorded"  # in a worker's request: a Recorder stands here
 
 
 Batch = tuple[list, list, dict[str, list], dict[str, Any]]  # prompts, completions, columns, shared
@@ -79,8 +110,13 @@ def call(
     """
     shared = dict(shared or {})
     if reward.isolate:
-        batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()}, shared)
-        return _in_worker(("reward", reward.spec), batch, reward.timeout)
+        recorders = {key: value for key, value in shared.items() if isinstance(value, Recorder)}
+        sent = {key: _RECORDED if key in recorders else value for key, value in shared.items()}
+        batch = (list(prompts), list(completions), {key: list(values) for key, values in columns.items()}, sent)
+        values, calls = _in_worker(("reward", reward.spec), batch, reward.timeout)
+        for key, args in calls:
+            recorders[key](*args)
+        return values
     batch = _copies(prompts, completions, columns, shared)
     if reward.timeout is None:
         with _SigintNoted() as sigint:
@@ -137,17 +173,18 @@ def call_concurrently(
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
-    shared: dict[str, Any] | None = None,
+    shared: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
 ) -> dict[int, Outcome]:
     """`call` for each of `rewards` that is async and not isolated, all on one event loop at
     once; keyed by the reward's index in `rewards`. Empty when fewer than two qualify (one
     call alone gains nothing from a loop of its own). Each call gets its own copies of the
-    batch and its own `timeout` (past it, the call is cancelled: TimedOut)."""
+    batch and its own `timeout` (past it, the call is cancelled: TimedOut). `shared`: one
+    dict for every call, or one per reward."""
     chosen = [i for i, r in enumerate(rewards) if not r.isolate and is_async(r.fn)]
     if len(chosen) < 2:
         return {}
-    shared = dict(shared or {})
-    batches = [_copies(prompts, completions, columns, shared) for _ in chosen]
+    shares = [dict(shared or {})] * len(rewards) if shared is None or isinstance(shared, dict) else list(shared)
+    batches = [_copies(prompts, completions, columns, dict(shares[i])) for i in chosen]
 
     def run_all(sigint: list) -> list[Outcome]:
         async def together():
@@ -519,6 +556,18 @@ def _exit_when_closed(fd: int) -> None:
     os._exit(1)
 
 
+def _recording(fn, batch: Batch) -> tuple[Any, list[tuple[str, tuple]]]:
+    """A reward's call in its worker, each Recorder of its shared arguments a _Tape: what it
+    returned, and the recorders' calls, (key, args) in the order made."""
+    prompts, completions, columns, shared = batch
+    calls: list[tuple[str, tuple]] = []
+    shared = {
+        key: _Tape(key, calls) if isinstance(value, str) and value == _RECORDED else value
+        for key, value in shared.items()
+    }
+    return _invoke(fn, (prompts, completions, columns, shared), in_worker=True), calls
+
+
 def _serve(kind: str, spec: str, fd: int, watched: int) -> None:
     """The worker's main loop: import the function, say ready, then answer calls until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
@@ -543,7 +592,7 @@ def _serve(kind: str, spec: str, fd: int, watched: int) -> None:
             if kind == "tool":
                 reply = ("ok", _invoke(lambda: fn(**request), _NOTHING, in_worker=True))
             else:
-                reply = ("ok", _invoke(fn, request, in_worker=True))
+                reply = ("ok", _recording(fn, request))
         except UserError as exc:
             reply = ("user_error", str(exc))
         except Failed as exc:

@@ -26,6 +26,7 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.infra import contain
 from grpo.infra.imports import builtin_spec, import_callable, one_line, spec_of
+from grpo.rewards.logged import LOG_ARGUMENTS, RewardLog
 from grpo.rewards.types import SPEC_FORM, RewardFn, RewardScores, StepScores, WeightedReward
 
 __all__ = ["BUILTIN_REWARDS", "as_scores", "load_rewards", "resolve_reward", "score", "score_steps"]
@@ -39,7 +40,7 @@ _EXPECTED_KEYS = ("steps", "expected", "missing")
 # mistaken count from filling memory with left-out steps.
 _MAX_EXPECTED = 100_000
 # Names `score` passes itself: a data column of one of these names could not reach the function.
-RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+RESERVED_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", *LOG_ARGUMENTS)
 
 
 # Built-in name -> the spec it stands for, imported on use. The arithmetic task's rewards are
@@ -280,15 +281,17 @@ def as_messages(prompts: Sequence[Any], completions: Sequence[str | list]) -> li
     ]
 
 
-def _arguments(prompts, completions, columns, completion_ids, trainer_state):
+def _arguments(rewards, prompts, completions, columns, completion_ids, trainer_state, log):
     """The batch as TRL's GRPOTrainer passes it (all by keyword): completions as messages for
     conversational prompts, `completion_ids` (per completion, its tokens up to and including
-    EOS) beside the data's columns, and one `trainer_state` for the batch."""
+    EOS) beside the data's columns, and per function what is one for the batch: the
+    `trainer_state` and, given a `log`, the function's own `log_metric` and `log_extra`."""
     columns = dict(columns)
     if completion_ids is not None:
         columns["completion_ids"] = completion_ids
     shared = {} if trainer_state is None else {"trainer_state": trainer_state}
-    return as_messages(prompts, completions), columns, shared
+    shares = [shared if log is None else {**shared, **log.arguments(r.name)} for r in rewards]
+    return as_messages(prompts, completions), columns, shares
 
 
 def _check_batch(prompts: list, completions: list[str], columns: dict[str, Sequence[Any]]) -> None:
@@ -310,13 +313,15 @@ def score(
     *,
     completion_ids: list[list[int]] | None = None,
     trainer_state: Any = None,
+    log: RewardLog | None = None,
 ) -> RewardScores:
     """Run every reward function on a batch and combine their scores.
 
     Each is called as TRL's GRPOTrainer calls it, all by keyword:
     `fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)`,
     completions as message lists for conversational prompts (`as_messages`); a function
-    without **kwargs gets only the arguments it names.
+    without **kwargs gets only the arguments it names. Given a `log`, each also gets
+    `log_metric` and `log_extra`, which write into it (`grpo.rewards.logged`).
 
     `prompts`, `completions` and every column are row-aligned: row i of each belongs to
     completion i (a prompt repeats once per completion). Returns the raw scores of each
@@ -326,9 +331,9 @@ def score(
     """
     _check_batch(prompts, completions, columns)
     n = len(completions)
-    given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
-    done = contain.call_concurrently(rewards, prompts, given, columns, shared)  # the async ones, together
-    per_function = {r.name: _call(r, prompts, given, columns, shared, done.get(i)) for i, r in enumerate(rewards)}
+    given, columns, shares = _arguments(rewards, prompts, completions, columns, completion_ids, trainer_state, log)
+    done = contain.call_concurrently(rewards, prompts, given, columns, shares)  # the async ones, together
+    per_function = {r.name: _call(r, prompts, given, columns, shares[i], done.get(i)) for i, r in enumerate(rewards)}
     scores = torch.stack(list(per_function.values())) if rewards else torch.empty(0, n)  # (F, N)
     weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32).unsqueeze(1)  # (F, 1)
     scored = ~torch.isnan(scores)  # (F, N)
@@ -416,6 +421,7 @@ def score_steps(
     *,
     completion_ids: list[list[int]] | None = None,
     trainer_state: Any = None,
+    log: RewardLog | None = None,
 ) -> StepScores:
     """Process supervision: every function's steps, weighted, merged per completion.
 
@@ -441,12 +447,12 @@ def score_steps(
     left-out steps make stopping earn, at every token, what going on wrongly would.
     """
     _check_batch(prompts, completions, columns)
-    given, columns, shared = _arguments(prompts, completions, columns, completion_ids, trainer_state)
+    given, columns, shares = _arguments(rewards, prompts, completions, columns, completion_ids, trainer_state, log)
     merged: list[list[tuple[int, float]]] = [[] for _ in completions]
     per_function = {}
-    done = contain.call_concurrently(rewards, prompts, given, columns, shared)  # the async ones, together
+    done = contain.call_concurrently(rewards, prompts, given, columns, shares)  # the async ones, together
     for i, reward in enumerate(rewards):
-        steps = _as_steps(reward.name, _run(reward, prompts, given, columns, shared, done.get(i)), completions)
+        steps = _as_steps(reward.name, _run(reward, prompts, given, columns, shares[i], done.get(i)), completions)
         per_function[reward.name] = torch.tensor(
             [sum(r for _, r in s) / len(s) if s else math.nan for s in steps], dtype=torch.float32
         )

@@ -265,7 +265,8 @@ def rewind_logs(out: Path, step: int, metrics: dict | None) -> None:
 
 def write_samples(path: Path, step: int, result, prompt_column: str) -> None:
     """samples.jsonl: the completions of the step's first prompt, with their rewards (and a
-    multi-turn rollout's messages, tool turns included)."""
+    multi-turn rollout's messages, tool turns included, and the columns the reward functions
+    gave with log_extra)."""
     batch = result.rollout
     with writing(path), open(path, "a", encoding="utf-8") as f:
         for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
@@ -279,6 +280,7 @@ def write_samples(path: Path, step: int, result, prompt_column: str) -> None:
                         "reward": reward if math.isfinite(reward) else None,
                         # A multi-turn rollout's whole conversation: the model's turns and the tool messages.
                         **({} if batch.messages is None else {"messages": batch.messages[i]}),
+                        **{column: values[i] for column, values in result.columns.items()},
                     }
                 )
                 + "\n"

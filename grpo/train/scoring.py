@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from grpo.rewards import WeightedReward, score, score_steps
+from grpo.rewards.logged import RewardLog
 from grpo.train.seams import Scored
 
 
@@ -31,6 +32,7 @@ class Scorer(Protocol):
         *,
         completion_ids: list[list[int]] | None = None,
         trainer_state: Any = None,
+        log: RewardLog | None = None,
     ) -> Scored: ...
 
 
@@ -39,7 +41,7 @@ class OutcomeScorer:
 
     def __call__(self, rewards, prompts, completions, columns, **context) -> Scored:
         scores = score(rewards, prompts, completions, columns, **context)
-        return Scored(scores.total, None, scores.per_function)
+        return Scored(scores.total, None, scores.per_function, context.get("log"))
 
 
 class ProcessScorer:
@@ -47,7 +49,7 @@ class ProcessScorer:
 
     def __call__(self, rewards, prompts, completions, columns, **context) -> Scored:
         scores = score_steps(rewards, prompts, completions, columns, **context)
-        return Scored(scores.total, scores.steps, scores.per_function)
+        return Scored(scores.total, scores.steps, scores.per_function, context.get("log"))
 
 
 # loss.supervision -> the scorer.

@@ -32,6 +32,7 @@ from grpo.algo import (
     whiten,
 )
 from grpo.infra.distributed import SingleProcess, World
+from grpo.rewards.logged import RewardLog
 from grpo.rollout import Rollout
 from grpo.rollout.batch import char_to_token_ends
 from grpo.train.models import autocast
@@ -48,13 +49,17 @@ class Scored:
     scores: Tensor  # (N,) float: each completion's total, NaN where no reward could score it
     steps: list[list[tuple[int, float]]] | None = None  # process supervision: (end character, reward) per step
     per_function: dict[str, Tensor] = field(default_factory=dict)  # name -> (N,) unweighted scores, NaN where None
+    log: RewardLog | None = None  # what the reward functions logged (log_metric, log_extra)
 
     def select(self, rows: Tensor) -> Scored:
-        steps = None if self.steps is None else [self.steps[i] for i in rows.tolist()]
-        return Scored(self.scores[rows], steps, {name: s[rows] for name, s in self.per_function.items()})
+        kept = rows.tolist()
+        steps = None if self.steps is None else [self.steps[i] for i in kept]
+        log = None if self.log is None else self.log.select(kept)
+        return Scored(self.scores[rows], steps, {name: s[rows] for name, s in self.per_function.items()}, log)
 
     def to(self, device: torch.device | str) -> Scored:
-        return Scored(self.scores.to(device), self.steps, {k: v.to(device) for k, v in self.per_function.items()})
+        per_function = {k: v.to(device) for k, v in self.per_function.items()}
+        return Scored(self.scores.to(device), self.steps, per_function, self.log)
 
 
 @dataclass

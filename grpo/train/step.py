@@ -26,6 +26,7 @@ from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.memory import peak_memory_mb, release_free_memory
 from grpo.rewards import WeightedReward
+from grpo.rewards.logged import RewardLog, merge_metrics
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
 from grpo.train.layouts import PACKED, completion_logprobs, layout_of, micro_batches, no_grad_pass, policy_logprobs
@@ -118,6 +119,7 @@ class StepResult:
     metrics: dict
     rollout: Rollout  # everything sampled, including groups left out of the update
     scores: Tensor  # (N,) their rewards
+    columns: dict[str, list] = field(default_factory=dict)  # log_extra's: column -> one value per row of `rollout`
 
 
 @dataclass
@@ -161,7 +163,10 @@ def train_step(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: flo
     what sampling it took (time/generate)."""
     collected = collect(e, sampled, step, generate_seconds)
     metrics = learn(e, collected)
-    return StepResult(metrics, collected.sampled, collected.sampled_scored.scores.cpu())
+    log = collected.sampled_scored.log
+    return StepResult(
+        metrics, collected.sampled, collected.sampled_scored.scores.cpu(), {} if log is None else log.columns
+    )
 
 
 def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float = 0.0) -> Collected:
@@ -191,6 +196,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
             columns,
             completion_ids=completion_ids,
             trainer_state=trainer_state,
+            log=RewardLog(len(completions)),  # TRL's log_metric and log_extra write here
         )
     ).to(batch.completion_mask.device)
     scored_at = time.perf_counter()
@@ -302,7 +308,7 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
     counts = world.sum(torch.tensor([float(batch.loss_mask.sum()), sampled.truncated_prompts], dtype=torch.float64))
-    return {
+    metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
         **{f"reward/{name}": float(torch.nanmean(everyone[:, 4 + i])) for i, name in enumerate(scored.per_function)},
@@ -322,6 +328,21 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
         "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
         **_tool_metrics(world, sampled),
     }
+    return {**metrics, **_logged_metrics(world, scored.log, metrics)}
+
+
+def _logged_metrics(world, log: RewardLog | None, ours: dict) -> dict:
+    """What the reward functions logged with log_metric, over every process (each name's mean
+    of all its calls; one collective when there are several processes). A name of one of
+    the step's own metrics is refused: it would hide one or the other."""
+    logged = merge_metrics(world.gather_objects({} if log is None else log.metrics))
+    taken = sorted(set(logged) & set(ours))
+    if taken:
+        raise UserError(
+            f"a reward function called log_metric({taken[0]!r}, ...): the step's metrics have a {taken[0]!r} "
+            "of their own; choose another name"
+        )
+    return logged
 
 
 def _tool_metrics(world, sampled: Rollout) -> dict:

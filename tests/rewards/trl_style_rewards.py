@@ -45,3 +45,59 @@ async def async_reward(prompts, completions, **kwargs):
     """TRL accepts async reward functions (e.g. a remote judge)."""
     await asyncio.sleep(0)
     return [float(len(prompt[-1]["content"] if isinstance(prompt, list) else prompt)) for prompt in prompts]
+
+
+def boxed_accuracy(completions, ground_truth, log_extra=None, log_metric=None, **kwargs):
+    """TRL's docs (logging extra columns and metrics): the answers found and the accuracy,
+    logged beside the rewards; the loggers default to None, as TRL's example has them."""
+    found = [re.search(r"\\boxed\{(.*?)\}", c) for c in completions]
+    answers = [m.group(1) if m else None for m in found]
+    rewards = [1.0 if a == gt else 0.0 for a, gt in zip(answers, ground_truth)]
+    if log_extra:
+        log_extra("golden_answer", list(ground_truth))
+        log_extra("extracted_answer", [a or "[none]" for a in answers])
+    if log_metric:
+        log_metric("accuracy", sum(rewards) / len(rewards))
+    return rewards
+
+
+def sevens_logged(completions, **kwargs):
+    """The '7's of each completion as its reward, logged through **kwargs (a function that
+    does not name the loggers): their count as a column, the share of completions with one
+    as a metric."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    sevens = [t.count("7") for t in texts]
+    kwargs["log_extra"]("sevens", sevens)
+    kwargs["log_extra"]("chars", [len(t) for t in texts])
+    kwargs["log_metric"]("with_a_seven", sum(s > 0 for s in sevens) / len(sevens))
+    return [float(s) for s in sevens]
+
+
+async def async_logged(completions, **kwargs):
+    """An async function that logs, run on one event loop beside another."""
+    await asyncio.sleep(0)
+    kwargs["log_metric"]("async_calls", 1.0)
+    kwargs["log_extra"]("async_length", [len(c) for c in completions])
+    return [0.0 for _ in completions]
+
+
+async def async_logged_too(completions, **kwargs):
+    await asyncio.sleep(0)
+    kwargs["log_metric"]("async_calls", 3.0)
+    return [1.0 for _ in completions]
+
+
+def logs_badly(completions, how, **kwargs):
+    """A mistake with the loggers, chosen by the `how` column's first value."""
+    mistakes = {
+        "not a number": lambda: kwargs["log_metric"]("score", "high"),
+        "infinite": lambda: kwargs["log_metric"]("score", float("inf")),
+        "no name": lambda: kwargs["log_metric"](7, 1.0),
+        "short column": lambda: kwargs["log_extra"]("score", [1.0]),
+        "our column": lambda: kwargs["log_extra"]("reward", [1.0] * len(completions)),
+        "not json": lambda: kwargs["log_extra"]("score", [object()] * len(completions)),
+        "not a list": lambda: kwargs["log_extra"]("score", "abc"),
+        "our metric": lambda: kwargs["log_metric"]("reward/mean", 1.0),
+    }
+    mistakes[how[0]]()
+    return [0.0 for _ in completions]

@@ -11,6 +11,13 @@ def sevens(prompts, completions, **columns):
     return [c[:8].count("7") / 8 for c in completions]
 
 
+def process_logged(prompts, completions, log_metric=None, **columns):
+    """No reward (0 for every completion); logs the process's rank with TRL's log_metric, so
+    that a run of several processes shows their mean."""
+    log_metric("process", float(os.environ.get("RANK", "0")))
+    return [0.0 for _ in completions]
+
+
 def sevens_then_die(prompts, completions, **columns):
     """`sevens`, but the process kills itself (SIGKILL, no clean-up) at the Nth call, where
     N is $GRPO_TEST_DIE_AT: a crash in the middle of a step, after its sampling."""

@@ -142,7 +142,10 @@ def two_process_run(tiny_model, prompts_file, tmp_path_factory):
         "seed": 0,
         "output_dir": str(tmp / "run"),
         "data": {"path": prompts_file},
-        "rewards": [{"function": "tests.train.rewards_for_tests:sevens"}],
+        "rewards": [
+            {"function": "tests.train.rewards_for_tests:sevens"},
+            {"function": "tests.train.rewards_for_tests:process_logged", "weight": 0.0},  # logs its rank
+        ],
         "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
         "train": {"steps": 40, "lr": 1e-3, "sample_every": 10},
         "loss": {"beta": 0.04},
@@ -161,6 +164,7 @@ def test_a_two_process_run_learns_and_saves_one_plain_model(two_process_run, tin
     assert [m["step"] for m in metrics] == list(range(1, 41))  # process 0 alone writes: one line per step
     assert gain(metrics) >= 0.25, [round(m["reward/mean"], 3) for m in metrics]
     assert all(m["tokens/completion"] == 4 * 8 * 8 for m in metrics)  # every process's completions counted
+    assert all(m["process"] == 0.5 for m in metrics)  # log_metric's calls of both processes, ranks 0 and 1
     assert run.stdout.count('"output_dir"') == 1  # one summary line, from process 0
     final = AutoModelForCausalLM.from_pretrained(out / "final")
     assert json.loads((out / "final" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
