@@ -312,6 +312,8 @@ def config_to_dict(config: Config) -> dict:
     rollout["tools"] = [spec_of(t) if callable(t) else t for t in rollout["tools"]]
     if callable(rollout["environment"]):
         rollout["environment"] = spec_of(rollout["environment"])
+    elif isinstance(rollout["environment"], dict):  # several, by name
+        rollout["environment"] = {k: spec_of(v) if callable(v) else v for k, v in rollout["environment"].items()}
     return data
 
 

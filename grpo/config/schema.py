@@ -175,9 +175,9 @@ class RolloutConfig:
         [],
         "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a Hermes-style chat template; tool tokens stay out of the loss (docs/tools.md).",
     )
-    environment: str | type | None = opt(
+    environment: str | type | dict[str, str | type] | None = opt(
         None,
-        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class': one instance per rollout, reset(**row) first, every public method a tool, get_reward() an optional reward (docs/tools.md).",
+        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class', one instance per rollout; or a mapping of names to classes, each row's 'environment' field naming its own (docs/tools.md).",
     )
     max_tool_calls: int | None = opt(
         None,

@@ -245,15 +245,47 @@ def environment_tools(instance) -> dict[str, Callable]:
     }
 
 
+ENVIRONMENT_COLUMN = "environment"  # with several environments: the row's field that picks one (TRL's)
+
+
+@dataclass
+class _Environment:
+    """One environment class of a run, probed: what its rollouts' prompts show (`schemas`:
+    the standalone tools' and its methods') and whether it scores them (get_reward)."""
+
+    name: str | None  # its name in rollout.environment's mapping; None when the run has one
+    factory: Callable
+    schemas: list[dict]
+    owns_reward: bool
+    async_reward: bool
+
+    @property
+    def label(self) -> str:
+        """How messages name it: its spec, after its name when it has one."""
+        return spec_of(self.factory) if self.name is None else f"{self.name} ({spec_of(self.factory)})"
+
+    def build(self):
+        try:
+            instance = self.factory()
+        except Exception as err:
+            raise UserError(f"environment {self.label!r}: building an instance failed ({one_line(str(err))})") from None
+        if not callable(getattr(instance, "reset", None)):
+            raise UserError(f"environment {self.label!r}: has no reset method (reset(**row) -> str | None)")
+        return instance
+
+
 class Toolbox:
-    """A run's tools and environment class, resolved and checked before the first step:
-    each tool's schema built, the environment probed once (an instance built, its reset
-    and tools found). `start` begins one episode per rollout."""
+    """A run's tools and environment classes, resolved and checked before the first step:
+    each tool's schema built, each environment probed once (an instance built, its reset and
+    tools found). `environment` is one class (or spec), or, as TRL's environment_factory
+    takes it, a mapping of names to classes: then each row's `environment` field names its
+    own, and its prompt shows that environment's tools only. `start` begins one episode per
+    rollout."""
 
     def __init__(
         self,
         tools: Sequence[str | Callable] = (),
-        environment: str | type | None = None,
+        environment: str | type | dict[str, str | type] | None = None,
         *,
         max_calls: int | None = None,
         timeout: float | None = None,
@@ -272,29 +304,47 @@ class Toolbox:
             self.functions[name] = fn
             if isolate:
                 self.isolated[name] = _importable(spec)
+        self.several = isinstance(environment, dict)
+        given = environment if self.several else ({} if environment is None else {None: environment})
+        if self.several and not given:
+            raise UserError("rollout.environment: an empty mapping; name at least one environment class")
+        # What a prompt shows: the standalone tools and, with one environment, its methods
+        # (with several, each row its own environment's: `schemas_of`).
         self.schemas = [_schema(fn, name) for name, fn in self.functions.items()]
-        self.environment = None
-        if environment is not None:
-            factory = environment
-            if isinstance(environment, str):
-                factory = import_object(environment, kind="environment", form="pkg.module:Class")
-            if not callable(factory):
-                raise UserError(f"environment {spec_of(environment)!r}: not a class")
-            self.environment = factory
-            probe = self._build()
-            methods = environment_tools(probe)
-            clash = sorted(set(methods) & set(self.functions))
-            if clash:
-                raise UserError(f"environment {self.name!r}: method {clash[0]!r} has the name of a tool")
-            self.schemas += [_schema(fn, f"{self.name}.{name}") for name, fn in methods.items()]
-            self.owns_reward = callable(getattr(probe, "get_reward", None))
-            self.async_reward = self.owns_reward and inspect.iscoroutinefunction(probe.get_reward)
-        else:
-            self.owns_reward = self.async_reward = False
-        if not self.schemas:
+        self.environments = {name: self._probe(name, spec) for name, spec in given.items()}
+        if None in self.environments:
+            self.schemas = self.environments[None].schemas
+        if not self.environments and not self.schemas:
+            raise UserError("rollout.tools / rollout.environment: no tool to give the model")
+        self.owns_reward = any(env.owns_reward for env in self.environments.values())
+
+    def _probe(self, name: str | None, spec: str | type) -> _Environment:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise UserError(f"rollout.environment: {name!r} is not a name (a mapping of names to classes)")
+        factory = spec
+        if isinstance(spec, str):
+            factory = import_object(spec, kind="environment", form="pkg.module:Class")
+        if not callable(factory):
+            raise UserError(f"environment {spec_of(spec)!r}: not a class")
+        env = _Environment(name, factory, [], False, False)
+        probe = env.build()
+        methods = environment_tools(probe)
+        clash = sorted(set(methods) & set(self.functions))
+        if clash:
+            raise UserError(f"environment {env.label!r}: method {clash[0]!r} has the name of a tool")
+        env.schemas = self.schemas + [_schema(fn, f"{env.label}.{method}") for method, fn in methods.items()]
+        if not env.schemas:
             raise UserError(
-                "rollout.tools / rollout.environment: no tool to give the model (an environment needs a public method)"
+                f"environment {env.label!r}: no tool to give the model (an environment needs a public method)"
             )
+        env.owns_reward = callable(getattr(probe, "get_reward", None))
+        env.async_reward = env.owns_reward and inspect.iscoroutinefunction(probe.get_reward)
+        return env
+
+    @property
+    def environment(self):
+        """The run's environment class when it has exactly one (None without any, or with a mapping)."""
+        return None if self.several or not self.environments else self.environments[None].factory
 
     @classmethod
     def from_config(cls, rollout, tools=None, environment=None) -> Toolbox | None:
@@ -312,13 +362,11 @@ class Toolbox:
             isolate=rollout.tool_isolate,
         )
 
-    @property
-    def name(self) -> str:
-        return spec_of(self.environment)
-
     def check_prompts(self, rows: list[dict], prompt_column: str) -> None:
-        """A one-line UserError unless every row's prompt is chat messages: the tools reach
-        the model through the chat template (checked before the first step, and by the sampler)."""
+        """A one-line UserError unless every row's prompt is chat messages (the tools reach
+        the model through the chat template) and, with several environments, every row
+        names one of them in its `environment` field (checked before the first step, and by
+        the sampler)."""
         plain = next((i for i, row in enumerate(rows) if isinstance(row[prompt_column], str)), None)
         if plain is not None:
             raise UserError(
@@ -326,33 +374,49 @@ class Toolbox:
                 f"{{'role': ..., 'content': ...}}), not plain text (row {plain} is): the tools reach the model "
                 "through the chat template"
             )
+        if self.several:
+            for i, row in enumerate(rows):
+                self._of(row, i)
 
-    def _build(self):
-        try:
-            instance = self.environment()
-        except Exception as err:
-            raise UserError(f"environment {self.name!r}: building an instance failed ({one_line(str(err))})") from None
-        if not callable(getattr(instance, "reset", None)):
-            raise UserError(f"environment {self.name!r}: has no reset method (reset(**row) -> str | None)")
-        return instance
+    def _of(self, row: dict, index: int | None = None) -> _Environment | None:
+        """The environment of a row: the run's one, or the one its `environment` field names."""
+        if not self.several:
+            return self.environments.get(None)
+        name = row.get(ENVIRONMENT_COLUMN)
+        if name not in self.environments:
+            where = "a row" if index is None else f"row {index}"
+            given = "has no 'environment' field" if ENVIRONMENT_COLUMN not in row else f"names {one_line(repr(name))}"
+            raise UserError(
+                f"rollout.environment: {where} {given}; with several environments each row's 'environment' "
+                f"names one of {', '.join(map(repr, self.environments))}"
+            )
+        return self.environments[name]
+
+    def schemas_of(self, row: dict) -> list[dict]:
+        """The tools a row's prompt shows: the standalone ones and its environment's."""
+        env = self._of(row)
+        return self.schemas if env is None else env.schemas
 
     def start(self, rows: list[dict]) -> tuple[list[Episode], list[str | None]]:
         """One episode per row (a rollout), and the text each environment's reset adds to
-        its prompt (None: none). reset gets the row's columns by keyword, as TRL passes them."""
+        its prompt (None: none). reset gets the row's columns by keyword, as TRL passes them
+        (but the `environment` field that picked it, with several)."""
         episodes, texts = [], []
         for row in rows:
-            if self.environment is None:
+            env = self._of(row)
+            if env is None:
                 episodes.append(Episode(dict(self.functions), timeout=self.timeout, isolated=self.isolated))
                 texts.append(None)
                 continue
-            instance = self._build()
+            instance = env.build()
+            columns = {k: v for k, v in row.items() if k != ENVIRONMENT_COLUMN} if self.several else row
             try:
-                text = instance.reset(**row)
+                text = instance.reset(**columns)
             except Exception as err:
-                raise UserError(f"environment {self.name!r}: reset raised {one_line(repr(err))}") from None
+                raise UserError(f"environment {env.label!r}: reset raised {one_line(repr(err))}") from None
             if text is not None and not isinstance(text, str):
                 raise UserError(
-                    f"environment {self.name!r}: reset returned a {type(text).__name__}; expected str or None"
+                    f"environment {env.label!r}: reset returned a {type(text).__name__}; expected str or None"
                 )
             tools = {**self.functions, **environment_tools(instance)}
             episodes.append(Episode(tools, instance, self.timeout, isolated=self.isolated))
@@ -360,22 +424,34 @@ class Toolbox:
         return episodes, texts
 
     def rewards(self) -> list[WeightedReward]:
-        """The environment's get_reward as a reward of weight 1 (as TRL adds it), named
-        after its class; none when it has no get_reward."""
-        if not self.owns_reward:
-            return []
+        """Each environment's get_reward as a reward of weight 1 (as TRL adds it), named after
+        its class (and its name, with several: it scores its own rows, None the others'); none
+        for an environment without get_reward."""
+        return [_get_reward(env) for env in self.environments.values() if env.owns_reward]
 
-        if self.async_reward:
 
-            async def get_reward(environments, **kwargs):
-                return [await e.get_reward() for e in environments]
+def _get_reward(env: _Environment) -> WeightedReward:
+    """`env`'s get_reward as a reward function over a batch's `environments` (one instance per
+    rollout); with several environments, the rows whose `environment` field is not its name
+    score None."""
 
-        else:
+    def mine(environment):
+        return [env.name is None or name == env.name for name in environment]
 
-            def get_reward(environments, **kwargs):
-                return [e.get_reward() for e in environments]
+    if env.async_reward:
 
-        return [WeightedReward(name=f"{self.name}.get_reward", fn=get_reward, weight=1.0)]
+        async def get_reward(environments, **kwargs):
+            picked = mine(kwargs.get(ENVIRONMENT_COLUMN) or [None] * len(environments))
+            return [await e.get_reward() if own else None for e, own in zip(environments, picked)]
+
+    else:
+
+        def get_reward(environments, **kwargs):
+            picked = mine(kwargs.get(ENVIRONMENT_COLUMN) or [None] * len(environments))
+            return [e.get_reward() if own else None for e, own in zip(environments, picked)]
+
+    name = spec_of(env.factory) if env.name is None else f"{env.name}:{spec_of(env.factory)}"
+    return WeightedReward(name=f"{name}.get_reward", fn=get_reward, weight=1.0)
 
 
 def with_observation(prompt: list[dict], text: str | None) -> list[dict]:

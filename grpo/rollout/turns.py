@@ -185,7 +185,8 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     toolbox.check_prompts(rows, sampler.prompt_column)
     episodes, observations = toolbox.start(repeated)
     prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
-    texts = [sampler.format.render(p, toolbox.schemas, generation=True) for p in prompts]
+    schemas = [toolbox.schemas_of(row) for row in repeated]  # with several environments, each row its own
+    texts = [sampler.format.render(p, tools, generation=True) for p, tools in zip(prompts, schemas)]
     prompt_ids, prompt_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)
     check_fits(model, prompt_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     device = next(model.parameters()).device
@@ -236,7 +237,7 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         loss_mask[i, :length] = torch.tensor(row.actions)
         sampled[i, :length] = torch.tensor(row.logprobs)
     if not sampler.rendering_checked:
-        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), toolbox.schemas)
+        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), schemas)
     completion_mask, loss_mask = completion_mask.to(device), loss_mask.to(device)
     return Rollout(
         input_ids=torch.cat([prompt_ids.to(device), completion_ids.to(device)], 1),
@@ -257,23 +258,25 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         policy_version=0 if version is None else version,
         logprobs_exact=exact and with_logprobs,
         messages=[row.messages for row in trajectories],
-        environments=[e.environment for e in episodes] if toolbox.environment is not None else None,
+        environments=[e.environment for e in episodes] if toolbox.environments else None,
         tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
         tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
     )
 
 
-def check_rendering(sampler, prompts: list[list[dict]], rows: list[Trajectory], cut: list[bool], schemas) -> bool:
+def check_rendering(
+    sampler, prompts: list[list[dict]], rows: list[Trajectory], cut: list[bool], schemas: list[list[dict]]
+) -> bool:
     """Whether the check was made: the first rollout with a tool message (and a whole
     prompt) rendered by the chat template, each model turn as the text it sampled, and
     tokenized as the sampler tokenizes a prompt, against the prompt's tokens and the
     completion's as sampled and appended. A one-line warning where they differ (training
     uses the tokens as sampled either way)."""
-    for prompt, row, was_cut in zip(prompts, rows, cut):
+    for prompt, row, was_cut, tools in zip(prompts, rows, cut, schemas):
         if was_cut or not any(m["role"] == "tool" for m in row.as_written):
             continue
         tok = sampler.tokenizer
-        text = sampler.format.render(list(prompt) + row.as_written, schemas, generation=False)
+        text = sampler.format.render(list(prompt) + row.as_written, tools, generation=False)
         rendered = tok(text, add_special_tokens=True)["input_ids"]
         ours = row.context
         if rendered[: len(ours)] != ours:

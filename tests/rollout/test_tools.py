@@ -34,7 +34,14 @@ from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
 from grpo.train.layouts import policy_logprobs
-from tests.rollout.tool_models import MULTIPLY_PROMPT, DatasetIncrementEnv, async_add, multiply
+from tests.rollout.tool_models import (
+    INCREMENT_PROMPT,
+    MULTIPLY_PROMPT,
+    DatasetIncrementEnv,
+    MultiplyEnv,
+    async_add,
+    multiply,
+)
 
 # ---- parsing and the chat template ------------------------------------------------------------
 
@@ -239,6 +246,63 @@ def test_the_toolbox_checks_tools_and_environments_up_front():
     episodes, texts = box.start([{"prompt": [], "target": 2}, {"prompt": [], "target": 5}])
     assert texts == [None, None] and [e.environment.target for e in episodes] == [2, 5]
     assert episodes[0].environment is not episodes[1].environment  # one instance per rollout
+
+
+SEVERAL = {"counter": DatasetIncrementEnv, "product": MultiplyEnv}
+COUNTER_ROW = {"prompt": INCREMENT_PROMPT, "target": 2, "environment": "counter"}
+PRODUCT_ROW = {"prompt": MULTIPLY_PROMPT, "environment": "product"}
+
+
+def tool_names(schemas):
+    return [s["function"]["name"] for s in schemas]
+
+
+def test_several_environments_each_row_its_own():
+    """TRL's environment_factory as a mapping: a row's `environment` field picks its class; its
+    prompt shows that class's tools (and the standalone ones) only; reset gets the row but
+    that field; each get_reward scores its own rows, None the others'."""
+    box = Toolbox([async_add], SEVERAL)
+    assert box.environment is None and box.owns_reward
+    assert tool_names(box.schemas_of(COUNTER_ROW)) == ["async_add", "increment"]
+    assert tool_names(box.schemas_of(PRODUCT_ROW)) == ["async_add", "multiply"]
+    episodes, texts = box.start([COUNTER_ROW, PRODUCT_ROW, PRODUCT_ROW])
+    assert texts == [None] * 3
+    assert [type(e.environment) for e in episodes] == [DatasetIncrementEnv, MultiplyEnv, MultiplyEnv]
+    assert episodes[0].environment.target == 2 and episodes[1].environment.columns == ["prompt"]
+    assert sorted(episodes[1].functions) == ["async_add", "multiply"]
+    episodes[1].environment.calls = 1
+    environments = [e.environment for e in episodes]
+    scored = {
+        r.name: r.fn(environments=environments, environment=["counter", "product", "product"]) for r in box.rewards()
+    }
+    assert scored == {
+        "counter:tests.rollout.tool_models:DatasetIncrementEnv.get_reward": [0.0, None, None],
+        "product:tests.rollout.tool_models:MultiplyEnv.get_reward": [None, 1.0, 0.0],
+    }
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([COUNTER_ROW, {"prompt": MULTIPLY_PROMPT}], r"row 1 has no 'environment' field; with several environments"),
+        ([{**COUNTER_ROW, "environment": "count"}], r"row 0 names 'count'; .* names one of 'counter', 'product'$"),
+    ],
+)
+def test_a_row_without_one_of_several_environments_is_one_line(rows, message):
+    with pytest.raises(UserError, match=rf"^rollout.environment: {message}"):
+        Toolbox([], SEVERAL).check_prompts(rows, "prompt")
+
+
+def test_an_empty_mapping_of_environments_is_one_line():
+    with pytest.raises(UserError, match=r"^rollout.environment: an empty mapping"):
+        Toolbox([multiply], {})
+
+
+def test_the_config_records_several_environments_by_spec(make_config):
+    c = config_from_dict(make_config(rollout={"environment": {"counter": DatasetIncrementEnv, "product": "a.b:C"}}))
+    assert c.rollout.environment == {"counter": DatasetIncrementEnv, "product": "a.b:C"}
+    written = config_to_dict(c)["rollout"]["environment"]
+    assert written == {"counter": "tests.rollout.tool_models:DatasetIncrementEnv", "product": "a.b:C"}
 
 
 def test_the_config_takes_tools_and_an_environment_and_records_their_specs(make_config):
@@ -564,3 +628,17 @@ def test_with_a_seed_per_prompt_a_prompt_s_rollouts_do_not_depend_on_the_others(
     assert torch.equal(both.completion_ids[3:, :width], alone.completion_ids)
     assert both.completion_mask[3:, width:].sum() == 0
     assert both.messages[3:] == alone.messages
+
+
+def test_rollouts_of_several_environments_show_and_run_each_row_its_own(tool_lm):
+    """On the tool model: each row's rendered prompt holds its own environment's tool only,
+    and its calls run on its own instance."""
+    tokenizer, model = tool_lm
+    rollout = sampler_for(tokenizer, [], environment=SEVERAL).sample(model, [COUNTER_ROW, PRODUCT_ROW])
+    for i, (own, other) in enumerate([("increment", "multiply")] * 2 + [("multiply", "increment")] * 2):
+        assert f'"name": "{own}"' in rollout.prompts[i] and f'"name": "{other}"' not in rollout.prompts[i], i
+    assert [type(e) for e in rollout.environments] == [DatasetIncrementEnv] * 2 + [MultiplyEnv] * 2
+    assert [r["environment"] for r in rollout.rows] == ["counter"] * 2 + ["product"] * 2
+    # The counter rows' increment(step=2) ran on their own instances. (The product rows' calls
+    # are not asked for: the tiny model learned its multiply call beside async_add's schema.)
+    assert [e.counter for e in rollout.environments[:2]] == [2, 2]

@@ -83,6 +83,25 @@ class DatasetIncrementEnv(IncrementEnv):
         self.target = target
 
 
+class MultiplyEnv:
+    """A second environment, for a run of several (TRL's environment_factory as a mapping): its
+    one tool multiplies; it scores a rollout 1 when the model called it, and keeps the
+    columns its reset got."""
+
+    def reset(self, **kwargs) -> None:
+        self.calls, self.columns = 0, sorted(kwargs)
+
+    def get_reward(self) -> float:
+        return float(self.calls > 0)
+
+    def multiply(self, a: int, b: int) -> int:
+        self.calls += 1
+        return a * b
+
+
+MultiplyEnv.multiply.__doc__ = multiply.__doc__  # the schema the tiny model learned with
+
+
 def counter_reward(environments, **kwargs):
     """A reward that reads the environments (TRL passes `environments=` when there are any)."""
     return [float(env.counter) for env in environments]

@@ -205,6 +205,35 @@ def test_a_reward_reads_the_environments(tool_model, tmp_path):
     assert metrics["reward/tests.rollout.tool_models:DatasetIncrementEnv.get_reward"] == pytest.approx(1.0)
 
 
+def test_a_run_with_several_environments_scores_each_row_by_its_own(tool_model, tmp_path):
+    """rollout.environment as a mapping of names to specs (a YAML config's): each environment's
+    get_reward scores the rows that name it, so every row is scored; config.yaml keeps the
+    mapping."""
+    rows = [
+        {"prompt": INCREMENT_PROMPT, "target": 2, "environment": "counter"},
+        {"prompt": MULTIPLY_PROMPT, "environment": "product"},
+    ]
+    several = {
+        "counter": "tests.rollout.tool_models:DatasetIncrementEnv",
+        "product": "tests.rollout.tool_models:MultiplyEnv",
+    }
+    config = run_config(tool_model, tmp_path, rows, environment=several)
+    result = grpo.train(config, progress=False)
+    (metrics,) = result.metrics
+    assert metrics["frac_unscored"] == 0
+    assert metrics["reward/counter:tests.rollout.tool_models:DatasetIncrementEnv.get_reward"] == pytest.approx(1.0)
+    assert "reward/product:tests.rollout.tool_models:MultiplyEnv.get_reward" in metrics
+    written = (result.output_dir / "config.yaml").read_text()
+    assert "counter: tests.rollout.tool_models:DatasetIncrementEnv" in written
+
+
+def test_a_row_naming_no_environment_stops_the_run_before_any_model_loads(tmp_path):
+    rows = [{"prompt": INCREMENT_PROMPT, "environment": "counter"}, {"prompt": MULTIPLY_PROMPT}]
+    config = run_config("no/such/model", tmp_path, rows, environment={"counter": DatasetIncrementEnv})
+    with pytest.raises(UserError, match=r"^rollout.environment: row 1 has no 'environment' field"):
+        grpo.train(config, progress=False)
+
+
 SCORED_STEPS = []
 
 
