@@ -48,7 +48,13 @@ def _require(ok: bool, message: str) -> None:
 def validate(c: Config) -> None:
     """Impossible values, each reported with its key. Runs before anything is loaded."""
     _require(bool(c.model), "model: required (a Hugging Face model directory or hub id)")
-    _require(bool(c.data.path), "data.path: required (a prompt file or a datasets name)")
+    several = isinstance(c.rollout.environment, dict)
+    _require(
+        bool(c.data.path) or (c.rollout.environment is not None and not several),
+        "data.path: required with several environments (each row's 'environment' field picks one)"
+        if several
+        else "data.path: required (a prompt file or a datasets name; or a rollout.environment whose reset writes the prompt)",
+    )
     _require(
         len(c.rewards) > 0 or c.rollout.environment is not None,
         "rewards: at least one reward is required, e.g. [{function: exact_answer}]",

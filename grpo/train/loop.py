@@ -243,6 +243,13 @@ def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) ->
     }
 
 
+def environment_rows(c: Config) -> list[dict]:
+    """No data (data.path empty, one rollout.environment): as TRL drives such a run, a step's
+    worth of rows whose prompt is an empty user message, to which each rollout's reset appends
+    its task (validate allows it only with one environment)."""
+    return [{c.data.prompt_column: [{"role": "user", "content": ""}]} for _ in range(c.rollout.prompts_per_step)]
+
+
 def build_run_generator(c: Config, e: Engine, tools: Toolbox | None = None) -> Generator:
     """What samples the run's batches (and iterative RL's): in this process, or with
     rollout.async in a worker process of its own (one per torchrun process). `tools`: the
@@ -379,8 +386,12 @@ def _train(
             raise UserError(absent)
         u = c.reward_model_update
         verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-        rows = load_rows(
-            c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
+        rows = (
+            load_rows(
+                c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
+            )
+            if c.data.path
+            else environment_rows(c)
         )
         if toolbox is not None:
             toolbox.check_prompts(rows, c.data.prompt_column)

@@ -192,6 +192,35 @@ def test_trl_s_environment_example_trains_unchanged(tool_model, tmp_path):
     assert metrics["frac_unscored"] == 0
 
 
+def test_trl_s_environment_example_trains_with_no_data(tool_model, tmp_path):
+    """TRL's way without a dataset: the environment writes every prompt from reset (the
+    prompts are empty user messages, a step's worth)."""
+    config = run_config(tool_model, tmp_path, [])
+    del config["data"]
+    result = grpo.train(config, environment_factory=IncrementEnv, progress=False)
+    (metrics,) = result.metrics
+    assert metrics["frac_unscored"] == 0 and "reward/tests.rollout.tool_models:IncrementEnv.get_reward" in metrics
+    samples = [json.loads(line) for line in (result.output_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and all(
+        s["prompt"][-1]["content"].startswith("Increment the counter by ") for s in samples
+    ), samples
+
+
+@pytest.mark.parametrize(
+    "environment, message",
+    [
+        (None, r"data.path: required \(a prompt file or a datasets name; or a rollout.environment whose reset"),
+        ({"counter": DatasetIncrementEnv}, r"data.path: required with several environments"),
+    ],
+)
+def test_no_data_needs_one_environment(tool_model, tmp_path, environment, message):
+    config = run_config(tool_model, tmp_path, [], environment=environment, tools=[] if environment else [multiply])
+    del config["data"]
+    config["rewards"] = [{"function": correct}]
+    with pytest.raises(UserError, match=rf"^{message}"):
+        grpo.train(config, progress=False)
+
+
 def test_a_reward_reads_the_environments(tool_model, tmp_path):
     """TRL's dataset-fed IncrementEnv: reset(target=...) from the row; a reward function that
     takes `environments` reads each rollout's counter, which the model's call moved."""
