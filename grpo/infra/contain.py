@@ -34,7 +34,17 @@ from typing import Any, Protocol
 from grpo.errors import UserError
 from grpo.infra.imports import describe, import_callable, one_line
 
-__all__ = ["Failed", "Outcome", "Recorder", "TimedOut", "call", "call_concurrently", "call_function", "stop_workers"]
+__all__ = [
+    "Failed",
+    "Outcome",
+    "Recorder",
+    "TimedOut",
+    "call",
+    "call_concurrently",
+    "call_function",
+    "call_functions_concurrently",
+    "stop_workers",
+]
 
 _START_SECONDS = 120.0  # for a worker to import its function, before the first call's clock starts
 _STOP_SECONDS = 5.0  # for a killed worker to be reaped
@@ -186,9 +196,31 @@ def call_concurrently(
     shares = [dict(shared or {})] * len(rewards) if shared is None or isinstance(shared, dict) else list(shared)
     batches = [_copies(prompts, completions, columns, dict(shares[i])) for i in chosen]
 
+    def reward_call(reward: Contained, batch: Batch):
+        prompts, completions, columns, shared = batch
+        positional, keywords = arguments_for(reward.fn, prompts, completions, {**columns, **shared})
+        return lambda: reward.fn(*positional, **keywords)
+
+    calls = [(reward_call(rewards[i], batch), rewards[i].timeout) for i, batch in zip(chosen, batches)]
+    return dict(zip(chosen, _together(calls)))
+
+
+def call_functions_concurrently(calls: Sequence[tuple[Any, dict[str, Any], float | None]]) -> list[Outcome]:
+    """`fn(**keywords)` for each (fn, keywords, timeout) of `calls`, async functions all (a
+    turn's async tool calls, as TRL awaits them), on one event loop at once, each contained
+    as `call_function` contains a call and bounded by its own timeout (past it, cancelled:
+    TimedOut). One Outcome per call, in order."""
+    return _together([((lambda fn=fn, kw=keywords: fn(**kw)), timeout) for fn, keywords, timeout in calls])
+
+
+def _together(calls: Sequence[tuple[Any, float | None]]) -> list[Outcome]:
+    """Each (thunk, timeout) of `calls` run on one event loop at once (`_one`)."""
+    if not calls:
+        return []
+
     def run_all(sigint: list) -> list[Outcome]:
         async def together():
-            return await asyncio.gather(*(_one(rewards[i], batch, sigint) for i, batch in zip(chosen, batches)))
+            return await asyncio.gather(*(_one(thunk, timeout, sigint) for thunk, timeout in calls))
 
         return asyncio.run(together())
 
@@ -196,22 +228,20 @@ def call_concurrently(
         asyncio.get_running_loop()
     except RuntimeError:
         with _SigintNoted() as sigint, _exit_raises():
-            outcomes = run_all(sigint)
-    else:  # this thread runs a loop already (a notebook): asyncio.run needs a thread of its own
-        outcomes = _on_thread(lambda: run_all([]), _NOTHING, None)
-    return dict(zip(chosen, outcomes))
+            return run_all(sigint)
+    # This thread runs a loop already (a notebook): asyncio.run needs a thread of its own.
+    return _on_thread(lambda: run_all([]), _NOTHING, None)
 
 
-async def _one(reward: Contained, batch: Batch, sigint: list) -> Outcome:
-    """One call of an async reward inside `call_concurrently`'s loop, as `_invoke` makes it:
-    everything raised becomes the Outcome's error (a real Ctrl-C excepted), so that one
-    function's failure, sys.exit included, neither stops the others nor the loop."""
-    prompts, completions, columns, shared = batch
-    scope = asyncio.timeout(reward.timeout)
+async def _one(thunk, timeout: float | None, sigint: list) -> Outcome:
+    """One call (`thunk()`, awaited if it gives an awaitable) inside `_together`'s loop, as
+    `_invoke` makes it: everything raised becomes the Outcome's error (a real Ctrl-C
+    excepted), so that one function's failure, sys.exit included, neither stops the others
+    nor the loop."""
+    scope = asyncio.timeout(timeout)
     try:
-        positional, keywords = arguments_for(reward.fn, prompts, completions, {**columns, **shared})
         async with scope:
-            values = reward.fn(*positional, **keywords)
+            values = thunk()
             if inspect.isawaitable(values):
                 values = await values
         return Outcome(values)

@@ -25,7 +25,7 @@ from grpo.infra import contain
 from grpo.infra.imports import import_object, one_line, spec_of
 from grpo.rewards.types import WeightedReward
 
-__all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "parse_calls"]
+__all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "answer_turn", "parse_calls"]
 
 FORMAT = "the Qwen2.5/Hermes format, <tool_call>{json}</tool_call>"
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -185,11 +185,10 @@ class Episode:
 
     def run(self, call: Call) -> dict:
         """The tool message that answers `call` (contained: module doc)."""
-        self.calls += 1
-        content = self._answer(call)
-        return {"role": "tool", "name": call.name, "content": content}
+        return answer_turn([(self, [call])])[0][0]
 
-    def _answer(self, call: Call) -> str:
+    def _target(self, call: Call) -> Callable | str:
+        """The function that answers `call`, or the error message that does (counted)."""
         if call.error is not None:
             self.failures += 1
             return _error(call.error)
@@ -197,8 +196,17 @@ class Episode:
         if fn is None:
             self.failures += 1
             return _error(f"unknown tool {call.name!r}; the tools are {', '.join(sorted(self.functions)) or 'none'}")
+        return fn
+
+    def _call(self, fn: Callable, call: Call) -> str:
+        """`fn` run on the call's arguments here (or in its worker, isolated), answered."""
+        spec = self.isolated.get(call.name)
+        return self._settle(call, lambda: contain.call_function(fn, call.arguments, self.timeout, spec=spec))
+
+    def _settle(self, call: Call, result: Callable[[], Any]) -> str:
+        """The call's answer from `result()`, what it returned; a failure (counted) as an error."""
         try:
-            result = contain.call_function(fn, call.arguments, self.timeout, spec=self.isolated.get(call.name))
+            value = result()
         except contain.TimedOut:
             self.failures += 1
             return _error(f"the tool took longer than {self.timeout:g} s")
@@ -208,7 +216,35 @@ class Episode:
         except UserError as err:  # raised inside the tool: the tool's failure, not the run's
             self.failures += 1
             return _error(f"the tool raised {one_line(str(err))}")
-        return as_content(call.name, result)
+        return as_content(call.name, value)
+
+
+def answer_turn(turn: Sequence[tuple[Episode, list[Call]]]) -> list[list[dict]]:
+    """The tool messages that answer one turn's calls, each (episode, its calls) of `turn` in
+    order. Each call is contained (module doc) and counted in its episode. A sync tool (or an
+    isolated one) runs when its rollout's turn comes; the turn's async tools, of every
+    rollout, then run all at once on one event loop (as TRL awaits them), each bounded by
+    the timeout: a turn that calls a remote tool from 64 rollouts waits for the slowest
+    call, not for the sum of them."""
+    answers: list[list[str | None]] = [[None] * len(calls) for _, calls in turn]
+    waiting = []  # (row, call index, episode, call, fn): the async calls, run together below
+    for i, (episode, calls) in enumerate(turn):
+        for j, call in enumerate(calls):
+            episode.calls += 1
+            target = episode._target(call)
+            if isinstance(target, str):
+                answers[i][j] = target
+            elif contain.is_async(target) and call.name not in episode.isolated:
+                waiting.append((i, j, episode, call, target))
+            else:
+                answers[i][j] = episode._call(target, call)
+    outcomes = contain.call_functions_concurrently([(fn, c.arguments, e.timeout) for _, _, e, c, fn in waiting])
+    for (i, j, episode, call, _), outcome in zip(waiting, outcomes):
+        answers[i][j] = episode._settle(call, outcome.get)
+    return [
+        [{"role": "tool", "name": call.name, "content": text} for call, text in zip(calls, row)]
+        for (_, calls), row in zip(turn, answers)
+    ]
 
 
 def _schema(fn: Callable, name: str) -> dict:

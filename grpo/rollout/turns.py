@@ -27,7 +27,7 @@ from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
 from grpo.rollout.padding import left_pad
 from grpo.rollout.prompts import check_fits, encode_prompts
-from grpo.rollout.tools import TOOL_CALL, Episode, parse_calls, with_observation
+from grpo.rollout.tools import TOOL_CALL, Call, Episode, answer_turn, parse_calls, with_observation
 
 __all__ = ["check_rendering", "sample_turns"]
 
@@ -143,9 +143,9 @@ def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: b
     return drawn
 
 
-def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float] | None) -> bool:
-    """Add a turn the model sampled to `row` (up to its first EOS, within the budget) and, if
-    it calls tools, their answers; whether the rollout goes on to another model turn."""
+def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float] | None) -> list[Call]:
+    """Add a turn the model sampled to `row` (up to its first EOS, within the budget); the
+    tool calls to answer before its next turn (none: the rollout ends here)."""
     tok, budget, limit = sampler.tokenizer, sampler.params.max_new_tokens, sampler.tools.max_calls
     eos = sampler.params.eos_token_ids
     end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
@@ -160,9 +160,15 @@ def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float
     row.messages.append(message)
     row.as_written.append({"role": "assistant", "content": tok.decode(new[:-1] if finished else new)})
     if not calls or (limit is not None and row.rounds >= limit):
-        return False
+        return []
     row.rounds += 1
-    answers = [row.episode.run(call) for call in calls]
+    return calls
+
+
+def _add_answers(sampler, row: Trajectory, answers: list[dict]) -> bool:
+    """Append the tool messages that answer `row`'s turn (`answer_turn`'s) as the chat
+    template writes them; whether the rollout goes on to another model turn."""
+    tok, budget = sampler.tokenizer, sampler.params.max_new_tokens
     suffix = tok(sampler.format.suffix(answers), add_special_tokens=False)["input_ids"]
     if len(row.tokens) + len(suffix) >= budget:
         return False  # no room for the model's answer: dropped, the rollout ends at its turn
@@ -218,9 +224,13 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
             turn = dataclasses.replace(sampler.params, max_new_tokens=longest)
             drawn = _decode_turn(sampler, decoder, active, turn, seeds is not None, device)
             with_logprobs = with_logprobs and all(logprobs is not None for _, logprobs in drawn)
-            active = [
-                row for row, (tokens, logprobs) in zip(active, drawn) if _take_turn(sampler, row, tokens, logprobs)
+            calling = [
+                (row, calls)
+                for row, turn_drawn in zip(active, drawn)
+                if (calls := _take_turn(sampler, row, *turn_drawn))
             ]
+            answered = answer_turn([(row.episode, calls) for row, calls in calling])
+            active = [row for (row, _), answers in zip(calling, answered) if _add_answers(sampler, row, answers)]
         exact = decoder.exact_logprobs()  # asked before release drops the prepared weights
     finally:
         if not sampler.hold_prepared:

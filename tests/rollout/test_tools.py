@@ -14,6 +14,7 @@
   conversation the template renders to other tokens than those sampled warns once.
 """
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -31,7 +32,7 @@ from grpo.errors import UserError
 from grpo.infra import contain
 from grpo.rollout import turns
 from grpo.rollout.sampler import Sampler
-from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, parse_calls
+from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, answer_turn, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
 from grpo.train.layouts import policy_logprobs
 from tests.rollout.tool_models import (
@@ -143,6 +144,66 @@ def test_a_failing_call_answers_the_model_with_its_error_and_counts():
     assert (episode.calls, episode.failures) == (6, 6)
     assert episode.run(Call("multiply", {"a": 3, "b": 4})) == {"role": "tool", "name": "multiply", "content": "12"}
     assert (episode.calls, episode.failures) == (7, 6)
+
+
+class InFlight:
+    """Async tools that count how many of their calls are under way at once."""
+
+    def __init__(self):
+        self.now = self.most = 0
+
+    def tool(self, sleep: float = 0.01, fail: bool = False):
+        async def multiply(a: int, b: int) -> int:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            try:
+                await asyncio.sleep(sleep)
+                if fail:
+                    raise ValueError("no multiplying today")
+                return a * b
+            finally:
+                self.now -= 1
+
+        multiply.__doc__ = globals()["multiply"].__doc__
+        return multiply
+
+
+def test_a_turns_async_calls_of_every_rollout_run_together():
+    """Three rollouts' async calls in one turn are under way at once (TRL awaits them
+    together); a sync call beside them answers in its place; a slow one is cut at its
+    rollout's timeout and a failing one answers its error, the others unharmed."""
+    flight = InFlight()
+    quick = {"multiply": flight.tool()}
+    episodes = [Episode(dict(quick), timeout=5.0) for _ in range(3)]
+    slow = Episode({"multiply": flight.tool(sleep=30.0)}, timeout=0.3)
+    failing = Episode({"multiply": flight.tool(fail=True), "add": lambda a, b: a + b}, timeout=5.0)
+    turn = [
+        (e, [Call("multiply", {"a": k, "b": 2}), Call("multiply", {"a": k, "b": 3})]) for k, e in enumerate(episodes)
+    ]
+    turn += [
+        (slow, [Call("multiply", {"a": 1, "b": 1})]),
+        (failing, [Call("add", {"a": 1, "b": 2}), Call("multiply", {"a": 1, "b": 1})]),
+    ]
+    start = time.monotonic()
+    answers = answer_turn(turn)
+    assert time.monotonic() - start < 10  # the slow call abandoned at its 0.3 s
+    assert flight.most == 8  # 6 quick, the slow one and the failing one: all at once
+    assert [[m["content"] for m in row] for row in answers[:3]] == [["0", "0"], ["2", "3"], ["4", "6"]]
+    assert "longer than 0.3 s" in json.loads(answers[3][0]["content"])["error"]
+    assert answers[4][0]["content"] == "3" and "ValueError: no multiplying today" in answers[4][1]["content"]
+    assert [(e.calls, e.failures) for e in [*episodes, slow, failing]] == [(2, 0)] * 3 + [(1, 1), (2, 1)]
+
+
+def test_rollouts_run_their_async_calls_together(tool_lm):
+    """On the tool model, G = 4 rollouts whose turn calls an async multiply: the calls are
+    under way at once, and answer as the sync tool does."""
+    tokenizer, model = tool_lm
+    flight = InFlight()
+    rollout = sampler_for(tokenizer, [flight.tool(), async_add], group_size=4).sample(
+        model, [{"prompt": MULTIPLY_PROMPT}]
+    )
+    assert rollout.tool_calls.tolist() == [1.0] * 4 and flight.most == 4
+    assert all(m[1] == {"role": "tool", "name": "multiply", "content": "12"} for m in rollout.messages)
 
 
 @pytest.mark.slow
