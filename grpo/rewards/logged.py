@@ -30,6 +30,7 @@ from grpo.infra.imports import one_line
 
 __all__ = ["LOG_ARGUMENTS", "SAMPLE_KEYS", "RewardLog", "merge_metrics"]
 
+_ABSENT = object()  # an argument a logger's call left out
 LOG_ARGUMENTS = ("log_metric", "log_extra")  # the reward-function arguments this module gives
 SAMPLE_KEYS = ("step", "prompt", "completion", "reward", "messages")  # samples.jsonl's own keys
 
@@ -50,8 +51,8 @@ class RewardLog:
             "log_extra": Recorder(partial(self._extra, reward)),
         }
 
-    def _metric(self, reward: str, name: Any = None, value: Any = None, *rest) -> None:
-        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    def _metric(self, reward: str, name: Any = _ABSENT, value: Any = _ABSENT, *rest) -> None:
+        number = _number(value)
         if rest or not isinstance(name, str) or not name or not math.isfinite(number):
             raise UserError(
                 f"reward {reward!r} called log_metric({_arguments(name, value, rest)}); "
@@ -59,7 +60,7 @@ class RewardLog:
             )
         self.metrics.setdefault(name, []).append(number)
 
-    def _extra(self, reward: str, column: Any = None, values: Any = None, *rest) -> None:
+    def _extra(self, reward: str, column: Any = _ABSENT, values: Any = _ABSENT, *rest) -> None:
         if isinstance(values, (np.ndarray, torch.Tensor)):
             values = values.tolist()
         listed = not isinstance(values, (str, bytes)) and isinstance(values, Sequence)
@@ -95,9 +96,17 @@ class RewardLog:
         return log
 
 
+def _number(value: Any) -> float:
+    """A logged metric's value as a float: a real number (numpy's too) or a one-element
+    tensor or array (`torch.tensor(rewards).mean()`); NaN for anything else (a bool included)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 or isinstance(value, np.ndarray) and value.size == 1:
+        value = value.item()
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+
+
 def _arguments(first: Any, second: Any, rest: tuple) -> str:
     """A call's arguments as it was written, on one line and short."""
-    shown = [one_line(repr(a))[:60] for a in (first, second, *rest) if a is not None]
+    shown = [one_line(repr(a))[:60] for a in (first, second, *rest) if a is not _ABSENT]
     return ", ".join(shown)
 
 

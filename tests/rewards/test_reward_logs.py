@@ -53,10 +53,18 @@ def test_the_columns_follow_the_rows_kept():
     assert kept.columns == {"sevens": [1, 2], "chars": [2, 3]} and kept.metrics == {"with_a_seven": [0.75]}
 
 
+def test_a_metric_may_be_a_one_element_tensor():
+    log = RewardLog(2)
+    score(rewards("logs_a_tensor"), ["q"] * 2, ["ab", "abcd"], {}, log=log)
+    assert log.metrics == {"mean_length": [3.0]}
+
+
 MISTAKES = {
     "not a number": r"called log_metric\('score', 'high'\); expected log_metric\(name, value\)",
     "infinite": r"called log_metric\('score', inf\); expected",
     "no name": r"called log_metric\(7, 1.0\); expected",
+    "no value": r"called log_metric\('score'\); expected",
+    "a tensor for a name": r"called log_metric\(tensor\(\[1., 2.\]\)\); expected",
     "short column": r"called log_extra\('score', \.\.\.\) with 1 values for 2 completions; give one per completion",
     "our column": r"called log_extra\('reward', \.\.\.\): samples.jsonl writes 'reward' itself",
     "not json": r"called log_extra\('score', \.\.\.\) with values samples.jsonl cannot write",

@@ -87,12 +87,22 @@ async def async_logged_too(completions, **kwargs):
     return [1.0 for _ in completions]
 
 
+def logs_a_tensor(completions, **kwargs):
+    """log_metric with a one-element tensor, as `torch.tensor(rewards).mean()` gives it."""
+    import torch
+
+    kwargs["log_metric"]("mean_length", torch.tensor([float(len(c)) for c in completions]).mean())
+    return [0.0 for _ in completions]
+
+
 def logs_badly(completions, how, **kwargs):
     """A mistake with the loggers, chosen by the `how` column's first value."""
     mistakes = {
         "not a number": lambda: kwargs["log_metric"]("score", "high"),
         "infinite": lambda: kwargs["log_metric"]("score", float("inf")),
         "no name": lambda: kwargs["log_metric"](7, 1.0),
+        "no value": lambda: kwargs["log_metric"]("score"),
+        "a tensor for a name": lambda: kwargs["log_metric"](__import__("torch").tensor([1.0, 2.0])),
         "short column": lambda: kwargs["log_extra"]("score", [1.0]),
         "our column": lambda: kwargs["log_extra"]("reward", [1.0] * len(completions)),
         "not json": lambda: kwargs["log_extra"]("score", [object()] * len(completions)),
