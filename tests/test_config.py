@@ -740,6 +740,9 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         ("repetition_penalty=1.1", "it is 'rollout.repetition_penalty' here"),
         ("loss.vllm_importance_sampling_mode=token_truncate", "it is 'loss.engine_correction' here"),
         ("vllm_importance_sampling_clip_max=3", "it is 'loss.engine_correction_cap' here"),
+        ("loss.delta=2", "it is 'loss.dual_clip' here (INTELLECT-2's cap on the ratio"),
+        ("train.steps_per_generation=4", "it is 'train.minibatches' here (optimizer steps per generated batch"),
+        ("disable_dropout=true", "TRL's GRPOConfig name; dropout is always off here"),
     ],
 )
 def test_trls_names_point_to_the_key_with_the_same_meaning(override, message):

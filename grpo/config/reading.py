@@ -187,6 +187,20 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "vllm_server_host": ("rollout.vllm.server", "HOST:PORT in one key"),
     "vllm_server_port": ("rollout.vllm.server", "HOST:PORT in one key"),
     "vllm_tensor_parallel_size": (None, "no tensor parallelism: the colocated engine runs whole, one per process"),
+    "shuffle_dataset": ("data.shuffle", "shuffle the prompts, again at each pass over the data"),
+    "importance_sampling_level": ("loss.ratio_level", "token, or sequence (GSPO)"),
+    "delta": (
+        "loss.dual_clip",
+        "INTELLECT-2's cap on the ratio: the same bound on the loss of negative-advantage tokens",
+    ),
+    "steps_per_generation": ("train.minibatches", "optimizer steps per generated batch (per epoch)"),
+    "log_completions": ("train.sample_every", "completions written to samples.jsonl every N steps (0: never)"),
+    "vllm_server_base_url": ("rollout.vllm.server", "HOST:PORT of a `grpo vllm-serve`"),
+    "disable_dropout": (None, "dropout is always off here: every model runs in eval mode"),
+    "sync_ref_model": (
+        None,
+        "no periodic reference sync; train.iterations resets the reference to the policy at each iteration",
+    ),
 }
 
 

@@ -42,6 +42,23 @@ def test_dual_clip_caps_negative_advantage_losses():
         policy_loss(logprobs, torch.zeros(1, 2), advantages, torch.ones(1, 2), dual_clip=0.5)
 
 
+def test_dual_clip_is_trls_delta():
+    """TRL's GRPOConfig.delta (INTELLECT-2) caps the ratio inside the unclipped term,
+    -min(min(rho, delta) * A, clip(rho) * A): the same loss and gradients as dual_clip = delta
+    (docs/coming-from-trl.md maps one to the other)."""
+    g = torch.Generator().manual_seed(0)
+    logprobs = (torch.randn(64, 8, generator=g) * 1.5).requires_grad_()
+    advantages, mask, delta = torch.randn(64, 8, generator=g), torch.ones(64, 8), 2.5
+    ratio = torch.exp(logprobs)  # old log-probs 0
+    trl = -torch.minimum(torch.clamp(ratio, max=delta) * advantages, torch.clamp(ratio, 0.8, 1.28) * advantages)
+    ours = policy_loss(logprobs, torch.zeros(64, 8), advantages, mask, clip_high=0.28, dual_clip=delta)
+    assert bool(((ratio > delta) & (advantages < 0)).any())  # the cap is reached
+    torch.testing.assert_close(ours, trl)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), logprobs, retain_graph=True)
+    (grad_trl,) = torch.autograd.grad(trl.sum(), logprobs)
+    torch.testing.assert_close(grad_ours, grad_trl)
+
+
 def test_gspo_sequence_ratio_by_hand():
     # log-ratios [ln 2, 0] -> sequence ratio exp(ln 2 / 2) = sqrt 2, clipped to 1.2 for A > 0.
     logprobs = torch.tensor([[math.log(2.0), 0.0, 7.0]])
