@@ -742,6 +742,7 @@ def test_shipped_configs_set_the_three_loss_keys_explicitly():
         ("vllm_importance_sampling_clip_max=3", "it is 'loss.engine_correction_cap' here"),
         ("loss.delta=2", "it is 'loss.dual_clip' here (INTELLECT-2's cap on the ratio"),
         ("train.steps_per_generation=4", "it is 'train.minibatches' here (optimizer steps per generated batch"),
+        ("generation_batch_size=64", "it is 'rollout.prompts_per_step' here (completions generated per step"),
         ("disable_dropout=true", "TRL's GRPOConfig name; dropout is always off here"),
     ],
 )

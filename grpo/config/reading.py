@@ -118,7 +118,11 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         "rollout.prompts_per_step",
         "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes / num_generations",
     ),
-    "generation_batch_size": ("rollout.generation_batch_size", "completions per decoding call"),
+    "generation_batch_size": (
+        "rollout.prompts_per_step",
+        "completions generated per step, over all processes: rollout.prompts_per_step x rollout.group_size "
+        "(our rollout.generation_batch_size is another thing: completions per decoding call)",
+    ),
     "max_completion_length": ("rollout.max_new_tokens", "longest completion"),
     "max_prompt_length": ("rollout.max_prompt_length", "longest prompt, cut from the left"),
     "max_tool_calling_iterations": ("rollout.max_tool_calls", "model turns whose tool calls run, per rollout"),
@@ -193,7 +197,10 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         "loss.dual_clip",
         "INTELLECT-2's cap on the ratio: the same bound on the loss of negative-advantage tokens",
     ),
-    "steps_per_generation": ("train.minibatches", "optimizer steps per generated batch (per epoch)"),
+    "steps_per_generation": (
+        "train.minibatches",
+        "optimizer steps per generated batch (per epoch): steps_per_generation / gradient_accumulation_steps",
+    ),
     "log_completions": ("train.sample_every", "completions written to samples.jsonl every N steps (0: never)"),
     "vllm_server_base_url": ("rollout.vllm.server", "HOST:PORT of a `grpo vllm-serve`"),
     "disable_dropout": (None, "dropout is always off here: every model runs in eval mode"),
