@@ -137,7 +137,11 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         "train.epochs",
         "mu, update epochs per batch; our train.iterations resets the reference instead",
     ),
-    "max_steps": ("train.steps", "RL steps"),
+    "max_steps": (
+        "train.steps",
+        "RL steps, one generated batch each; TRL's max_steps counts optimizer steps, "
+        "max_steps x gradient_accumulation_steps / (steps_per_generation x num_iterations) batches",
+    ),
     "save_steps": ("train.checkpoint_every", "steps between checkpoints"),
     "logging_steps": ("train.log_every", "steps between log lines (when stderr is not a terminal)"),
     "report_to": ("train.report_to", "tensorboard, wandb and/or trackio, besides metrics.jsonl"),
