@@ -116,7 +116,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "num_generations": ("rollout.group_size", "G, completions per prompt"),
     "per_device_train_batch_size": (
         "rollout.prompts_per_step",
-        "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes / num_generations",
+        "prompts per step; TRL counts completions per device: per_device_train_batch_size x processes x steps_per_generation / num_generations",
     ),
     "generation_batch_size": (
         "rollout.prompts_per_step",
