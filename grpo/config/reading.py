@@ -195,6 +195,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "vllm_server_host": ("rollout.vllm.server", "HOST:PORT in one key"),
     "vllm_server_port": ("rollout.vllm.server", "HOST:PORT in one key"),
     "vllm_tensor_parallel_size": (None, "no tensor parallelism: the colocated engine runs whole, one per process"),
+    "chat_template_kwargs": ("rollout.chat_template_kwargs", "the chat template's own variables"),
     "shuffle_dataset": ("data.shuffle", "shuffle the prompts, again at each pass over the data"),
     "importance_sampling_level": ("loss.ratio_level", "token, or sequence (GSPO)"),
     "delta": (

@@ -150,6 +150,10 @@ class RolloutConfig:
         1.0,
         "Repetition penalty, as transformers' generate applies it (1 = off; > 1 penalises the tokens already in the sequence). The loss scores the same penalised distribution (docs/sampling.md).",
     )
+    chat_template_kwargs: dict[str, Any] = opt(
+        {},
+        "Extra arguments of the chat template when it renders a chat prompt (TRL's chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3.",
+    )
     draw: Literal["auto", "generate", "fast"] = opt(
         "auto",
         "How tokens are drawn: auto (the fast loop's fast draw; other samplers their own), generate (generate's tokens bit for bit; not with vllm) or fast (the same distribution, drawn more cheaply; the fast loop only). docs/sampling.md.",

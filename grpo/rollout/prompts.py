@@ -21,14 +21,17 @@ from grpo.errors import UserError
 from grpo.infra.hf import context_length
 
 
-def prompt_text(prompt, tokenizer, tools: list[dict] | None = None) -> str:
+def prompt_text(prompt, tokenizer, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
     """The text the model sees: a plain prompt as is; chat messages through the chat template
-    (with the JSON schemas of `tools`, when given, as a sampler with tools renders them)."""
+    (with the JSON schemas of `tools`, when given, as a sampler with tools renders them, and
+    `template_kwargs`, rollout.chat_template_kwargs, as the template's own variables)."""
     if isinstance(prompt, str):
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         raise UserError("the prompts are chat messages but the model's tokenizer has no chat template")
-    return tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(
+        prompt, tools=tools or None, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+    )
 
 
 def keep_last_tokens(

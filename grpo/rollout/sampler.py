@@ -64,6 +64,7 @@ class Sampler:
         hold_prepared: bool = False,
         decoder_options: dict[str, dict] | None = None,
         tools: Toolbox | None = None,
+        chat_template_kwargs: dict | None = None,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -88,7 +89,8 @@ class Sampler:
         self.hold_prepared = hold_prepared
         # Multi-turn rollouts with tools (grpo.rollout.turns), the chat template checked to speak their format.
         self.tools = tools
-        self.format = None if tools is None else HermesFormat(self.tokenizer)
+        self.template_kwargs = dict(chat_template_kwargs or {})  # the chat template's own variables
+        self.format = None if tools is None else HermesFormat(self.tokenizer, self.template_kwargs)
         self.rendering_checked = False  # whether turns.check_rendering has compared a conversation's tokens
 
     @classmethod
@@ -129,6 +131,7 @@ class Sampler:
             rank=rank,
             decoder_options={"vllm": {"options": engine}, "fast": {"spare_bytes": spare_bytes}},
             tools=tools,
+            chat_template_kwargs=rollout.chat_template_kwargs,
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:
@@ -214,7 +217,7 @@ def sample_single(sampler: Sampler, model, rows: list[dict], seeds, *, step: int
     prompt, decoded in one call per generation batch (`Sampler._decode`); the multi-turn
     strategy beside it is `grpo.rollout.turns.sample_turns`."""
     tok = sampler.tokenizer
-    texts = [prompt_text(row[sampler.prompt_column], tok) for row in rows]
+    texts = [prompt_text(row[sampler.prompt_column], tok, template_kwargs=sampler.template_kwargs) for row in rows]
     unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)  # (B, P), (B, P), (B,)
     check_fits(model, unique_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     device = next(model.parameters()).device

@@ -97,8 +97,9 @@ class HermesFormat:
     `<tool_call>` blocks, and `{"role": "tool", ...}` messages after them, each appended
     message leaving what came before it as it was (prefix-preserving)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, template_kwargs: dict | None = None):
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})  # rollout.chat_template_kwargs
         if getattr(tokenizer, "chat_template", None) is None:
             raise UserError(
                 "rollout.tools: the model's tokenizer has no chat template (tools need one in " + FORMAT + ")"
@@ -123,7 +124,7 @@ class HermesFormat:
 
     def render(self, messages: list[dict], tools: list[dict] | None, *, generation: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False
+            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False, **self.template_kwargs
         )
 
     def suffix(self, tool_messages: list[dict]) -> str:
