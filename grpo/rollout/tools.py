@@ -353,7 +353,11 @@ class Toolbox:
             self.schemas = self.environments[None].schemas
         if not self.environments and not self.schemas:
             raise UserError("rollout.tools / rollout.environment: no tool to give the model")
-        self.owns_reward = any(env.owns_reward for env in self.environments.values())
+
+    @property
+    def owns_reward(self) -> bool:
+        """Whether an environment scores its rollouts (get_reward): a run may then have no other reward."""
+        return any(env.owns_reward for env in self.environments.values())
 
     def _probe(self, name: str | None, spec: str | type) -> _Environment:
         if name is not None and (not isinstance(name, str) or not name):
@@ -472,20 +476,19 @@ def _get_reward(env: _Environment) -> WeightedReward:
     rollout); with several environments, the rows whose `environment` field is not its name
     score None."""
 
-    def mine(environment):
-        return [env.name is None or name == env.name for name in environment]
+    def mine(environments, kwargs) -> list[bool]:
+        names = kwargs.get(ENVIRONMENT_COLUMN) or [None] * len(environments)
+        return [env.name is None or name == env.name for name in names]
 
     if env.async_reward:
 
         async def get_reward(environments, **kwargs):
-            picked = mine(kwargs.get(ENVIRONMENT_COLUMN) or [None] * len(environments))
-            return [await e.get_reward() if own else None for e, own in zip(environments, picked)]
+            return [await e.get_reward() if own else None for e, own in zip(environments, mine(environments, kwargs))]
 
     else:
 
         def get_reward(environments, **kwargs):
-            picked = mine(kwargs.get(ENVIRONMENT_COLUMN) or [None] * len(environments))
-            return [e.get_reward() if own else None for e, own in zip(environments, picked)]
+            return [e.get_reward() if own else None for e, own in zip(environments, mine(environments, kwargs))]
 
     name = spec_of(env.factory) if env.name is None else f"{env.name}:{spec_of(env.factory)}"
     return WeightedReward(name=f"{name}.get_reward", fn=get_reward, weight=1.0)

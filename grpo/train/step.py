@@ -307,7 +307,10 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
     everyone, _ = world.gather(torch.stack([v.float().cpu() for v in per_row], 1))
     total, all_lengths, all_truncated, all_spread = everyone[:, :4].unbind(1)
     finite = total[~torch.isnan(total)]
-    counts = world.sum(torch.tensor([float(batch.loss_mask.sum()), sampled.truncated_prompts], dtype=torch.float64))
+    logged = float(scored.log is not None and bool(scored.log.metrics))  # any log_metric call here
+    counts = world.sum(
+        torch.tensor([float(batch.loss_mask.sum()), sampled.truncated_prompts, logged], dtype=torch.float64)
+    )
     metrics = {
         "reward/mean": float(finite.mean()) if len(finite) else math.nan,
         "reward/std": float(finite.std()) if len(finite) > 1 else 0.0,
@@ -328,13 +331,13 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
         "memory/peak_mb": float(world.max(torch.tensor(peak_memory_mb(e.device)))),
         **_tool_metrics(world, sampled),
     }
-    return {**metrics, **_logged_metrics(world, scored.log, metrics)}
+    return {**metrics, **(_logged_metrics(world, scored.log, metrics) if counts[2] else {})}
 
 
 def _logged_metrics(world, log: RewardLog | None, ours: dict) -> dict:
     """What the reward functions logged with log_metric, over every process (each name's mean
-    of all its calls; one collective when there are several processes). A name of one of
-    the step's own metrics is refused: it would hide one or the other."""
+    of all its calls; one more collective, only in a step where some process logged). A name
+    of one of the step's own metrics is refused: it would hide one or the other."""
     logged = merge_metrics(world.gather_objects({} if log is None else log.metrics))
     taken = sorted(set(logged) & set(ours))
     if taken:
