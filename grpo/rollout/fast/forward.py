@@ -5,12 +5,16 @@ one decoding step over it (`_forward`), its matmuls laid out for a handful of ro
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from grpo.errors import first_line
 
 
 @dataclass(frozen=True)
@@ -402,17 +406,53 @@ PACK_FROM = 1 << 18
 
 def packs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the few-row layout packs its stacked weights for oneDNN (`pack_weight`): float32
-    on a CPU whose torch has oneDNN's packed inner product. Few-row matmuls from memory run
-    there at about 1.4-1.7x the rate of either plain layout (benchmarks/README.md, "On an
-    AVX-512 host")."""
+    on a CPU whose torch has oneDNN's packed inner product, with oneDNN enabled
+    (`torch.backends.mkldnn.enabled`), and where the packed product was seen to give
+    F.linear's values (`_packing_serves`). Few-row matmuls from memory run there at about
+    1.4-1.7x the rate of either plain layout (benchmarks/README.md, "On an AVX-512 host")."""
     mkldnn = torch.ops.mkldnn
     return (
         device.type == "cpu"
         and dtype == torch.float32
         and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
+        and _packing_serves(dtype, device)
     )
+
+
+@functools.cache  # once per process and (dtype, device): the ops and the CPU do not change
+def _packing_serves(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN's packed inner product (private ops, trusted by function, not by presence)
+    gives F.linear's values here: a small weight packed and run once at a few rows and at more
+    than PACK_ROWS, with and without a bias. Where it fails or differs, one warning line and
+    the fast draw samples with plain weights (its tokens are then drawn from the same
+    distribution, only more slowly)."""
+    generator = torch.Generator().manual_seed(0)  # the run's own random stream untouched
+    weight = torch.randn(24, 40, generator=generator).to(device, dtype)
+    bias = torch.randn(24, generator=generator).to(device, dtype)
+    try:
+        with torch.no_grad():
+            packed = pack_weight(weight)
+            for rows in (3, 2 * PACK_ROWS + 1):
+                x = torch.randn(rows, 40, generator=generator).to(device, dtype)
+                for b in (None, bias):
+                    got = _linear(x, packed, b, few_rows_layout=True)
+                    expected = F.linear(x, weight, b)
+                    # A float dot product of n terms rounds by at most about n * eps * sum |x_i w_i| (+ |b|).
+                    scale = x.abs() @ weight.abs().T + (0 if b is None else b.abs())
+                    bound = weight.shape[1] * torch.finfo(dtype).eps * scale
+                    if got.shape != expected.shape or not bool(((got - expected).abs() <= bound).all()):
+                        raise ValueError("its values differ from F.linear's")
+    except Exception as err:  # noqa: BLE001 - any failure of a private op: sample with plain weights
+        print(
+            f"grpo: warning: rollout.draw: fast: oneDNN's packed matmul does not serve on this {device.type} "
+            f"({first_line(err)}); sampling with plain weights",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def pack_weight(weight: Tensor) -> _Packed:
