@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Callable
 from grpo.config import opt
 from grpo.errors import UserError
 from grpo.infra.child import run_starter, train_in_child
+from grpo.infra.contain import run_workers
 from grpo.infra.host import describe_host
 from grpo.demo.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
@@ -378,6 +379,7 @@ def fresh_output(output: str | Path, overwrite: bool, command: str) -> Path:
     return out
 
 
+@run_workers()  # any worker it starts here stops with it (each training run, in a process of its own, stops its own)
 def demo(
     output: str | Path = "runs/demo",
     config: DemoConfig | None = None,

@@ -20,6 +20,7 @@ from pathlib import Path
 from grpo.config import opt
 from grpo.demo.default import Job, fresh_output, train_all
 from grpo.errors import UserError
+from grpo.infra.contain import run_workers
 from grpo.demo.report import host_line
 from grpo.infra.host import describe_host
 from grpo.tasks import multiply
@@ -157,6 +158,7 @@ def _over_seeds(results: list[dict]) -> dict:
     return entry
 
 
+@run_workers()  # any worker it starts here stops with it (each training run, in a process of its own, stops its own)
 def tools_demo(
     output: str | Path = "runs/demo-tools",
     config: ToolsDemoConfig | None = None,

@@ -22,6 +22,7 @@ from typing import Literal
 from grpo.config import REQUIRED, opt
 from grpo.data import is_reasoning_gym, load_rows_for_options
 from grpo.errors import UserError
+from grpo.infra.contain import run_workers
 from grpo.infra.devices import resolve_device
 
 __all__ = [
@@ -314,6 +315,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+@run_workers()  # the workers of its checks and its evaluation stop with it
 def run(
     c: EvalConfig,
     *,

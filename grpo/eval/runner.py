@@ -395,6 +395,7 @@ def measure(
 # ---- the whole evaluation ---------------------------------------------------------------
 
 
+@contain.run_workers()  # its tool workers stop with it
 def evaluate(
     model,
     tokenizer,

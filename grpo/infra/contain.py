@@ -7,10 +7,11 @@ thread (`_exit_raises`). A `timeout` bounds the call: on a daemon thread, abando
 limit (Python cannot stop a thread), or cancelled when the function is async. A reward gets
 its own copies of the batch (`_copies`). `isolate` (a tool: its spec) runs the function in a
 worker process of its own that imports it by its spec and is killed past the limit
-(`_Worker`). A step's async reward functions run together on one event loop
-(`call_concurrently`), as TRL runs them. A `Recorder` among a call's shared arguments (TRL's
-`log_metric`) reaches an isolated function too: its calls there are recorded and made again
-here when the call returns. What this means for a user: docs/safety.md.
+(`_Worker`); a run's workers stop when the run ends (`run_workers`). A step's async reward
+functions run together on one event loop (`call_concurrently`), as TRL runs them. A
+`Recorder` among a call's shared arguments (TRL's `log_metric`) reaches an isolated function
+too: its calls there are recorded and made again here when the call returns. What this
+means for a user: docs/safety.md.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "call_concurrently",
     "call_function",
     "call_functions_concurrently",
+    "run_workers",
     "stop_workers",
 ]
 
@@ -549,7 +551,9 @@ class _Worker:
         os.close(self.alive)
 
 
-_workers: dict[tuple[str, str], _Worker] = {}  # (kind, spec) -> its worker
+_workers: dict[tuple[str, str], _Worker] = {}  # (kind, spec) -> its worker, in the run under way (`run_workers`)
+_runs = {"depth": 0}  # run_workers scopes entered and not yet left, in the process
+_runs_lock = threading.Lock()
 
 
 def _in_worker(key: tuple[str, str], request: Batch | dict[str, Any], timeout: float | None) -> Any:
@@ -572,10 +576,40 @@ def _in_worker(key: tuple[str, str], request: Batch | dict[str, Any], timeout: f
         raise
 
 
+@contextlib.contextmanager
+def run_workers():
+    """The scope of one run (`grpo.train`, an evaluation, `sft`, a demo), as a `with` or a
+    decorator: the outermost one gives the calls made inside it a table of workers of their
+    own and stops them all when it ends, by a return, an exception or a Ctrl-C. So no worker
+    outlives its run, and the next run in the process (a notebook's, the user's reward edited
+    in between) imports the user's code afresh in new workers. A scope inside another (a
+    demo's evaluations) shares the outer one's workers."""
+    global _workers
+    with _runs_lock:
+        outermost = _runs["depth"] == 0
+        _runs["depth"] += 1
+        if outermost:
+            before, _workers = _workers, {}  # those started outside any run are not the run's
+    try:
+        yield
+    finally:
+        with _runs_lock:
+            _runs["depth"] -= 1
+            if outermost:
+                ours, _workers = _workers, before
+        if outermost:
+            _stop(ours)
+
+
 def stop_workers() -> None:
-    """Stop every worker process (they stop anyway when this process ends)."""
-    while _workers:
-        _workers.popitem()[1].stop()
+    """Stop the workers of the run under way, or where none is, those started outside any run
+    (`run_workers`); all stop anyway when this process ends."""
+    _stop(_workers)
+
+
+def _stop(workers: dict[tuple[str, str], _Worker]) -> None:
+    while workers:
+        workers.popitem()[1].stop()
 
 
 def _exit_when_closed(fd: int) -> None:

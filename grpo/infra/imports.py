@@ -7,7 +7,9 @@ the spec as written, e.g. "reward 'mypkg:fn': module 'mypkg' has no attribute 'f
 
 Modules are imported from sys.path, with the working directory tried last: the `grpo`
 console script puts its own bin directory on sys.path, not the working directory, so a
-rewards.py next to the user's config would not be found otherwise.
+rewards.py next to the user's config would not be found otherwise. A module whose file
+changed since a spec last imported it is read again (`_current`), as a new process would
+read it: a second run in a notebook, the reward edited in between, runs the edit.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from grpo.errors import UserError
 __all__ = ["builtin_spec", "describe", "import_callable", "import_object", "one_line", "spec_of"]
 
 _DETAIL_CHARS = 200  # of an exception's text or a bad value, in an error message
+_read: dict[str, tuple[int, int] | None] = {}  # module name -> its file's (mtime, size) when a spec last imported it
 
 
 def one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
@@ -57,12 +60,34 @@ def _import_module(spec: str, module_name: str, kind: str):
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
     try:
-        return importlib.import_module(module_name)
+        return _current(module_name)
     except Exception as exc:
         # ImportError's text already says what is missing; anything else (a SyntaxError, a
         # crash while the module runs) needs its type to make sense.
         detail = one_line(str(exc)) if isinstance(exc, ImportError) else describe(exc)
         raise UserError(f"{kind} {spec!r}: cannot import module {module_name!r} ({detail})") from exc
+
+
+def _current(module_name: str):
+    """The module, imported; reloaded where its file changed since a spec last imported it
+    (only the module named: those it imports are Python's to cache). A module imported first
+    by someone else is taken as it is."""
+    module = sys.modules.get(module_name)
+    if module is not None and module_name in _read and _read[module_name] != _stamp(module):
+        module = importlib.reload(module)
+    else:
+        module = importlib.import_module(module_name)
+    _read[module_name] = _stamp(module)
+    return module
+
+
+def _stamp(module) -> tuple[int, int] | None:
+    """(mtime in ns, size) of the module's file; None where it has none (a namespace package)."""
+    try:
+        stat = os.stat(module.__file__)
+    except (AttributeError, TypeError, OSError):
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def import_object(spec: str, *, kind: str, form: str = "pkg.module:name") -> Any:

@@ -31,6 +31,7 @@ from grpo.config import Config, as_tree, config_from_dict, config_to_dict, load_
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
+from grpo.infra.contain import run_workers
 from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
@@ -322,6 +323,7 @@ def _progress_fields(metrics: dict) -> dict:
     }
 
 
+@run_workers()  # its reward and tool workers stop with it
 def train(
     config: Config | dict | str | Path,
     *,

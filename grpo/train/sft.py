@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from grpo.config import REQUIRED, opt
 from grpo.errors import UserError
+from grpo.infra.contain import run_workers
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -385,6 +386,7 @@ def _save(out: Path, model, tokenizer, provenance: dict) -> None:
     (out / "sft_config.json").write_text(json.dumps(provenance, indent=2) + "\n")  # provenance
 
 
+@run_workers()  # any worker it starts stops with it
 def sft(
     output: str | Path,
     config: SFTConfig | FineTuneConfig = SFTConfig(),
