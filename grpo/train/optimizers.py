@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import logging
+import sys
 from collections.abc import Callable
 
 import torch
@@ -43,7 +45,7 @@ def adamw_8bit(groups: list[dict], lr: float, betas: tuple[float, float], weight
     return _adamw_8bit_in_pieces()(groups, lr=lr, betas=betas, weight_decay=weight_decay)
 
 
-CHUNK = 1 << 20  # values a piece of a large tensor's 8-bit step on a CPU: a multiple of the 256-value block
+CHUNK = 1 << 20  # values a piece of a large tensor's 8-bit step on a CPU: a multiple of any power-of-two block up to it
 
 
 @functools.cache
@@ -51,10 +53,11 @@ def _adamw_8bit_in_pieces() -> type:
     """bitsandbytes' AdamW8bit whose CPU step runs a large tensor piece by piece. Its CPU step
     dequantises both moments of the whole tensor to fp32 and makes fp32 temporaries of it:
     about 5x the tensor at once (+742 MB for a 151,936 x 256 embedding). Each piece is a run
-    of whole 256-value blocks (its values, gradient, moments and their scales sliced alike)
-    and every operation of the step is per value or per block, so the pieces give the same
-    bits as the whole (tests/train/test_optimizers.py); the transient is then ~5 x CHUNK x 4
-    bytes. On a GPU, and for tensors with fp32 moments, bitsandbytes' own step."""
+    of whole blocks (its values, gradient, moments and their scales sliced alike) and every
+    operation of the step is per value or per block, so the pieces give the same bits as the
+    whole (tests/train/test_optimizers.py); the transient is then ~5 x CHUNK x 4 bytes. On a
+    GPU, for tensors with fp32 moments, and where bitsandbytes' update or state is not laid
+    out as the pieces need (`_why_not_in_pieces`: one warning line), bitsandbytes' own step."""
     bnb = _bitsandbytes()
 
     class AdamW8bitInPieces(bnb.optim.AdamW8bit):
@@ -62,23 +65,75 @@ def _adamw_8bit_in_pieces() -> type:
             state = self.state[p]
             if p.device.type != "cpu" or state["state1"].dtype != torch.uint8 or p.numel() <= CHUNK:
                 return super().update_step(group, p, gindex, pindex)
+            update = bnb.functional.optimizer_update_8bit_blockwise
+            why = _why_not_in_pieces(update, p.numel(), state)
+            if why is not None:
+                _warn_once(f"train.optimizer: adamw_8bit: {why}; each tensor steps whole (more transient memory)")
+                return super().update_step(group, p, gindex, pindex)
             p.data = p.data.contiguous()
             p.grad = p.grad.contiguous()
             config = self.get_config(gindex, pindex, group)
             state["step"] += 1
-            (beta1, beta2), update = config["betas"], bnb.functional.optimizer_update_8bit_blockwise
+            (beta1, beta2), step, block = config["betas"], state["step"], _block_size(p.numel(), state)
             flat = [t.view(-1) for t in (p.grad, p.data, state["state1"], state["state2"])]
             for start in range(0, p.numel(), CHUNK):
-                piece, blocks = slice(start, start + CHUNK), slice(start // 256, (start + CHUNK) // 256)
+                piece, blocks = slice(start, start + CHUNK), slice(start // block, (start + CHUNK) // block)
                 grad, value, m1, m2 = (t[piece] for t in flat)
-                # AdamW's arguments, in bitsandbytes' order (beta3 and alpha are other optimizers')
+                # AdamW's arguments by name (beta3 and alpha are other optimizers', 0 as bitsandbytes passes them)
                 update(
-                    self.optimizer_name, grad, value, m1, m2, beta1, beta2, 0.0, 0.0, config["eps"],
-                    state["step"], config["lr"], state["qmap1"], state["qmap2"], state["absmax1"][blocks],
-                    state["absmax2"][blocks], config["weight_decay"], gnorm_scale=1.0, skip_zeros=config["skip_zeros"],
+                    optimizer_name=self.optimizer_name, g=grad, p=value, state1=m1, state2=m2, beta1=beta1,
+                    beta2=beta2, beta3=0.0, alpha=0.0, eps=config["eps"], step=step, lr=config["lr"],
+                    qmap1=state["qmap1"], qmap2=state["qmap2"], absmax1=state["absmax1"][blocks],
+                    absmax2=state["absmax2"][blocks], weight_decay=config["weight_decay"], gnorm_scale=1.0,
+                    skip_zeros=config["skip_zeros"],
                 )  # fmt: skip
 
     return AdamW8bitInPieces
+
+
+# The keywords the step in pieces gives bitsandbytes' blockwise update (its names since 0.50).
+UPDATE_KEYWORDS = (
+    "optimizer_name", "g", "p", "state1", "state2", "beta1", "beta2", "beta3", "alpha", "eps", "step", "lr",
+    "qmap1", "qmap2", "absmax1", "absmax2", "weight_decay", "gnorm_scale", "skip_zeros",
+)  # fmt: skip
+
+
+def _block_size(numel: int, state: dict) -> int | None:
+    """The values per scale of the 8-bit moments bitsandbytes made for a tensor of `numel`
+    values, read from their scales (`absmax1`, `absmax2`: one per block, the last block
+    partial): the power of two b with ceil(numel / b) scales (at most one has), or None where
+    the two moments' scales differ or no power of two gives their count."""
+    blocks = state["absmax1"].numel()
+    if state["absmax2"].numel() != blocks:
+        return None
+    return next((1 << k for k in range(numel.bit_length() + 1) if -(-numel // (1 << k)) == blocks), None)
+
+
+@functools.cache  # the update's signature, once per process (and per function, where one is planted in a test)
+def _takes_keywords(update: Callable) -> str | None:
+    """Why bitsandbytes' blockwise update cannot be called with UPDATE_KEYWORDS, or None."""
+    try:
+        inspect.signature(update).bind(**dict.fromkeys(UPDATE_KEYWORDS))
+    except (TypeError, ValueError) as err:
+        return f"bitsandbytes' optimizer_update_8bit_blockwise takes other arguments ({first_line(err)})"
+    return None
+
+
+def _why_not_in_pieces(update: Callable, numel: int, state: dict) -> str | None:
+    """Why a tensor of `numel` values with 8-bit `state` cannot step in pieces of CHUNK values
+    (the moments' block layout, or the update's arguments), or None."""
+    block = _block_size(numel, state)
+    if block is None:
+        scales = (state["absmax1"].numel(), state["absmax2"].numel())
+        return f"bitsandbytes' 8-bit moments of {numel} values have {scales} scales, in no block layout the pieces know"
+    if CHUNK % block:
+        return f"bitsandbytes' 8-bit moments come in blocks of {block} values, which do not divide pieces of {CHUNK}"
+    return _takes_keywords(update)
+
+
+@functools.cache  # one line a process for each reason
+def _warn_once(message: str) -> None:
+    print(f"grpo: warning: {message}", file=sys.stderr)
 
 
 # train.optimizer -> the constructor.
