@@ -391,23 +391,22 @@ def micro_batches(
 
 def token_budget_split(batch: Rollout, rows: Tensor, tokens: int, whole_groups: bool) -> list[Tensor]:
     """`rows` in their order, cut into consecutive micro-batches of at most `tokens` real tokens
-    each (a row's prompt and completion, not their padding; with `whole_groups`, a group's prompt
-    once per micro-batch, as the packed layout runs it). A row longer than the budget is a
-    micro-batch of its own. verl's dynamic batch size: passes of similar cost whatever the
-    lengths, and the gradient is the same as any other split's (the loss's denominators are the
-    minibatch's)."""
+    each (a row's prompt and completion, not their padding; with `whole_groups`, a prompt once
+    for each run of adjacent rows of its group, as the packed layout runs it: `prompt_groups`
+    shares a prompt between neighbours only). A row longer than the budget is a micro-batch of
+    its own. verl's dynamic batch size: passes of similar cost whatever the lengths, and the
+    gradient is the same as any other split's (the loss's denominators are the minibatch's)."""
     prompt, completion = (lengths.tolist() for lengths in real_lengths(batch))
-    parts, current, used, groups = [], [], 0, set()
+    parts, current, used = [], [], 0
     for row in rows.tolist():
-        group = row // batch.group_size
-        cost = completion[row] + (0 if whole_groups and group in groups else prompt[row])
+        shared = whole_groups and current and current[-1] // batch.group_size == row // batch.group_size
+        cost = completion[row] + (0 if shared else prompt[row])
         if current and used + cost > tokens:
             parts.append(current)
-            current, used, groups = [], 0, set()
+            current, used = [], 0
             cost = prompt[row] + completion[row]
         current.append(row)
         used += cost
-        groups.add(group)
     if current:
         parts.append(current)
     return [torch.tensor(part, dtype=rows.dtype) for part in parts]

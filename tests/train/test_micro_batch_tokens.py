@@ -9,6 +9,7 @@ import torch
 import grpo.train.step as step
 from grpo.errors import UserError
 from grpo.train.layouts import micro_batches, token_budget_split
+from grpo.train.packing import prompt_groups, real_lengths
 from tests.algo.test_chunked_head import batch_of
 from tests.train.test_engine import engine_for, train_step
 
@@ -36,6 +37,31 @@ def test_a_shared_prompt_counts_once_per_micro_batch():
     budget = int(real[0] + completion[1:3].sum())
     assert len(token_budget_split(batch, group, budget, whole_groups=True)) == 1
     assert len(token_budget_split(batch, group, budget, whole_groups=False)) > 1
+
+
+def _packed_tokens(batch, part) -> int:
+    """The real tokens the packed layout runs for the rows `part`: each completion, and a
+    prompt once for each run of adjacent rows that share it (prompt_groups)."""
+    rows = batch.select(part)
+    prompt, completion = real_lengths(rows)
+    found = prompt_groups(rows)
+    starts = found[0] if found is not None else torch.arange(len(rows))
+    return int(completion.sum() + prompt[starts].sum())
+
+
+@pytest.mark.parametrize("order", ["grouped", "interleaved", "shuffled"])
+def test_the_budget_holds_for_the_packed_pass_in_every_row_order(order):
+    batch = batch_of(40, prompts=2, group_size=4, p_len=8, t_len=4, seed=2)
+    rows = torch.arange(len(batch))
+    if order == "interleaved":  # a minibatch without length grouping: groups' rows apart
+        rows = rows.view(2, 4).t().reshape(-1)
+    elif order == "shuffled":
+        rows = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))]
+    for budget in range(8, 60, 4):
+        parts = token_budget_split(batch, rows, budget, whole_groups=True)
+        assert torch.equal(torch.cat(parts), rows)
+        for part in parts:
+            assert len(part) == 1 or _packed_tokens(batch, part) <= budget, (order, budget, part)
 
 
 def test_micro_batches_takes_the_budget_after_ordering_by_length():
