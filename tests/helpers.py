@@ -60,3 +60,42 @@ def the_reward_model_update(output_dir, before_dir) -> dict:
     after = RewardModel.from_pretrained(str(Path(output_dir) / "reward_model")).model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "the reward model did not move"
     return update
+
+
+# ---- numeric comparisons: float rounding scales with the values and the dtype, never with 1 ----
+
+# Tolerances in units of the dtype's epsilon times the values' largest magnitude. Rounding in a
+# tiny model's pass, compared across layouts or kernels (another blocking, another summation
+# order: what differs from one CPU kind to another), leaves a few tens of units; a wrong mask,
+# position or slot moves the values by a good fraction of their scale, about 1/eps units. A
+# planted bug is caught where it moves them by more than FAR times the bound.
+FORWARD = 128  # log-probs, entropies, scores or values of one forward
+BACKWARD = 512  # gradients: a backward sums over every position and layer too
+FAR = 100
+
+
+def scale_of(*tensors) -> float:
+    """The largest magnitude among `tensors` (0.0 when all are empty)."""
+    found = [torch.as_tensor(t).detach() for t in tensors]
+    return max((float(t.abs().max()) for t in found if t.numel()), default=0.0)
+
+
+def gap(got, want, dtype: torch.dtype | None = None, *, scale: float | None = None) -> float:
+    """The largest |got - want| in epsilons of `dtype` (want's by default) times the values'
+    scale: the larger of the two's largest magnitude, or `scale` where rounding scales with
+    something else (an entropy, lse - E[x], with its logits). 0.0 where they are equal."""
+    got, want = torch.as_tensor(got).detach(), torch.as_tensor(want).detach()
+    difference = float((got.to(want.dtype) - want).abs().max()) if want.numel() else 0.0
+    if not difference:
+        return 0.0
+    return difference / (torch.finfo(dtype or want.dtype).eps * (scale_of(got, want) if scale is None else scale))
+
+
+def assert_close_scaled(
+    got, want, units: float = FORWARD, *, dtype: torch.dtype | None = None, scale: float | None = None, msg=None
+):
+    """`got` equals `want` to float rounding: every element within `units` epsilons of `dtype`
+    (want's by default) times the values' scale (as `gap` takes them)."""
+    got, want = torch.as_tensor(got).detach(), torch.as_tensor(want).detach()
+    atol = units * torch.finfo(dtype or want.dtype).eps * (scale_of(got, want) if scale is None else scale)
+    torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=msg)

@@ -1,6 +1,6 @@
 """The packed layout (grpo.train.packing): the real tokens of a micro-batch end to end, no
 padding. Its log-probs, entropies and gradients equal the padded layout's to float32
-rounding (log-probs within 2e-5, gradients within 1e-4 relative), single-turn and
+rounding (tests/helpers.py: FORWARD and BACKWARD epsilons of the values' scale), single-turn and
 multi-turn (a tool's tokens attended to, out of the loss), with and without a group's prompt
 packed once, on a Qwen2 (tied embeddings, QKV biases) and a Llama; and each of three planted
 packing bugs moves them by far more than that."""
@@ -16,6 +16,7 @@ from grpo.train import layouts, packing
 from grpo.train.layouts import PACKED, PADDED, completion_logprobs, prompt_groups
 from grpo.train.models import activation_checkpointing, enable_checkpointing
 from tests.algo.test_chunked_head import batch_of
+from tests.helpers import BACKWARD, FAR, FORWARD, assert_close_scaled, gap
 
 VOCAB = 40
 SHAPES = {
@@ -74,17 +75,14 @@ def passes(model, batch, layout, share, chunked=True, checkpointed=False):
 
 
 def differences(model, batch, share, **kwargs) -> tuple[float, float, float]:
-    """The largest differences of the packed layout from the padded one, over the loss mask:
-    log-probs, entropies, and the gradients (relative to each tensor's largest value)."""
+    """The largest differences of the packed layout from the padded one, over the loss mask, in
+    epsilons of the values' scale (tests.helpers.gap): log-probs, entropies, and the gradients
+    (each tensor to its own scale)."""
     mask = batch.loss_mask.bool()
     want = passes(model, batch, PADDED, share=False)
     got = passes(model, batch, PACKED, share, **kwargs)
-    grads = max(float((got[2][k] - g).abs().max() / g.abs().max()) for k, g in want[2].items())
-    return (
-        float((got[0] - want[0])[mask].abs().max()),
-        float((got[1] - want[1])[mask].abs().max()),
-        grads,
-    )
+    grads = max(gap(got[2][k], g) for k, g in want[2].items())
+    return gap(got[0][mask], want[0][mask]), gap(got[1][mask], want[1][mask]), grads
 
 
 @pytest.mark.parametrize("turns", list(BATCHES))
@@ -98,7 +96,7 @@ def test_packed_passes_give_the_padded_log_probs_entropies_and_gradients(name, t
             for checkpointed in (False, True):
                 label = f"{name} {turns} share={share} chunked={chunked} checkpointed={checkpointed}"
                 logprobs, entropy, grads = differences(model, batch, share, chunked=chunked, checkpointed=checkpointed)
-                assert logprobs < 2e-5 and entropy < 2e-5 and grads < 1e-4, (label, logprobs, entropy, grads)
+                assert logprobs < FORWARD and entropy < FORWARD and grads < BACKWARD, (label, logprobs, entropy, grads)
 
 
 def test_the_packed_slots_hold_each_row_s_tokens_at_its_positions():
@@ -165,7 +163,7 @@ def test_each_planted_packing_bug_moves_the_log_probs(monkeypatch, planted):
     batch = BATCHES["single-turn"]()
     monkeypatch.setattr(packing, "pack", planted)
     logprobs, _, grads = differences(model, batch, share=True)
-    assert logprobs > 1e-2 and grads > 1e-2
+    assert logprobs > FAR * FORWARD and grads > FAR * BACKWARD
 
 
 def test_decide_layouts_takes_the_packed_layout_where_it_serves_and_not_where_a_bug_breaks_it(monkeypatch):
@@ -202,9 +200,9 @@ def test_the_critic_s_packed_values_and_gradients_are_its_padded_ones():
 
     (want, want_grads), (got, got_grads) = values_and_grads(False), values_and_grads(True)
     mask = batch.loss_mask.bool()
-    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+    assert_close_scaled(got[mask], want[mask], FORWARD)
     for name, grad in want_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, atol=1e-4 * float(grad.abs().max()), rtol=0)
+        assert_close_scaled(got_grads[name], grad, BACKWARD, msg=name)
     assert backbone_packs(backbone)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(packing, "pack", _planted_positions)

@@ -9,6 +9,7 @@ import torch
 
 from grpo.infra import packing
 from grpo.train.sft import IGNORE_INDEX, completion_loss, packed_batch
+from tests.helpers import BACKWARD, FAR, FORWARD, gap
 from tests.train.test_packing import VOCAB, build
 
 
@@ -28,19 +29,20 @@ def padded_batch(seed: int = 0) -> dict:
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def loss_and_grads(model, batch: dict) -> tuple[float, dict]:
+def loss_and_grads(model, batch: dict) -> tuple[torch.Tensor, dict]:
     model.zero_grad(set_to_none=True)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     loss = completion_loss(model(**inputs, use_cache=False).logits, batch["labels"])
     loss.backward()
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def worst(model, padded: dict, packed: dict) -> tuple[float, float]:
+    """The packed batch's differences from the padded one's loss and gradients (each tensor to
+    its own scale), in epsilons of that scale (tests.helpers.gap)."""
     want_loss, want = loss_and_grads(model, padded)
     got_loss, got = loss_and_grads(model, packed)
-    relative = max(float((got[n] - want[n]).abs().max() / want[n].abs().max().clamp_min(1e-12)) for n in want)
-    return abs(got_loss - want_loss), relative
+    return gap(got_loss, want_loss), max(gap(got[n], want[n]) for n in want)
 
 
 def gpt2():
@@ -73,7 +75,7 @@ def test_the_packed_batch_has_the_padded_batchs_loss_and_gradients(shape):
         padded["labels"][:, 1:][padded["labels"][:, 1:] != IGNORE_INDEX].tolist()
     )
     loss_gap, grad_gap = worst(model, padded, packed)
-    assert loss_gap <= 2e-6 and grad_gap <= 1e-4, (loss_gap, grad_gap)
+    assert loss_gap <= FORWARD and grad_gap <= BACKWARD, (loss_gap, grad_gap)
 
 
 def _planted(monkeypatch, bug: str) -> None:
@@ -98,7 +100,7 @@ def test_each_planted_packing_bug_moves_the_loss_or_gradients_far(monkeypatch, b
     padded = padded_batch()
     _planted(monkeypatch, bug)
     loss_gap, grad_gap = worst(model, padded, packed_batch(model, padded))
-    assert loss_gap > 1e-2 or grad_gap > 1e-2, (loss_gap, grad_gap)
+    assert loss_gap > FAR * FORWARD or grad_gap > FAR * BACKWARD, (loss_gap, grad_gap)
 
 
 def test_rows_that_are_not_right_padded_runs_are_not_packed():
