@@ -44,6 +44,23 @@ def torch_dtype(name, key: str):
     return getattr(torch, name)
 
 
+def load_error(err: BaseException) -> str:
+    """Why `from_pretrained` failed, in one line. transformers reads a pickled weights file
+    (pytorch_model.bin) with torch.load(weights_only=True); one that holds anything but tensors
+    is refused, and said so (torch's own text suggests loading it unrestricted)."""
+    import pickle
+
+    cause, seen = err, set()
+    while cause is not None and not isinstance(cause, pickle.UnpicklingError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if not isinstance(cause, pickle.UnpicklingError):
+        return first_line(err)
+    from grpo.infra.checkpoint import refusal
+
+    return f"its pickled weights file {refusal(cause, 'a weights file')}; nothing in it was run"
+
+
 def load_causal_lm(
     path: str, dtype: str, key: str = "model", attention: str | None = None, device: torch.device | str = "cpu"
 ):
@@ -55,7 +72,7 @@ def load_causal_lm(
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, key), attn_implementation=attention)
     except Exception as err:
-        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({first_line(err)})") from None
+        raise UserError(f"{key}: cannot load a causal language model from '{path}' ({load_error(err)})") from None
     return model.to(device).eval()
 
 

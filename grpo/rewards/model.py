@@ -25,9 +25,9 @@ from torch import Tensor
 from grpo.algo import bradley_terry_loss, pairwise_wins
 from grpo.config import REQUIRED, opt
 from grpo.data import load_rows
-from grpo.errors import UserError, first_line
+from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World, part
-from grpo.infra.hf import load_tokenizer, quiet_loading, torch_dtype
+from grpo.infra.hf import load_error, load_tokenizer, quiet_loading, torch_dtype
 from grpo.infra.progress import Progress
 
 __all__ = [
@@ -56,7 +56,7 @@ def _load_classifier(path: str, dtype: torch.dtype, **kwargs):
                 path, dtype=dtype, output_loading_info=True, **kwargs
             )
     except Exception as err:
-        raise UserError(f"reward model: cannot load a model from '{path}' ({first_line(err)})") from None
+        raise UserError(f"reward model: cannot load a model from '{path}' ({load_error(err)})") from None
 
 
 def _default_max_length(model, tokenizer) -> int:

@@ -21,7 +21,7 @@ from torch import nn
 from grpo.config import Config, config_to_dict
 from grpo.data import PromptStream
 from grpo.errors import first_line
-from grpo.infra.checkpoint import list_checkpoints, safe_shards_reader, save_checkpoint, save_sharded_checkpoint
+from grpo.infra.checkpoint import list_checkpoints, load_shards, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.seed import rng_state, set_rng_state
 from grpo.infra.space import writing
 from grpo.train.step import Engine
@@ -114,11 +114,10 @@ class Checkpointer:
             e.optimizer.load_state_dict(state["optimizer"])
             set_rng_state(state["rng"])
         else:
-            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             sharded = self._sharded_state(state["has_reference"])
-            dcp.load(sharded, storage_reader=safe_shards_reader(state["shards"]))
+            load_shards(sharded, state["shards"])
             set_state_dict(
                 self._trained(), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
             )

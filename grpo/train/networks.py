@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from grpo.infra import attention as segments
-from grpo.errors import UserError, first_line
+from grpo.errors import UserError
 from grpo.infra.devices import native
-from grpo.infra.hf import quiet_loading, torch_dtype
+from grpo.infra.hf import load_error, quiet_loading, torch_dtype
 from grpo.rollout import Rollout
 from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
 from grpo.train.packing import packed_positions
@@ -269,7 +269,7 @@ def load_value_model(
                 path, dtype=torch_dtype(dtype, "value.model"), attn_implementation=attention
             )
     except Exception as err:
-        raise UserError(f"value.model: cannot load a model from '{path}' ({first_line(err)})") from None
+        raise UserError(f"value.model: cannot load a model from '{path}' ({load_error(err)})") from None
     backbone = backbone.to(device).eval()
     packed = layout in ("auto", PACKED) and backbone_packs(backbone)
     if packed:
