@@ -162,7 +162,8 @@ def _import_architecture(model: str) -> None:
 def main(config_path: str, result_path: str, *overrides: str) -> None:
     from grpo.infra import allocator
 
-    allocator.preload()  # as the `grpo` command does: re-executed under mimalloc unless GRPO_ALLOCATOR=system
+    # as `grpo train` does: re-executed under mimalloc on a CPU unless GRPO_ALLOCATOR=system
+    allocator.preload(["train", config_path, *(f"--set={override}" for override in overrides)])
     import torch  # noqa: F401 - the runtime: what every run imports before a model
     import transformers  # noqa: F401
 

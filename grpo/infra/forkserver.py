@@ -277,5 +277,5 @@ def serve(models: list[str]) -> None:
 if __name__ == "__main__":
     from grpo.infra.allocator import preload
 
-    preload()  # the runs it forks get the `grpo` command's allocator (before torch is imported)
+    preload(["train"])  # the training runs it forks get the `grpo train` command's allocator (before torch loads)
     serve(sys.argv[1:])

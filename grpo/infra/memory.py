@@ -69,6 +69,8 @@ def return_freed_memory(threshold: int = 256 << 10) -> bool:
         if active() == "mimalloc":  # preloaded: its symbols are in the process's global scope
             ctypes.CDLL(None).mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
             return True
+        if active() != "system":  # a user's jemalloc or tcmalloc: glibc's setting would not reach it
+            return False
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
@@ -87,6 +89,8 @@ def _releaser():
             collect = ctypes.CDLL(None).mi_collect  # mi_collect(force): freed pages decommitted now
             collect.argtypes = [ctypes.c_bool]
             return lambda: collect(True)
+        if active() != "system":  # a user's jemalloc or tcmalloc: no call of theirs is known here
+            return None
         trim = ctypes.CDLL("libc.so.6").malloc_trim  # every free page of glibc's heaps, not only its top
         trim.argtypes = [ctypes.c_size_t]
         return lambda: trim(0)
