@@ -80,6 +80,13 @@ def scale_of(*tensors) -> float:
     return max((float(t.abs().max()) for t in found if t.numel()), default=0.0)
 
 
+def logprob_scale(*logprobs) -> float:
+    """The scale of log-probs' rounding where their logits are not at hand: a log-prob is a
+    logit less the log-sum-exp, whose rounding is of order 1 or more even where the log-prob
+    itself is near 0 (a peaked distribution)."""
+    return max(1.0, scale_of(*logprobs))
+
+
 def gap(got, want, dtype: torch.dtype | None = None, *, scale: float | None = None) -> float:
     """The largest |got - want| in epsilons of `dtype` (want's by default) times the values'
     scale: the larger of the two's largest magnitude, or `scale` where rounding scales with
@@ -95,7 +102,32 @@ def assert_close_scaled(
     got, want, units: float = FORWARD, *, dtype: torch.dtype | None = None, scale: float | None = None, msg=None
 ):
     """`got` equals `want` to float rounding: every element within `units` epsilons of `dtype`
-    (want's by default) times the values' scale (as `gap` takes them)."""
+    (want's by default) times the values' scale (as `gap` takes them). Dicts, lists and tuples
+    of tensors (gradients, state dicts) compare entry by entry, each to its own scale."""
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), (msg, sorted(got), sorted(want))
+        for key in want:
+            assert_close_scaled(got[key], want[key], units, dtype=dtype, scale=scale, msg=f"{msg or ''} {key}".strip())
+        return
+    if isinstance(want, (list, tuple)):
+        assert len(got) == len(want), (msg, len(got), len(want))
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_close_scaled(a, b, units, dtype=dtype, scale=scale, msg=f"{msg or ''} [{i}]".strip())
+        return
     got, want = torch.as_tensor(got).detach(), torch.as_tensor(want).detach()
     atol = units * torch.finfo(dtype or want.dtype).eps * (scale_of(got, want) if scale is None else scale)
     torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=msg)
+
+
+def assert_same_metrics(got: dict, want: dict, keys=None, units: float = FORWARD):
+    """Metrics of one step computed two ways (floats) equal to float rounding: each within
+    `units` float32 epsilons of the larger of its magnitude and 1, the scale of the per-token
+    terms (log-probs, ratios, advantages) that a loss or a KL averages and may cancel to near 0.
+    Entries that are not numbers (None: nothing measured) must be equal."""
+    for key in want if keys is None else keys:
+        if not isinstance(want[key], (int, float, torch.Tensor)) or isinstance(want[key], bool):
+            assert got[key] == want[key], (key, got[key], want[key])
+            continue
+        scale = max(abs(float(got[key])), abs(float(want[key])), 1.0)
+        bound = units * torch.finfo(torch.float32).eps * scale
+        assert abs(float(got[key]) - float(want[key])) <= bound, (key, got[key], want[key], bound)

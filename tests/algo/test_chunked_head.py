@@ -29,6 +29,7 @@ from grpo.rollout import Rollout
 from grpo.train.models import apply_lora
 from grpo.train.layouts import chunkable_head, completion_logprobs
 from tests.algo.test_logprobs import LargestTensor
+from tests.helpers import BACKWARD, assert_close_scaled, scale_of
 
 # ---- the function: hidden states and a head -------------------------------------------------
 
@@ -61,13 +62,13 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
         hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, **scoring
     )
     want, want_entropy = plain(hidden, weight, ids, b, **scoring)
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_entropy, want_entropy)
+    assert_close_scaled(got, want)
+    assert_close_scaled(got_entropy, want_entropy, scale=scale_of(want))  # lse - E[x]: the scores' spread
     leaves = [hidden, weight] + ([b] if bias else [])
     grads_got = torch.autograd.grad((got * weights).sum(), leaves)
     grads_want = torch.autograd.grad((want * weights).sum(), leaves)
     for name, x, y in zip(("hidden", "weight", "bias"), grads_got, grads_want):
-        torch.testing.assert_close(x, y, msg=lambda m, name=name: f"gradient to the {name}: {m}")
+        assert_close_scaled(x, y, msg=lambda m, name=name: f"gradient to the {name}: {m}")
     # Without with_entropy there is none; the log-probs are the same.
     alone, none = head_logprobs(hidden, weight, ids, bias=b, chunk_elements=chunk_elements, **scoring)
     assert none is None and torch.equal(alone, got)
@@ -77,13 +78,13 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk_rows, temperature
     part, part_entropy = head_logprobs(
         hidden, weight, ids, bias=b, chunk_elements=chunk_elements, with_entropy=True, mask=mask, **scoring
     )
-    torch.testing.assert_close(part[mask], want[mask])
-    torch.testing.assert_close(part_entropy[mask], want_entropy[mask])
+    assert_close_scaled(part[mask], want[mask])
+    assert_close_scaled(part_entropy[mask], want_entropy[mask], scale=scale_of(want))
     assert not part[~mask].any() and not part_entropy[~mask].any()
     grads_part = torch.autograd.grad((part * weights).sum(), leaves)
     grads_plain = torch.autograd.grad((plain(hidden, weight, ids, b, **scoring)[0] * weights * mask).sum(), leaves)
     for name, x, y in zip(("hidden", "weight", "bias"), grads_part, grads_plain):
-        torch.testing.assert_close(x, y, msg=lambda m, name=name: f"masked, gradient to the {name}: {m}")
+        assert_close_scaled(x, y, msg=lambda m, name=name: f"masked, gradient to the {name}: {m}")
 
 
 def test_every_row_is_computed_once_in_chunks_of_the_given_size(monkeypatch):
@@ -138,8 +139,8 @@ def test_tiles_of_the_vocabulary_are_each_computed_once_per_chunk_and_the_same_n
     assert seen == tiles * 2
     monkeypatch.undo()
     whole, whole_entropy = head_logprobs(hidden, weight, ids, with_entropy=True, vocab_tile=vocab)
-    torch.testing.assert_close(out, whole)
-    torch.testing.assert_close(ent, whole_entropy)
+    assert_close_scaled(out, whole)
+    assert_close_scaled(ent, whole_entropy, scale=scale_of(whole))
 
 
 def test_under_autocast_the_logits_are_computed_in_its_dtype_as_the_heads_own_forward():
@@ -152,13 +153,13 @@ def test_under_autocast_the_logits_are_computed_in_its_dtype_as_the_heads_own_fo
         want, _ = plain(hidden, weight, ids, temperature=0.9)
     exact, _ = head_logprobs(hidden, weight, ids, temperature=0.9)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # bf16 logits in both
+    assert_close_scaled(got, want)  # the same bf16 logits in both: float32 rounding apart
     assert (got - exact).abs().max() > 1e-4  # and bf16 they were
     grads_got = torch.autograd.grad(got.sum(), (hidden, weight))
     grads_want = torch.autograd.grad(want.sum(), (hidden, weight))
     for x, y in zip(grads_got, grads_want):
         assert x.dtype == torch.float32
-        torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)  # bf16 matmuls, summed in another order
+        assert_close_scaled(x, y, 4, dtype=torch.bfloat16)  # bf16 matmuls, summed in another order
 
 
 @pytest.mark.parametrize("entropy_too", [False, True])
@@ -190,9 +191,9 @@ def test_bf16_logits_without_a_backward_are_reduced_tile_by_tile_to_the_whole_vo
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         whole, whole_entropy = head_logprobs(hidden, weight, ids, vocab_tile=vocab, with_entropy=entropy_too)
     assert seen == [(vocab, False)]
-    torch.testing.assert_close(got, whole, rtol=0, atol=2e-6)
+    assert_close_scaled(got, whole)
     if entropy_too:
-        torch.testing.assert_close(got_entropy, whole_entropy, rtol=0, atol=1e-5)  # lse - E[x]: cancels
+        assert_close_scaled(got_entropy, whole_entropy, scale=scale_of(whole))  # lse - E[x]: cancels
     seen.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):  # a gradient to come: untiled
         trained, _ = head_logprobs(hidden, weight.clone().requires_grad_(True), ids, vocab_tile=16)
@@ -334,17 +335,14 @@ def test_a_models_logprobs_and_every_parameters_gradient_equal_the_plain_path(
     got, got_entropy, got_grads = logprobs_and_grads(model, batch, True, share_prompts, weights, **scoring)
     want, want_entropy, want_grads = logprobs_and_grads(model, batch, False, share_prompts, weights, **scoring)
     mask = batch.completion_mask.bool()
-    torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_entropy[mask], want_entropy[mask], rtol=1e-5, atol=1e-5)
+    assert_close_scaled(got[mask], want[mask])
+    assert_close_scaled(got_entropy[mask], want_entropy[mask], scale=scale_of(want[mask]))
     assert got_grads.keys() == want_grads.keys() and got_grads
     if "lora" in name:
         assert all("lora" in key for key in got_grads)  # only the adapter trains
     for key, expected in want_grads.items():
         assert float(expected.abs().max()) > 0, key  # every parameter is reached
-        scale = float(expected.abs().max())
-        torch.testing.assert_close(
-            got_grads[key], expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, key=key: f"{key}: {m}"
-        )
+        assert_close_scaled(got_grads[key], expected, BACKWARD, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_the_reference_passes_use_the_chunked_head_and_give_the_plain_numbers():
@@ -362,7 +360,7 @@ def test_the_reference_passes_use_the_chunked_head_and_give_the_plain_numbers():
         want = no_grad_pass(lambda b: reference.logprobs(b, 0.8, 1.2), batch, 4)
         mask = batch.completion_mask.bool()  # the chunked head computes the completion tokens only
         assert (~mask).any() and not got[~mask].any()
-        torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
+        assert_close_scaled(got[mask], want[mask])
 
 
 def test_no_pass_makes_a_tensor_of_vocabulary_size_times_positions(monkeypatch):

@@ -10,6 +10,7 @@ from grpo.config import config_from_dict
 from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
 from grpo.train.layouts import policy_logprobs
+from tests.helpers import assert_close_scaled
 from tests.rollout.test_fast import EOS, ROWS, TOKENIZER, model_of
 
 
@@ -113,7 +114,7 @@ def test_the_fast_loop_draws_from_the_models_distribution():
         probs = torch.softmax(model(**prompt).logits[0, -1] / temperature, -1).double()
     counts = torch.bincount(first, minlength=len(probs)).double()
     assert within(counts, probs, n), (counts.tolist(), (n * probs).tolist())
-    assert torch.allclose(rollout.sampled_logprobs[:, 0], probs.log()[first].float(), atol=1e-5)
+    assert_close_scaled(rollout.sampled_logprobs[:, 0], probs.log()[first].float())
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -133,7 +134,7 @@ def test_the_few_rows_layout_is_f_linear(bias):
         x = torch.randn(shape)
         got = fast.forward._linear(x, weight, b, few_rows_layout=True)
         assert got.shape == (*shape[:-1], 3000) and got.is_contiguous()
-        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+        assert_close_scaled(got, torch.nn.functional.linear(x, weight, b))
         assert torch.equal(
             fast.forward._linear(x, weight, b, few_rows_layout=False), torch.nn.functional.linear(x, weight, b)
         )
@@ -155,7 +156,7 @@ def test_the_log_probs_are_the_policys_with_few_rows(monkeypatch):
     with torch.no_grad():
         scored = policy_logprobs(model, rollout, 0.8)
     valid = rollout.completion_mask.bool()
-    torch.testing.assert_close(rollout.sampled_logprobs[valid], scored[valid], atol=1e-5, rtol=0)
+    assert_close_scaled(rollout.sampled_logprobs[valid], scored[valid])
     assert (rollout.completion_ids == EOS).any() and valid.sum() > 3 * len(rollout.completions)
 
 

@@ -19,6 +19,7 @@ from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
 from grpo.tasks.tiny import char_tokenizer
 from grpo.train.layouts import policy_logprobs
+from tests.helpers import assert_close_scaled
 
 TOKENIZER = char_tokenizer("0123456789abc ")
 EOS = TOKENIZER.eos_token_id
@@ -306,7 +307,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
                     valid[:, None, None, : at + 1],
                 )
             )
-    torch.testing.assert_close(torch.stack(got, 1), expected[:, p - 1 :], rtol=1e-5, atol=1e-5)
+    assert_close_scaled(torch.stack(got, 1), expected[:, p - 1 :])
 
 
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 1)])
@@ -345,7 +346,7 @@ def test_rows_reading_their_prompts_one_copy_get_the_models_own_logits(kind, kv_
             0,
             prefill_mask,
         )
-        torch.testing.assert_close(first, expected[[0, 3, 4], p - 1], rtol=1e-5, atol=1e-5)
+        assert_close_scaled(first, expected[[0, 3, 4], p - 1])
         cache.share(counts, p, extra.shape[1])
         rows = torch.arange(6)
         for t in range(extra.shape[1]):
@@ -364,7 +365,7 @@ def test_rows_reading_their_prompts_one_copy_get_the_models_own_logits(kind, kv_
                 at,
                 full_mask.bool()[rows, None, None, : at + 1],
             )
-            torch.testing.assert_close(got, expected[rows, at], rtol=1e-5, atol=1e-5)
+            assert_close_scaled(got, expected[rows, at])
 
 
 @pytest.mark.parametrize("options", OPTIONS[:3] + OPTIONS[5:6], ids=OPTION_IDS[:3] + OPTION_IDS[5:6])
@@ -389,7 +390,7 @@ def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(
     assert len(shared) == 1
     assert torch.equal(together.completion_ids, alone.completion_ids)
     assert (together.completion_mask.sum(1) < 12).any()  # some rows finished early
-    torch.testing.assert_close(together.sampled_logprobs, alone.sampled_logprobs, rtol=1e-5, atol=1e-5)
+    assert_close_scaled(together.sampled_logprobs, alone.sampled_logprobs)
     monkeypatch.undo()
     # By sizes: the copies beyond a prompt's first row hold SHARE_FROM bytes a layer or more.
     w = fast.fuse_weights(model_of(kv_heads=2), torch.float32)
@@ -489,7 +490,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
         scored = policy_logprobs(model, rollout, 0.8, penalty)  # (N, T)
         unpenalized = policy_logprobs(model, rollout, 0.8)
     valid = rollout.completion_mask.bool()
-    torch.testing.assert_close(scored[valid], drawn[valid], atol=1e-4, rtol=0)  # the logits agree to float rounding
+    assert_close_scaled(scored[valid], drawn[valid])  # the logits agree to float rounding
     assert (unpenalized[valid] - drawn[valid]).abs().max() > 0.1  # the penalty matters here
 
 
@@ -767,7 +768,7 @@ def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads,
             model, whole_ids, whole_mask, ones, p, weights=weights, generators=generators
         )
         assert torch.equal(tokens, expected)
-        torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-5)
+        assert_close_scaled(logprobs, expected_logprobs)
         assert torch.equal(
             again.cached,
             kept.cached

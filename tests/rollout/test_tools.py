@@ -35,6 +35,7 @@ from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, answer_turn, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
 from grpo.train.layouts import policy_logprobs
+from tests.helpers import assert_close_scaled, logprob_scale
 from tests.rollout.tool_models import (
     INCREMENT_PROMPT,
     MULTIPLY_PROMPT,
@@ -488,7 +489,7 @@ def test_completion_tokens_are_the_sampled_ones_and_the_tool_messages(tool_lm, b
         assert (rollout.sampled_logprobs[rollout.completion_mask.bool() & (rollout.loss_mask == 0)] == 0).all()
         scored = policy_logprobs(model, rollout, 0.3)
         actions = rollout.loss_mask.bool()
-        torch.testing.assert_close(rollout.sampled_logprobs[actions], scored[actions], rtol=0, atol=1e-4)
+        assert_close_scaled(rollout.sampled_logprobs[actions], scored[actions], scale=logprob_scale(scored))
     else:
         assert rollout.sampled_logprobs is None
 
@@ -520,10 +521,12 @@ def test_the_fast_loop_s_kept_cache_samples_what_recomputing_each_turn_samples(t
     assert len({tuple(r) for r in kept.loss_mask.tolist()}) > 1  # the rows differ: a real test
     assert torch.equal(kept.completion_ids, recomputed.completion_ids)
     assert torch.equal(kept.loss_mask, recomputed.loss_mask) and kept.messages == recomputed.messages
-    torch.testing.assert_close(kept.sampled_logprobs, recomputed.sampled_logprobs, rtol=0, atol=1e-5)
+    assert_close_scaled(
+        kept.sampled_logprobs, recomputed.sampled_logprobs, scale=logprob_scale(recomputed.sampled_logprobs)
+    )
     actions = kept.loss_mask.bool()  # and they are the trainer's, as the recomputing path's are
     scored = policy_logprobs(model, kept, 1.5)
-    torch.testing.assert_close(kept.sampled_logprobs[actions], scored[actions], rtol=0, atol=1e-4)
+    assert_close_scaled(kept.sampled_logprobs[actions], scored[actions], scale=logprob_scale(scored))
 
 
 def test_fast_and_generate_sample_the_same_multi_turn_rollouts(tool_lm):

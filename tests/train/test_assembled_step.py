@@ -24,6 +24,7 @@ from grpo.rewards import WeightedReward
 from grpo.rollout import Rollout
 from grpo.train.loop import build_engine
 from grpo.train.step import train_step
+from tests.helpers import BACKWARD, assert_close_scaled, assert_same_metrics
 
 T_LEN = 5  # rollout.max_new_tokens
 LR, BETA, MAX_GRAD_NORM, CLIP = 1e-2, 0.1, 1.0, 0.2
@@ -31,7 +32,6 @@ LR, BETA, MAX_GRAD_NORM, CLIP = 1e-2, 0.1, 1.0, 0.2
 # is lr * g / (|g| + eps): with eps 1e-8, a gradient within float rounding of 0 moves its
 # weight by anything from 0 to lr, and the weights would agree only to ~lr / 100.
 ADAM_EPS = 1e-4
-TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
 # Completion -> its fixed reward. Completions end in EOS unless they fill all T_LEN tokens
 # ("c1a2b" is cut off); "" is EOS alone.
@@ -229,12 +229,11 @@ def plain_ppo(policy, critic, reference, b, scores, epochs, gamma=1.0, lam=0.95)
 
 def assert_same_step(e, metrics, seen, plain, models):
     loss, grads, grad_norm = plain
-    torch.testing.assert_close(torch.tensor(metrics["loss"]), torch.tensor(loss), **TOLERANCE)
-    torch.testing.assert_close(torch.tensor(metrics["grad_norm"]), torch.tensor(grad_norm), **TOLERANCE)
+    assert_same_metrics(metrics, {"loss": loss, "grad_norm": grad_norm})
     assert len(seen) == len(grads)
-    torch.testing.assert_close(seen, grads, **TOLERANCE)
+    assert_close_scaled(seen, grads, BACKWARD)
     for engine_model, mine in zip([e.policy, *e.critic.networks], models):
-        torch.testing.assert_close(engine_model.state_dict(), mine.state_dict(), **TOLERANCE)
+        assert_close_scaled(engine_model.state_dict(), mine.state_dict())
 
 
 @pytest.mark.parametrize("epochs", [1, 2])  # 1: the ratio is 1; 2: the second update's ratios move and clip

@@ -14,6 +14,7 @@ from grpo.train.loop import build_engine
 from grpo.train.layouts import completion_logprobs, micro_batches
 from grpo.train.networks import ValueModel
 from grpo.train.step import train_step
+from tests.helpers import BACKWARD, assert_close_scaled, assert_same_metrics
 from tests.train.test_assembled_step import ADAM_EPS, named_grads, nudge
 from tests.train.test_models import model_of, rollout
 
@@ -114,7 +115,8 @@ def test_a_trimmed_pass_gives_the_full_width_log_probs_and_gradients(share_promp
         (logprobs * b.fit(weights) * b.completion_mask).sum().backward()
         results.append((trimmed.fit(logprobs.detach()), torch.cat([p.grad.flatten() for p in model.parameters()])))
     mask = trimmed.completion_mask.bool()
-    torch.testing.assert_close(results[1][0][mask], results[0][0][mask], rtol=1e-10, atol=1e-10)
+    # float32 log-probs of float64 passes: equal but where a cast rounds the other way
+    assert_close_scaled(results[1][0][mask], results[0][0][mask], 2)
     assert (part.completion_mask[:, trimmed.completion_mask.shape[1] :] == 0).all()  # nothing scored was cut
     assert_close_gradients(results[1][1], results[0][1])
 
@@ -138,7 +140,7 @@ def test_a_trimmed_critic_pass_gives_the_full_width_values_and_gradients():
         (values * b.completion_mask).sum().backward()
         results.append((trimmed.fit(values.detach()), torch.cat([p.grad.flatten() for p in critic.parameters()])))
     mask = trimmed.completion_mask.bool()
-    torch.testing.assert_close(results[1][0][mask], results[0][0][mask], rtol=1e-6, atol=1e-6)
+    assert_close_scaled(results[1][0][mask], results[0][0][mask])  # the float32 head's rounding
     assert_close_gradients(results[1][1], results[0][1], tolerance=1e-6)
 
 
@@ -241,8 +243,7 @@ def assert_same_gradients(got, want):
         for got_model, want_model in zip(got_step, want_step):
             assert got_model.keys() == want_model.keys()
             g, w = (torch.cat([grads[k].flatten() for k in want_model]) for grads in (got_model, want_model))
-            assert float((g - w).norm() / w.norm()) < 1e-5
-            torch.testing.assert_close(g, w, rtol=0, atol=1e-5 * float(w.abs().max()))
+            assert_close_scaled(g, w, BACKWARD)
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
@@ -264,9 +265,7 @@ def test_trimmed_and_length_grouped_steps_give_the_full_width_gradients(
         # clip_fraction is a mean over micro-batches (of each one's fraction of tokens, weighted
         # by its rows): other micro-batches, another mean.
         keys = ("loss", "kl", "entropy", "value_loss") + (("clip_fraction",) if name == "trimmed" else ())
-        for key in keys:
-            if runs["full"][1].get(key) is not None:
-                assert runs[name][1][key] == pytest.approx(runs["full"][1][key], rel=1e-5, abs=1e-7), key
+        assert_same_metrics(runs[name][1], runs["full"][1], [k for k in keys if runs["full"][1].get(k) is not None])
     assert runs["full"][1]["clip_fraction"] > 0  # the ratios moved off 1: the old log-probs matter
     assert runs["full"][2] > runs["trimmed"][2] > runs["grouped"][2]  # the policy's passes saw fewer positions
 

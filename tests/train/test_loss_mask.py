@@ -23,12 +23,12 @@ from grpo.rewards import WeightedReward
 from grpo.train.layouts import completion_logprobs
 from grpo.train.seams import ProcessBaseline, Scored
 from grpo.train.step import _placeholder, collect
+from tests.helpers import BACKWARD, assert_close_scaled, assert_same_metrics
 from tests.train.test_assembled_step import (
     BETA,
     CLIP,
     GRPO_PROMPTS,
     PPO_PROMPTS,
-    TOLERANCE,
     clipped_surrogate,
     engine_with_fixed_rollout,
     plain_updates,
@@ -98,11 +98,9 @@ def test_a_loss_masked_last_token_changes_nothing_but_the_lengths(make_config, n
         e, rollout, _, _ = variant(make_config, name, end_token)
         results.append(run_engine(e, rollout))
     (with_it, seen_with), (without, seen_without) = results
-    for key in POLICY_METRICS:
-        if key in with_it:
-            torch.testing.assert_close(torch.tensor(with_it[key]), torch.tensor(without[key]), **TOLERANCE, msg=key)
+    assert_same_metrics(with_it, without, [key for key in POLICY_METRICS if key in with_it])
     assert len(seen_with) == len(seen_without) == 2
-    torch.testing.assert_close(seen_with, seen_without, **TOLERANCE)
+    assert_close_scaled(seen_with, seen_without, BACKWARD)
     # The token is there: it counts in the lengths (and not in the tokens trained on, above).
     assert with_it["tokens/completion"] == without["tokens/completion"] + 1
     assert with_it["frac_truncated"] == without["frac_truncated"]  # its row is cut off either way
@@ -239,10 +237,9 @@ def test_a_loss_masked_token_inside_a_completion_is_left_out_of_the_step(make_co
         want, grads = plain_grpo(models[0], reference, rollout, scores, e.loss.aggregation, e.loss.ratio_level)
     else:
         want, grads = plain_ppo(*models, reference, rollout, scores)
-    for key, value in want.items():
-        torch.testing.assert_close(torch.tensor(metrics[key]), torch.tensor(value), **TOLERANCE, msg=key)
+    assert_same_metrics(metrics, want)
     assert want["clip_fraction"] > 0  # the second update clips: the fraction's count matters
-    torch.testing.assert_close(seen, grads, **TOLERANCE)
+    assert_close_scaled(seen, grads, BACKWARD)
     # Counted where tokens are counted: all completion tokens in the lengths, actions in the loss.
     assert metrics["tokens/completion"] == int(rollout.completion_mask.sum())
     assert metrics["tokens/trained"] == int(rollout.completion_mask.sum()) - 2
@@ -294,7 +291,7 @@ def test_the_chunked_head_gives_a_loss_masked_token_no_log_prob_and_no_gradient(
             assert (logprobs[MIDDLE] != 0) and (logprobs[END] != 0)
             (logprobs * weights * rollout.loss_mask).sum().backward()
         grads.append({name: p.grad.clone() for name, p in e.policy.named_parameters()})
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+    assert_close_scaled(grads[0], grads[1], BACKWARD)
 
 
 def test_process_supervision_gives_a_loss_masked_token_no_advantage(planted):
@@ -331,7 +328,5 @@ def test_padding_passes_weigh_nothing(make_config):
         e.world = world
         results.append(run_engine(e, rollout))
     (plain, seen), (padded, seen_padded) = results
-    for key in POLICY_METRICS:
-        if key in plain:
-            torch.testing.assert_close(torch.tensor(padded[key]), torch.tensor(plain[key]), **TOLERANCE, msg=key)
-    torch.testing.assert_close(seen_padded, seen, **TOLERANCE)
+    assert_same_metrics(padded, plain, [key for key in POLICY_METRICS if key in plain])
+    assert_close_scaled(seen_padded, seen, BACKWARD)

@@ -9,6 +9,7 @@ import grpo
 from grpo.rewards.adapters import ModelReward, ProcessModelReward, step_ends
 from grpo.rewards.model import RewardModel
 from grpo.train.networks import FrozenCopy
+from tests.helpers import assert_close_scaled
 
 
 @pytest.mark.learning
@@ -85,7 +86,7 @@ def test_process_reward_model_scores_each_step_prefix(sevens_rm):
     steps = ProcessModelReward(rm, separator="a")(["b", "b"], ["12a45a6", "7a"])
     assert [end for end, _ in steps[0]] == [3, 6, 7] and [end for end, _ in steps[1]] == [2]
     want = rm.scores(["b"] * 3, ["12a", "12a45a", "12a45a6"])
-    torch.testing.assert_close(torch.tensor([s for _, s in steps[0]]), want, atol=1e-5, rtol=1e-5)
+    assert_close_scaled(torch.tensor([s for _, s in steps[0]]), want)
 
 
 def test_grpo_with_a_process_reward_model_runs(make_config, sevens_rm):

@@ -20,6 +20,7 @@ from grpo.train.sft import (
     sft,
     sft_sequence_length,
 )
+from tests.helpers import assert_close_scaled, scale_of
 
 # A fast, tiny setting for runs whose result is not looked at closely.
 TINY = dict(hidden_size=32, layers=1, heads=2, batch_size=16, warmup_steps=1)
@@ -88,7 +89,7 @@ def test_loss_is_the_mean_next_token_cross_entropy_over_completion_tokens():
     ]
     expected = torch.stack(terms).mean()
     loss = completion_loss(logits, labels)
-    assert torch.allclose(loss, expected, atol=1e-6)
+    assert_close_scaled(loss, expected, scale=scale_of(logits))  # rounding follows the logits
 
     # Whatever the model predicts for the prompt and past the end does not count...
     predicts_nothing = torch.zeros_like(labels, dtype=torch.bool)
@@ -96,7 +97,7 @@ def test_loss_is_the_mean_next_token_cross_entropy_over_completion_tokens():
     predicts_nothing[:, -1] = True
     changed = logits.clone()
     changed[predicts_nothing] = torch.randn(int(predicts_nothing.sum()), len(tok)) * 10
-    assert torch.allclose(completion_loss(changed, labels), loss, atol=1e-6)
+    assert_close_scaled(completion_loss(changed, labels), loss, scale=scale_of(logits))
     # ...and what it predicts for a completion token does.
     changed = logits.clone()
     changed[0, len(problems[0].prompt) - 1] += 10 * torch.randn(len(tok))  # predicts the first completion token

@@ -32,7 +32,8 @@ from tests.rollout.tool_models import (
 )
 from tests.train import test_loss_mask
 from tests.helpers import run_generator
-from tests.train.test_assembled_step import ADAM_EPS, BETA, LR, MAX_GRAD_NORM, TOLERANCE, nudge
+from tests.helpers import BACKWARD, assert_close_scaled, assert_same_metrics
+from tests.train.test_assembled_step import ADAM_EPS, BETA, LR, MAX_GRAD_NORM, nudge
 from tests.train.test_loss_mask import run_engine
 
 SCORES = [1.0, 0.25, -0.5, 2.0, 0.0, 0.5]
@@ -121,9 +122,8 @@ def test_the_step_on_multi_turn_rollouts_is_the_plain_one_over_the_sampled_token
         want, grads = test_loss_mask.plain_grpo(models[0], reference, by_hand, scores, e.loss.aggregation, "token")
     else:
         want, grads = test_loss_mask.plain_ppo(*models, reference, by_hand, scores)
-    for key, value in want.items():
-        torch.testing.assert_close(torch.tensor(metrics[key]), torch.tensor(value), **TOLERANCE, msg=key)
-    torch.testing.assert_close(seen, grads, **TOLERANCE)
+    assert_same_metrics(metrics, want)
+    assert_close_scaled(seen, grads, BACKWARD)
     assert metrics["tokens/trained"] == int(by_hand.loss_mask.sum())
     assert metrics["tokens/completion"] == int(rollout.completion_mask.sum())
     tool_tokens = float((rollout.completion_mask - by_hand.loss_mask).sum())
