@@ -4,7 +4,10 @@ asynchronous (hf has no asynchronous run), every number is there."""
 import pytest
 import json
 
+import torch
+
 from benchmarks import gpu_check
+from tests.helpers import FORWARD
 
 PROMPTS, GROUP, TOKENS = 2, 4, 8
 
@@ -56,7 +59,8 @@ def test_gpu_check_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     packed = results["packed_attention"]
     assert packed["varlen_kernel"] is False and "varlen" not in packed  # no such kernel on a CPU
     for way in ("mask", "per segment"):
-        assert packed[way]["s"] > 0 and packed[way]["max_difference"] < 1e-5, (way, packed[way])
+        assert packed[way]["s"] > 0, (way, packed[way])  # max_difference: relative to the outputs' largest
+        assert packed[way]["max_difference"] < FORWARD * torch.finfo(torch.float32).eps, (way, packed[way])
 
     printed = capsys.readouterr().out
     table = printed[printed.index("sampler  K  s/step") :]
