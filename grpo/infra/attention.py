@@ -19,8 +19,12 @@ plan (keyword `SEGMENTS`: transformers carries a model's extra keywords down to 
 attention functions, and through activation checkpointing's recomputation) and otherwise
 calls the implementation the model had, with the mask, as before: the padded passes and
 `generate` are unchanged. Whether a model gets it is decided once, by capability (a model
-written on transformers' attention interface, eager or sdpa, and no sliding window) and by a
-probe against the mask (`_serves`), never by catching an error mid-step. A bin whose scores
+written on transformers' attention interface, eager or sdpa, and no sliding or chunked
+window) and by a probe against the implementation it had (`_serves`: its padded pass under
+the new name, where model code that branches on the name would compute otherwise, and the
+packed pass by segments against the mask), never by catching an error mid-step; where the
+registration or the probe fails, the model keeps its implementation, with one warning line
+(grpo.infra.probes). A bin whose scores
 through the mask (heads x L x L a layer) number under `SEGMENTED_FROM` keeps the mask: there
 the scores are small, and a call a segment costs about what it saves (measured on the demo's
 model, benchmarks/README.md#attention-by-segments-bench_segmentspy-issue-39), so its numbers stay as they were.
@@ -29,8 +33,9 @@ On a GPU, in half precision, the segments go through one call a layer instead of
 segment: torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`),
 given each segment's queries and keys gathered end to end (`Varlen`: a completion's keys are
 its prompt's, then its own), causal within each. It is used where a one-time check on the
-device (`_varlen_serves`) finds it gives what the call per segment gives; otherwise, and on
-a CPU (where torch has no such kernel), a call per segment.
+device at the model's heads and head size (`_varlen_problem`) finds that it gives the outputs
+and gradients a call per segment gives; otherwise (with one warning line), and on a CPU
+(where torch has no such kernel), a call per segment.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from grpo.errors import first_line
+from grpo.infra.probes import agreed, close, warn
 
 SEGMENTS = "grpo_segments"  # the keyword a packed pass hands the plan in
 SEGMENTED_FROM = 1 << 19  # a bin whose masked scores (heads x L x L) are at least this many goes by segments
@@ -215,7 +223,7 @@ def _attend_varlen(query: Tensor, key: Tensor, value: Tensor, found: Plan, scali
 
 
 _VARLEN_DTYPES = (torch.float16, torch.bfloat16)
-_varlen_kernels: dict = {}  # (device, dtype) -> the kernel `_varlen_serves` found right there, or None
+_varlen_kernels: dict = {}  # (device, dtype, heads, head size) -> the kernel `_varlen_serves` found right there, or None
 
 
 def _varlen_function() -> Callable | None:
@@ -228,18 +236,31 @@ def _varlen_function() -> Callable | None:
 
 def _varlen_kernel(query: Tensor) -> Callable | None:
     """torch's variable-length flash attention where it runs and was found right for `query`'s
-    device and dtype (`_varlen_serves`, once per pair): a GPU, fp16 or bf16, a head size flash
-    attention takes (a multiple of 8, at most 256). None: a call per segment."""
+    device, dtype, heads and head size (`_checked_varlen`, once for each): a GPU, fp16 or bf16,
+    a head size flash attention takes (a multiple of 8, at most 256). None: a call per
+    segment."""
     d = query.shape[-1]
     if not query.is_cuda or query.dtype not in _VARLEN_DTYPES or d % 8 or d > 256:
         return None
-    key = (str(query.device), query.dtype)
+    key = (str(query.device), query.dtype, query.shape[1], d)
     if key not in _varlen_kernels:
-        kernel = _varlen_function()
-        _varlen_kernels[key] = (
-            kernel if kernel is not None and _varlen_serves(kernel, query.device, query.dtype) else None
-        )
+        _varlen_kernels[key] = _checked_varlen(_varlen_function(), query.device, query.dtype, query.shape[1], d)
     return _varlen_kernels[key]
+
+
+def _checked_varlen(kernel, device: torch.device, dtype: torch.dtype, heads: int, head_dim: int) -> Callable | None:
+    """`kernel` where `_varlen_problem` finds it right at these heads and head size; else None
+    (a call per segment), with one warning line where torch has the kernel but it failed."""
+    if kernel is None:
+        return None
+    problem = _varlen_problem(kernel, device, dtype, heads=heads, head_dim=head_dim)
+    if problem is None:
+        return kernel
+    warn(
+        f"packed passes attend with a call per segment, not torch's varlen_attn: on {device} in {dtype} "
+        f"({heads} heads of {head_dim}) {problem}"
+    )
+    return None
 
 
 # The probes' bin (`_serves`, `_varlen_serves`): a prompt of 3 tokens with completions of 3 and
@@ -248,21 +269,51 @@ _PROBE_UNITS = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1, -1]])
 _PROBE_BRANCHES = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, -1, -1]])
 
 
-def _varlen_serves(kernel, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `kernel` gives, on `device` in `dtype`, what a call per segment gives (to that
-    dtype's rounding) on a bin of a prompt with two completions behind it, a sequence of its
-    own and unused slots, with grouped-query heads; a kernel that fails is not used."""
+def _varlen_serves(kernel, device: torch.device, dtype: torch.dtype, *, heads: int = 4, head_dim: int = 64) -> bool:
+    """Whether `kernel` gives, on `device` in `dtype`, what a call per segment gives
+    (`_varlen_problem`)."""
+    return _varlen_problem(kernel, device, dtype, heads=heads, head_dim=head_dim) is None
+
+
+def _varlen_problem(kernel, device: torch.device, dtype: torch.dtype, *, heads: int, head_dim: int) -> str | None:
+    """What `kernel` gets wrong, on `device` in `dtype`, against a call per segment, or None:
+    outputs and gradients of queries, keys and values within the dtype's rounding
+    (grpo.infra.probes.close), on the probes' bin (a prompt with two completions behind it, a
+    sequence of its own, unused slots) at `heads` heads of `head_dim`, with as many key heads
+    and, where `heads` is even, half as many (grouped-query). A kernel that fails is not used.
+    It runs where the first packed pass meets it, inside a layer's forward: with autograd on
+    there whatever the pass's mode (inference mode, no_grad), and its own saved tensors kept as
+    they are (not in a checkpointed layer's keeping)."""
+    with torch.inference_mode(False), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
+        return _varlen_differences(kernel, device, dtype, heads, head_dim)
+
+
+def _same(tensor: Tensor) -> Tensor:
+    return tensor
+
+
+def _varlen_differences(kernel, device: torch.device, dtype: torch.dtype, heads: int, head_dim: int) -> str | None:
     found = plan(_PROBE_UNITS.to(device), _PROBE_BRANCHES.to(device), smallest=0)  # its masks on the device
     g = torch.Generator().manual_seed(0)
     slots = _PROBE_UNITS.shape[1]
-    query, key, value = (torch.randn(1, heads, slots, 64, generator=g) for heads in (4, 2, 2))
-    query, key, value = (t.to(device=device, dtype=dtype) for t in (query, key, value))
-    try:
-        got = _attend_varlen(query, key, value, found, None, kernel)
-        want = _attend(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), found, None)
-    except Exception:  # noqa: BLE001 (a kernel that cannot run here: the call per segment)
-        return False
-    return bool((got.float() - want.float()).abs().max() <= 2e-2 * float(want.float().abs().max()))
+    for kv_heads in (heads, heads // 2) if heads % 2 == 0 else (heads,):
+        query, key, value = (torch.randn(1, h, slots, head_dim, generator=g) for h in (heads, kv_heads, kv_heads))
+        query, key, value = (t.to(device=device, dtype=dtype).requires_grad_() for t in (query, key, value))
+        weights = torch.randn(1, slots, heads, head_dim, generator=g).to(device=device, dtype=dtype)
+        repeat = heads // kv_heads
+        try:
+            got = _attend_varlen(query, key, value, found, None, kernel)
+            got_grads = torch.autograd.grad((got * weights).sum(), (query, key, value))
+            want = _attend(query, key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1), found, None)
+            want_grads = torch.autograd.grad((want * weights).sum(), (query, key, value))
+        except Exception as err:  # noqa: BLE001 (a kernel that cannot run here: the call per segment)
+            return f"it fails ({type(err).__name__}: {first_line(err)})"
+        if got.shape != want.shape or not close(got, want, dtype):
+            return f"its outputs differ from a call per segment's ({kv_heads} key heads)"
+        for name, a, b in zip(("queries", "keys", "values"), got_grads, want_grads):
+            if not close(a, b, dtype):
+                return f"its gradients of the {name} differ from a call per segment's ({kv_heads} key heads)"
+    return None
 
 
 def _base_function(name: str, module):
@@ -324,15 +375,16 @@ def kernel(model) -> str | None:
     return name
 
 
-def enable(model) -> bool:
+def enable(model, world=None) -> bool:
     """Switch `model` (a causal LM, a backbone or a sequence classifier) to attend by segments
-    in packed passes where it can and where that gives what the mask gives (`_serves`); leave
-    it as it was otherwise. Returns whether it is on. The frozen reference, a copy of the
-    policy, inherits it."""
+    in packed passes where it can and where a probe finds that this changes none of its
+    numbers (`_switch`); leave it as it was otherwise, with one warning line where a probe
+    declined it. Under torchrun (`world`, grpo.infra.distributed) it is switched only where
+    every process's probe found it serves. Returns whether it is on. The frozen reference, a
+    copy of the policy, inherits it."""
     if getattr(model, _ENABLED, False):
         return True
-    config = model.config
-    base = getattr(config, "_attn_implementation", None)
+    base = getattr(model.config, "_attn_implementation", None)
     can = getattr(model, "_can_set_attn_implementation", None)
     if base not in _BASES or can is None or not can():
         return False
@@ -340,48 +392,126 @@ def enable(model) -> bool:
 
     if windowed(model):
         return False
-    _register()
-    model.set_attn_implementation(_NAME.format(base))
-    setattr(model, _ENABLED, True)
-    if _serves(model):
+    problem = _switch(model, base)
+    if agreed(world, problem is None):
         return True
-    model.set_attn_implementation(base)
-    setattr(model, _ENABLED, False)
+    if problem is None:
+        _switch_back(model, base)
+        problem = "another process's probe declined it"
+    warn(f"{type(model).__name__}'s packed passes attend through the mask, not by segments: {problem}")
     return False
 
 
-def _serves(model) -> bool:
-    """Whether `model` gives the same outputs by segments as through the mask, to float
-    rounding, on a bin of its own: a prompt with two completions behind it, then a sequence of
-    its own, then unused slots; and whether the plan reached its attention at all (a model
-    whose layers do not pass their keywords on would silently use the mask)."""
-    from grpo.infra.packing import Packed, mask_dtype
-
-    units, branches = _PROBE_UNITS, _PROBE_BRANCHES
-    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 3, 4, 0, 1, 2, 3, 4, 0, 0]])
-    device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(1, vocab, units.shape, generator=torch.Generator().manual_seed(0))
-    slots = torch.arange(units.numel()).view_as(units)  # each token's own slot, as pack_sequences' index
-    packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), slots.to(device))
-    found = plan(packed.units, packed.branches, smallest=0)
-    inputs = dict(
-        input_ids=packed.input_ids,
-        attention_mask=packed.attention_mask(mask_dtype(model)),
-        position_ids=packed.position_ids,
-        use_cache=False,
-    )
-    base = getattr(model, model.base_model_prefix, model)  # the body: (1, L, H) out, whatever head is on top
+def _switch(model, base: str) -> str | None:
+    """Switch `model` from `base` to the implementation that wraps it, and keep it there where
+    `_serves` finds no difference; otherwise leave `base`, and say why."""
+    name = _NAME.format(base)
     try:
-        with torch.no_grad():
-            masked = base(**inputs)[0]
-            before = _segmented_calls[0]
-            segmented = base(**inputs, **{SEGMENTS: found})[0]
-            reached = _segmented_calls[0] > before
-    except Exception:  # noqa: BLE001 (a model whose code cannot take the plan: not switched)
-        return False
-    real = (units >= 0).to(device).view(1, -1, *([1] * (masked.dim() - 2)))
-    scale = float(masked.abs().max()) or 1.0
-    tolerance = 1e-4 if masked.dtype in (torch.float32, torch.float64) else 5e-2
-    close = bool((((segmented - masked).abs() * real).max() <= tolerance * scale))
-    return close and reached
+        _register()
+    except Exception as err:  # noqa: BLE001 (a transformers whose interface refuses it: the mask)
+        return f"transformers did not register {name} ({type(err).__name__}: {first_line(err)})"
+    probe = _Probe.of(model)
+    try:
+        original = probe.outputs(model)
+    except Exception as err:  # noqa: BLE001 (a model whose code cannot run the probe: not switched)
+        return f"its {base} forward failed on the probe ({type(err).__name__}: {first_line(err)})"
+    try:
+        model.set_attn_implementation(name)
+    except Exception as err:  # noqa: BLE001
+        _switch_back(model, base)
+        return f"transformers did not switch it to {name} ({type(err).__name__}: {first_line(err)})"
+    setattr(model, _ENABLED, True)
+    problem = _serves(model, probe, original)
+    if problem is not None:
+        _switch_back(model, base)
+    return problem
+
+
+def _switch_back(model, base: str) -> None:
+    model.set_attn_implementation(base)
+    setattr(model, _ENABLED, False)
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """`enable`'s probe for a model: the probes' bin packed (a prompt with two completions behind
+    it, a sequence of its own, unused slots), and the same two sequences as padded rows (the
+    second left-padded), on the model's device."""
+
+    packed: dict  # a packed pass's keywords: ids, the 4-D mask, positions
+    packed_real: Tensor  # (1, L) bool: the bin's used slots
+    plan: Plan
+    padded: dict  # a padded pass's keywords
+    padded_real: Tensor  # (2, 6) bool: the rows' real tokens
+    dtype: torch.dtype  # what the model computes in: the tolerances' unit
+
+    @staticmethod
+    def of(model) -> _Probe:
+        from grpo.infra.packing import Packed, mask_dtype
+
+        units, branches = _PROBE_UNITS, _PROBE_BRANCHES
+        positions = torch.tensor([[0, 1, 2, 3, 4, 5, 3, 4, 0, 1, 2, 3, 4, 0, 0]])
+        device = next(model.parameters()).device
+        vocab = model.get_input_embeddings().num_embeddings
+        ids = torch.randint(1, vocab, units.shape, generator=torch.Generator().manual_seed(0))
+        slots = torch.arange(units.numel()).view_as(units)  # each token's own slot, as pack_sequences' index
+        packed = Packed(ids.to(device), positions.to(device), units.to(device), branches.to(device), slots.to(device))
+        rows = torch.stack([ids[0, :6], torch.cat([ids[0, :1], ids[0, 8:13]])])  # the first completion; the sequence
+        real = torch.ones(2, 6, dtype=torch.bool)
+        real[1, 0] = False  # left padding
+        return _Probe(
+            packed=dict(
+                input_ids=packed.input_ids,
+                attention_mask=packed.attention_mask(mask_dtype(model)),
+                position_ids=packed.position_ids,
+                use_cache=False,
+            ),
+            packed_real=(units >= 0).to(device),
+            plan=plan(packed.units, packed.branches, smallest=0),
+            padded=dict(
+                input_ids=rows.to(device),
+                attention_mask=real.long().to(device),
+                position_ids=(real.long().cumsum(1) - 1).clamp(min=0).to(device),
+                use_cache=False,
+            ),
+            padded_real=real.to(device),
+            dtype=mask_dtype(model),
+        )
+
+    def outputs(self, model, segmented: bool = False) -> tuple[Tensor, Tensor]:
+        """The body's last hidden states (whatever head is on top) over the padded rows and the
+        packed bin, in eval mode (no dropout); with `segmented`, the packed pass is handed the
+        plan."""
+        body = getattr(model, model.base_model_prefix, model)
+        extra = {SEGMENTS: self.plan} if segmented else {}
+        modes = [(module, module.training) for module in model.modules()]
+        model.eval()
+        try:
+            with torch.no_grad():
+                return body(**self.padded)[0], body(**self.packed, **extra)[0]
+        finally:
+            for module, training in modes:
+                module.training = training
+
+
+def _serves(model, probe: _Probe, original: tuple[Tensor, Tensor]) -> str | None:
+    """What `model`, switched, gets wrong against its `original` implementation's outputs
+    (`_Probe.outputs`), or None: its padded pass must give the original's (a model whose code
+    branches on the implementation's name, as GPT-2's reorder_and_upcast_attn does on "eager",
+    may compute otherwise under another name), the packed pass by segments the original's
+    through the mask, each within the dtype's rounding (grpo.infra.probes.close), and the plan
+    must reach its attention (a model whose layers do not pass their keywords on would
+    silently use the mask)."""
+    try:
+        before = _segmented_calls[0]
+        padded, segmented = probe.outputs(model, segmented=True)
+        reached = _segmented_calls[0] > before
+    except Exception as err:  # noqa: BLE001 (a model whose code cannot take the plan: not switched)
+        return f"its forward failed under {model.config._attn_implementation} ({type(err).__name__}: {first_line(err)})"
+    if not close(padded, original[0], probe.dtype, where=probe.padded_real):
+        return "its padded pass computes otherwise under another implementation name (its code branches on the name)"
+    if not reached:
+        return "its layers do not hand the plan on to its attention"
+    if not close(segmented, original[1], probe.dtype, where=probe.packed_real):
+        return "by segments its packed pass differs from the mask's"
+    return None

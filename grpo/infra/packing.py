@@ -114,11 +114,13 @@ def mask_dtype(model) -> torch.dtype:
 
 
 def windowed(model) -> bool:
-    """Whether some of `model`'s layers attend within a sliding window (Mistral, Gemma 2 and 3,
-    Cohere 2, a Qwen2 with use_sliding_window): the packed layout's mask does not cut what
-    they attend to, and a probe shorter than the window could not tell."""
+    """Whether some of `model`'s layers attend within a window: a sliding one (Mistral, Gemma 2
+    and 3, Cohere 2, a Qwen2 with use_sliding_window) or a chunk (Llama 4's
+    attention_chunk_size: a token sees only the earlier ones of its chunk of positions). The
+    packed layout's mask cuts neither, and a probe shorter than the window could not tell."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if not isinstance(getattr(config, "sliding_window", None), int):
-        return False
     kinds = getattr(config, "layer_types", None)
-    return kinds is None or any("sliding" in str(kind) for kind in kinds)
+    return any(
+        isinstance(getattr(config, size, None), int) and (kinds is None or any(kind in str(k) for k in kinds))
+        for size, kind in (("sliding_window", "sliding"), ("attention_chunk_size", "chunked"))
+    )

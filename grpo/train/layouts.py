@@ -18,16 +18,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from grpo.algo import entropy, head_logprobs, token_logprobs
+from grpo.errors import UserError, first_line
 from grpo.infra import attention as segments
-from grpo.infra.packing import windowed
-from grpo.errors import UserError
+from grpo.infra.packing import mask_dtype, windowed
+from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
 from grpo.train.packing import packed_positions, prompt_groups, real_lengths
@@ -467,35 +467,33 @@ def layout_of(model, checkpointed: bool) -> str:
     return SHARED if verdicts is None else verdicts[checkpointed]
 
 
-def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = "train.layout") -> bool:
+def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = "train.layout", *, world=None) -> bool:
     """Decide, once and before any step, which forward layout serves `model`, by running each on
     a small batch of its own against the plain forward (every row in full, eval mode, the full
     logits): checkpointing (training mode, recomputed in the backward), and the packed and the
-    shared-prompt layouts, with and without checkpointing, must give its log-probs to float
-    rounding, and the backward must run. For each mode the first of LAYOUTS that does is taken
-    (the padded one, every row in full, serves every model); the verdicts are kept on the
-    model, so that a copy of it, the frozen reference, inherits them. Returns whether
-    checkpointing stays on (with a warning when it goes: more activation memory, the same
-    numbers). `layout` (train.layout, or the setting `key` names): auto, or the one layout to try
-    (the padded one, with a warning, where it does not serve)."""
-    tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
+    shared-prompt layouts, with and without checkpointing, must give its log-probs within the
+    rounding of the dtype it computes in (grpo.infra.probes.close), and the backward must run.
+    For each mode the first of LAYOUTS that does is taken (the padded one, every row in full,
+    serves every model), with one warning line naming what was passed over and why; the
+    verdicts are kept on the model, so that a copy of it, the frozen reference, inherits them.
+    Under torchrun (`world`, grpo.infra.distributed) a layout is taken only where every
+    process's probe found it serves: processes that took different layouts would run
+    different passes, and wait for each other in a collective. Returns whether checkpointing
+    stays on (with a warning when it goes: more activation memory, the same numbers).
+    `layout` (train.layout, or the setting `key` names): auto, or the one layout to try (the
+    padded one, with a warning, where it does not serve)."""
+    dtype = mask_dtype(model)  # what the model computes in: the tolerance's unit
     batch = probe_batch(model)
     with torch.no_grad():
         plain = completion_logprobs(model, batch, 1.0, chunked_head=False, layout=PADDED)[0]
+    passed_over = {}  # layout -> why, for auto's warning
 
     def serves(candidate: str, checkpointed: bool) -> bool:
-        embedded = []  # the input embeddings of each pass: where the probe's backward stops
-        handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: embedded.append(out))
-        try:
-            with activation_checkpointing(model, checkpointed), torch.enable_grad():
-                logprobs = completion_logprobs(model, batch, 1.0, chunked_head=False, layout=candidate)[0]
-            if checkpointed:  # the recomputation runs in the backward, after the forward's mode is gone
-                _backward(model, logprobs, embedded)
-        except Exception:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
-            return False
-        finally:
-            handle.remove()
-        return bool(((logprobs.detach() - plain).abs() * batch.loss_mask).max() <= tolerance)
+        problem = _layout_problem(model, batch, plain, dtype, candidate, checkpointed)
+        if agreed(world, problem is None):
+            return True
+        passed_over.setdefault(candidate, problem or "another process's probe declined it")
+        return False
 
     asked = LAYOUTS[:-1] if layout == "auto" else [layout]
     candidates = [each for each in asked if each != PACKED or not windowed(model)]
@@ -503,28 +501,55 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = 
     def first_serving(checkpointed: bool) -> str:
         taken = next((each for each in candidates if each == PADDED or serves(each, checkpointed)), PADDED)
         if layout not in ("auto", taken):
-            print(
-                f"grpo: warning: {key}: {layout} does not give {type(model).__name__}'s own log-probs"
-                f"{' under checkpointing' if checkpointed else ''}; every row runs in full (padded)",
-                file=sys.stderr,
+            why = passed_over.get(layout, "its attention is windowed, which the packed mask does not cut")
+            warn(
+                f"{key}: {layout} does not give {type(model).__name__}'s own log-probs"
+                f"{' under checkpointing' if checkpointed else ''} ({why}); every row runs in full (padded)"
             )
         return taken
 
     setattr(model, _LAYOUTS, {False: PADDED, True: PADDED})  # while probing, each layout as asked
     if checkpointing and not serves(PADDED, checkpointed=True):
-        print(
-            f"grpo: warning: train.gradient_checkpointing: {type(model).__name__} computes other log-probs in "
-            "training mode than in eval mode; training without checkpointing (more activation memory)",
-            file=sys.stderr,
+        warn(
+            f"train.gradient_checkpointing: {type(model).__name__} computes other log-probs in "
+            "training mode than in eval mode; training without checkpointing (more activation memory)"
         )
         disable_checkpointing(model)
         checkpointing = False
+    passed_over.pop(PADDED, None)
     verdicts = {False: first_serving(False)}
     verdicts[True] = first_serving(True) if checkpointing else PADDED
     setattr(model, _LAYOUTS, verdicts)
+    if layout == "auto" and passed_over:
+        runs = verdicts[False]
+        if checkpointing and verdicts[True] != runs:
+            runs += f", {verdicts[True]} under checkpointing"
+        reasons = "; ".join(f"{each}: {why}" for each, why in passed_over.items())
+        warn(f"{key}: {type(model).__name__}'s passes run {runs} ({reasons})")
     if PACKED in verdicts.values():
-        segments.enable(model)  # packed passes attend within each sequence only, where that serves
+        segments.enable(model, world)  # packed passes attend within each sequence only, where that serves
     return checkpointing
+
+
+def _layout_problem(
+    model, batch: Rollout, plain: Tensor, dtype: torch.dtype, candidate: str, checkpointed: bool
+) -> str | None:
+    """What `candidate` gets wrong on `batch` against the `plain` log-probs (`decide_layouts`),
+    or None where it serves."""
+    embedded = []  # the input embeddings of each pass: where the probe's backward stops
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: embedded.append(out))
+    try:
+        with activation_checkpointing(model, checkpointed), torch.enable_grad():
+            logprobs = completion_logprobs(model, batch, 1.0, chunked_head=False, layout=candidate)[0]
+        if checkpointed:  # the recomputation runs in the backward, after the forward's mode is gone
+            _backward(model, logprobs, embedded)
+    except Exception as err:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
+        return f"cannot run ({type(err).__name__}: {first_line(err)})"
+    finally:
+        handle.remove()
+    if not close(logprobs, plain, dtype, where=batch.loss_mask):
+        return "gives other log-probs than every row in full"
+    return None
 
 
 def probe_batch(model) -> Rollout:

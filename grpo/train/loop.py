@@ -165,7 +165,7 @@ def build_engine(
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     # Which forward layouts (checkpointed; packed, shared prompt) serve this architecture, tried once on a
     # small batch before sharding; the reference's copy inherits the verdicts.
-    c.train.gradient_checkpointing = decide_layouts(policy, c.train.gradient_checkpointing, c.train.layout)
+    c.train.gradient_checkpointing = decide_layouts(policy, c.train.gradient_checkpointing, c.train.layout, world=world)
     if c.train.chunked_head:
         chunkable_head(policy)  # its one probe pass, whole (before sharding), inherited by the reference's copy
     reference = build_reference(
@@ -178,7 +178,7 @@ def build_engine(
         stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
     )  # copied before sharding
     tie_gradients_in_place(policy)  # after the reference's copy: its weights take no gradient
-    critic = build_critic(c, attention, compute_dtype, device)
+    critic = build_critic(c, attention, compute_dtype, device, world)
     policy = world.shard(policy)
     for network in critic.networks:
         world.shard(network)

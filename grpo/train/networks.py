@@ -15,9 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from grpo.infra import attention as segments
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
 from grpo.infra.devices import native
 from grpo.infra.hf import load_error, quiet_loading, torch_dtype
+from grpo.infra.packing import mask_dtype
+from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
 from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
 from grpo.train.packing import packed_positions
@@ -240,10 +242,13 @@ def _last_hidden(output) -> Tensor:
     return output.last_hidden_state
 
 
-def backbone_packs(backbone) -> bool:
+def backbone_packs(backbone, world=None) -> bool:
     """Whether `backbone` gives the same hidden states in the packed layout as with every row in
-    full, to float rounding, on a small batch of its own (tried once, when the critic loads);
-    never for sliding-window attention (see `grpo.train.layouts.decide_layouts`)."""
+    full, within the rounding of the dtype it computes in (grpo.infra.probes.close, as the
+    policy's layouts are probed), on a small batch of its own (tried once, when the critic
+    loads; under torchrun, `world`, only where every process's probe found it serves); never
+    for windowed attention (see `grpo.train.layouts.decide_layouts`). Where the probe declines
+    it, one warning line."""
     if windowed(backbone):
         return False
     batch = probe_batch(backbone)
@@ -251,14 +256,25 @@ def backbone_packs(backbone) -> bool:
         with torch.no_grad():
             plain = completion_states(backbone, batch, packed=False)
             packed = completion_states(backbone, batch, packed=True)
-    except Exception:  # noqa: BLE001 (a layout the backbone's code cannot run: not taken)
-        return False
-    scale = float(plain.abs().max()) or 1.0
-    return bool(((packed - plain).abs().amax(-1) * batch.loss_mask).max() <= 1e-4 * scale)
+    except Exception as err:  # noqa: BLE001 (a layout the backbone's code cannot run: not taken)
+        problem = f"cannot run ({type(err).__name__}: {first_line(err)})"
+    else:
+        same = close(packed, plain, mask_dtype(backbone), where=batch.loss_mask)
+        problem = None if same else "gives other hidden states than every row in full"
+    if agreed(world, problem is None):
+        return True
+    why = problem or "another process's probe declined it"
+    warn(f"train.layout: the critic's {type(backbone).__name__} runs padded (packed: {why})")
+    return False
 
 
 def load_value_model(
-    path: str, dtype: str, attention: str | None = None, device: torch.device | str = "cpu", layout: str = "auto"
+    path: str,
+    dtype: str,
+    attention: str | None = None,
+    device: torch.device | str = "cpu",
+    layout: str = "auto",
+    world=None,
 ) -> ValueModel:
     from transformers import AutoModel
 
@@ -271,7 +287,7 @@ def load_value_model(
     except Exception as err:
         raise UserError(f"value.model: cannot load a model from '{path}' ({load_error(err)})") from None
     backbone = backbone.to(device).eval()
-    packed = layout in ("auto", PACKED) and backbone_packs(backbone)
+    packed = layout in ("auto", PACKED) and backbone_packs(backbone, world)
     if packed:
-        segments.enable(backbone)  # its packed passes attend within each sequence only, where that serves
+        segments.enable(backbone, world)  # its packed passes attend within each sequence only, where that serves
     return ValueModel(backbone, backbone.config.hidden_size, packed).to(device).eval()

@@ -336,11 +336,12 @@ def build_baseline(c, tokenizer, kl: KLPlacement, world: World = SingleProcess()
 
 
 def build_critic(
-    c, attention: str | None, dtype: torch.dtype | None, device: torch.device | str = "cpu"
+    c, attention: str | None, dtype: torch.dtype | None, device: torch.device | str = "cpu", world: World | None = None
 ) -> Critic | NoCritic:
     """The critic the baseline needs: a value model for the critic baseline (PPO), else none.
-    The value model is the policy's `model` with a scalar head unless value.model names another."""
+    The value model is the policy's `model` with a scalar head unless value.model names another;
+    its layout is one verdict for every process of `world`."""
     if c.loss.baseline != "critic":
         return NoCritic()
-    model = load_value_model(c.value.model or c.model, c.train.dtype, attention, device, c.train.layout)
+    model = load_value_model(c.value.model or c.model, c.train.dtype, attention, device, c.train.layout, world)
     return Critic(model, value_clip=c.loss.value_clip, dtype=dtype)

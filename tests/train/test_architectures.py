@@ -44,6 +44,9 @@ WINDOW = 4  # shorter than the batches below: the sliding-window layers cut what
 # name -> (model_type, config arguments, the sampler `auto` takes)
 ARCHITECTURES = {
     "gpt2": ("gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64), "hf"),
+    # Its attention takes another path when the implementation is named "eager" (IMPLEMENTATION):
+    # under grpo's attention by segments, named otherwise, it must still give its own numbers.
+    "gpt2_upcast": ("gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, reorder_and_upcast_attn=True), "hf"),
     "gpt_neox": (  # Pythia: rotary on a quarter of each head, parallel attention and MLP
         "gpt_neox",
         dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25),
@@ -67,6 +70,8 @@ ARCHITECTURES = {
 # Where a group's prompt cannot run once under checkpointing: a sliding-window cache is not one
 # whose layers a checkpointed forward can run through twice, so every row runs in full there.
 NOT_SHARED_CHECKPOINTED = {"gemma3", "mistral"}
+# Loaded with this attention implementation rather than transformers' default.
+IMPLEMENTATION = {"gpt2_upcast": "eager"}
 # Where the packed layout is not taken: its mask does not cut a sliding window (gemma3,
 # mistral), and Bloom builds its ALiBi biases from a 2-D attention mask, not a 4-D one.
 NOT_PACKED = {"gemma3", "mistral", "bloom"}
@@ -100,7 +105,7 @@ def saved(tmp_path_factory):
 
 
 def load(saved, name: str):
-    return AutoModelForCausalLM.from_pretrained(saved / name).eval()
+    return AutoModelForCausalLM.from_pretrained(saved / name, attn_implementation=IMPLEMENTATION.get(name)).eval()
 
 
 def passes(model) -> list[tuple[int, int]]:
