@@ -43,6 +43,8 @@ $(VLLM_STAMP): pyproject.toml
 
 # The suite in two environments: everything but the vllm-marked tests in .venv, those in
 # .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
+# The numerics-marked tests (kernels compared to float rounding) run again with torch, oneDNN and
+# MKL held to AVX2 kernels, as on a host without AVX-512: their tolerances must not depend on it.
 # The two environments install side by side (pip waits on the disk and the index more than it
 # computes); each suite runs on two processes of one thread (tests/conftest.py).
 test:
@@ -50,6 +52,8 @@ test:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm"
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm"
 	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
 
 # Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py

@@ -31,6 +31,8 @@ from grpo.train.layouts import chunkable_head, completion_logprobs
 from tests.algo.test_logprobs import LargestTensor
 from tests.helpers import BACKWARD, assert_close_scaled, scale_of
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 # ---- the function: hidden states and a head -------------------------------------------------
 
 

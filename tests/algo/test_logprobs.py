@@ -9,6 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from grpo.algo import entropy, token_logprobs
 from tests.helpers import assert_close_scaled, scale_of
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 
 def test_token_logprobs_by_hand():
     logits = torch.tensor([[[0.0, math.log(3.0)]]])  # softmax = [1/4, 3/4]

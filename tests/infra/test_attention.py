@@ -23,6 +23,8 @@ from tests.helpers import BACKWARD, FAR, FORWARD, assert_close_scaled
 from tests.train.test_packing import BATCHES, SHAPES, VOCAB, build, differences
 from tests.train.test_sft_packing import model_of, padded_batch, worst
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 
 @pytest.fixture
 def always(monkeypatch):

@@ -105,6 +105,7 @@ def test_by_default_the_fused_weights_do_not_outlive_a_sample(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("penalty", [1.0, 1.5])
 @pytest.mark.parametrize("batch_size", [0, 6])
 def test_the_fast_loop_s_log_probs_are_those_a_forward_pass_gives_its_tokens(penalty, batch_size):
@@ -127,6 +128,7 @@ def test_the_fast_loop_s_log_probs_are_those_a_forward_pass_gives_its_tokens(pen
     assert sampler("hf", temperature=0.8, repetition_penalty=penalty).sample(model, ROWS).sampled_logprobs is None
 
 
+@pytest.mark.numerics
 def test_with_truncation_the_log_probs_are_of_the_truncated_distribution(monkeypatch):
     """Under top-k, top-p and min-p the log-prob is the token's under the distribution the
     loop drew it from (renormalised after truncation), not the model's."""

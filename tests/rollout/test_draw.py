@@ -117,6 +117,7 @@ def test_the_fast_loop_draws_from_the_models_distribution():
     assert_close_scaled(rollout.sampled_logprobs[:, 0], probs.log()[first].float())
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_few_rows_layout_is_f_linear(bias):
     weight = torch.randn(3000, 48)
@@ -140,6 +141,7 @@ def test_the_few_rows_layout_is_f_linear(bias):
         )
 
 
+@pytest.mark.numerics
 def test_the_log_probs_are_the_policys_with_few_rows(monkeypatch):
     """Eight rows (under FEW_ROWS after the prefill), the matmuls in their few-rows layout: the
     sampler's log-probs of the tokens it drew are the ones the loss computes."""

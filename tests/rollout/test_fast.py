@@ -256,6 +256,7 @@ def test_fast_stops_when_every_row_has_ended_as_generate_does():
     assert torch.equal(ours_after, hf_after)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("pack", [False, True, "singles"])
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 2), ("qwen2", 2), ("qwen3", 2)])
 def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
@@ -310,6 +311,7 @@ def test_fast_logits_equal_the_models_own(kind, kv_heads, pack, monkeypatch):
     assert_close_scaled(torch.stack(got, 1), expected[:, p - 1 :])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("llama", 2), ("qwen2", 2), ("qwen3", 1)])
 def test_rows_reading_their_prompts_one_copy_get_the_models_own_logits(kind, kv_heads):
     """A shared cache (`_Cache.share`: each prompt's keys and values once, its rows' own after
@@ -368,6 +370,7 @@ def test_rows_reading_their_prompts_one_copy_get_the_models_own_logits(kind, kv_
             assert_close_scaled(got, expected[rows, at])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("options", OPTIONS[:3] + OPTIONS[5:6], ids=OPTION_IDS[:3] + OPTION_IDS[5:6])
 def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(options, monkeypatch):
     """The fast draw's rows read their prompt's keys and values from one copy (`shares_prompts`)
@@ -407,6 +410,7 @@ def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(
     assert not fast.shares_prompts(w, generate_drawn("fast").params, torch.tensor([4, 4]), at)
 
 
+@pytest.mark.numerics
 def test_bf16_decoding_stays_close_to_float32():
     model = model_of()
     ids = TOKENIZER(["cab 7"], return_tensors="pt")["input_ids"]
@@ -463,6 +467,7 @@ def test_a_models_own_sampling_defaults_do_not_leak_into_generate():
     assert torch.equal(out["fast"][0].input_ids, out["hf"][0].input_ids)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("backend", ["fast", "hf"])
 @pytest.mark.parametrize("penalty", [1.8, 0.6])
 def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, penalty, monkeypatch):
@@ -730,6 +735,7 @@ def test_a_draw_over_the_unfinished_rows_is_multinomials_over_every_row(seeded):
         fast.draws._draw(torch.full((2, vocab), float("nan")), torch.tensor([0, 1]), [(0, 2, None)])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("compact_at", [None, 0.0, 0.25])
 @pytest.mark.parametrize("kind,kv_heads", [("llama", 4), ("qwen3", 2)])
 def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads, compact_at, monkeypatch):

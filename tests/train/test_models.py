@@ -9,6 +9,8 @@ from grpo.train.layouts import completion_logits, prompt_groups
 from tests.helpers import BACKWARD, assert_close_scaled, gap
 from tests.rollout.test_fast import model_of
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 TOKENIZER = char_tokenizer("0123456789abc ")
 
 

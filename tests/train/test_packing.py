@@ -18,6 +18,8 @@ from grpo.train.models import activation_checkpointing, enable_checkpointing
 from tests.algo.test_chunked_head import batch_of
 from tests.helpers import BACKWARD, FAR, FORWARD, assert_close_scaled, gap
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 VOCAB = 40
 SHAPES = {
     "qwen2_tied": (

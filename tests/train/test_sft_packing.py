@@ -12,6 +12,8 @@ from grpo.train.sft import IGNORE_INDEX, completion_loss, packed_batch
 from tests.helpers import BACKWARD, FAR, FORWARD, gap
 from tests.train.test_packing import VOCAB, build
 
+pytestmark = pytest.mark.numerics  # compares kernels: `make test` runs it with AVX2 kernels too
+
 
 def padded_batch(seed: int = 0) -> dict:
     """Right-padded rows of 3 to 11 tokens, labels only on each row's second half (a prompt and
