@@ -27,6 +27,7 @@ from grpo.config import REQUIRED, opt
 from grpo.data import load_rows
 from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World, part
+from grpo.infra.probes import close
 from grpo.infra.hf import load_error, load_tokenizer, quiet_loading, torch_dtype
 from grpo.infra.progress import Progress
 
@@ -215,7 +216,7 @@ class RewardModel:
         `score` head as transformers' causal-LM classifiers have, a pad id, no sliding window,
         and on a probe of three texts of different lengths the padded pass's scores to float
         rounding. Decided once, by capability, never by an error mid-training."""
-        from grpo.infra.packing import windowed
+        from grpo.infra.packing import mask_dtype, windowed
 
         model = self.model
         head, prefix = getattr(model, "score", None), getattr(model, "base_model_prefix", "")
@@ -232,14 +233,13 @@ class RewardModel:
             attention[i, :n] = 1
         device = next(model.parameters()).device
         probe = {"input_ids": ids.to(device), "attention_mask": attention.to(device)}
-        tolerance = 1e-3 if next(model.parameters()).dtype in (torch.float32, torch.float64) else 5e-2
         try:
             with torch.no_grad():
                 packed = self._packed_forward(probe)
                 padded = model(**probe, use_cache=False).logits.squeeze(-1).float()
         except Exception:  # noqa: BLE001 (a layout the model's code cannot run: not taken)
             return False
-        return packed is not None and bool((packed - padded).abs().max() <= tolerance)
+        return packed is not None and close(packed, padded, mask_dtype(model))
 
     def _batches(self, n: int, batch_size: int | None) -> Iterator[slice]:
         size = batch_size or self.batch_size
