@@ -46,7 +46,14 @@ def _require(ok: bool, message: str) -> None:
 
 
 def validate(c: Config) -> None:
-    """Impossible values, each reported with its key. Runs before anything is loaded."""
+    """Impossible values, each reported with its key, one section of the config after another
+    (each check may rely on the ones before it). Runs before anything is loaded."""
+    for check in SECTIONS:
+        check(c)
+
+
+def _check_inputs(c: Config) -> None:
+    """The run's inputs: a model, prompts (or an environment that writes them), a reward, a seed."""
     _require(bool(c.model), "model: required (a Hugging Face model directory or hub id)")
     several = isinstance(c.rollout.environment, dict)
     _require(
@@ -59,6 +66,11 @@ def validate(c: Config) -> None:
         len(c.rewards) > 0 or c.rollout.environment is not None,
         "rewards: at least one reward is required, e.g. [{function: exact_answer}]",
     )
+    _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
+
+
+def _check_rewards(c: Config) -> None:
+    """rewards: each a function or a model, with a finite weight."""
     for i, r in enumerate(c.rewards):
         _require((r.function is None) != (r.model is None), f"rewards.{i}: give exactly one of 'function' or 'model'")
         if r.process and r.model is None:
@@ -72,7 +84,11 @@ def validate(c: Config) -> None:
         )
         if r.model is not None and (r.timeout is not None or r.isolate):
             refuse("reward-model+timeout", i=i)
-    ro, tr, lo = c.rollout, c.train, c.loss
+
+
+def _check_rollout(c: Config) -> None:
+    """rollout: the group, the turns, the sampling options, and what the chosen sampler can do."""
+    ro, lo = c.rollout, c.loss
     if lo.baseline == "group" and ro.group_size < 2:
         refuse("group+one-sample", group_size=ro.group_size)
     if lo.baseline == "group" and lo.kl_in != "loss":
@@ -103,7 +119,20 @@ def validate(c: Config) -> None:
     _require(
         ro.repetition_penalty > 0, f"rollout.repetition_penalty: must be > 0 (1 = off), got {ro.repetition_penalty}"
     )
-    v = ro.vllm
+    _require(
+        ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
+    )
+    _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
+    refused = fast_only_refusal(ro, ro.sampler)  # auto: known once the model is (the Sampler says then)
+    _require(refused is None, refused)
+    if ro.sampler == "vllm":
+        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
+        _require(refused is None, refused)
+
+
+def _check_vllm(c: Config) -> None:
+    """rollout.vllm: the engine's numbers, and a server's address and transport."""
+    ro, v = c.rollout, c.rollout.vllm
     _require(
         0 < v.gpu_memory_utilization <= 1,
         f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {v.gpu_memory_utilization}",
@@ -114,11 +143,6 @@ def validate(c: Config) -> None:
         v.check_tolerance is None or v.check_tolerance > 0,
         f"rollout.vllm.check_tolerance: must be > 0 or null, got {v.check_tolerance}",
     )
-    refused = fast_only_refusal(ro, ro.sampler)  # auto: known once the model is (the Sampler says then)
-    _require(refused is None, refused)
-    if ro.sampler == "vllm":
-        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
-        _require(refused is None, refused)
     if v.server:
         split_address(v.server)  # HOST:PORT, or one line
     if v.server and ro.sampler != "vllm":
@@ -126,9 +150,12 @@ def validate(c: Config) -> None:
     if v.server and v.transport != "file":
         refuse("transport-nccl", transport=v.transport)
     _require(v.timeout > 0, f"rollout.vllm.timeout: must be > 0, got {v.timeout}")
-    _require(
-        ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
-    )
+
+
+def _check_train(c: Config) -> None:
+    """train: the budget, the batches, the optimizer (in the backward or not), logging and
+    checkpoints, the device."""
+    ro, tr = c.rollout, c.train
     _require(tr.steps >= 1, f"train.steps: must be >= 1, got {tr.steps}")
     _require(
         1 <= tr.iterations <= tr.steps, f"train.iterations: must be between 1 and train.steps, got {tr.iterations}"
@@ -147,7 +174,6 @@ def validate(c: Config) -> None:
     _require(
         len(tr.adam_betas) == 2 and all(0 <= b < 1 for b in tr.adam_betas), "train.adam_betas: two numbers in [0, 1)"
     )
-    _validate_async(c)
     _require(tr.max_grad_norm >= 0, "train.max_grad_norm: must be >= 0")
     if tr.optimizer_in_backward:
         if tr.max_grad_norm > 0:
@@ -164,12 +190,15 @@ def validate(c: Config) -> None:
     _require(tr.keep_checkpoints >= 1, "train.keep_checkpoints: must be >= 1")
     _require(tr.checkpoint_minutes >= 0, f"train.checkpoint_minutes: must be >= 0, got {tr.checkpoint_minutes}")
     _require(tr.max_unscored_steps >= 0, f"train.max_unscored_steps: must be >= 0, got {tr.max_unscored_steps}")
-    _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
-    _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
     _require(
         re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None,
         f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}",
     )
+
+
+def _check_loss(c: Config) -> None:
+    """loss: the clipping, the KL weight, the critic's GAE and value clip (and value.lr)."""
+    lo = c.loss
     _require(lo.beta >= 0, f"loss.beta: must be >= 0, got {lo.beta}")
     _require(0 < lo.clip_low < 1, f"loss.clip_low: must be in (0, 1), got {lo.clip_low}")
     _require(lo.clip_high > 0, f"loss.clip_high: must be > 0, got {lo.clip_high}")
@@ -182,13 +211,17 @@ def validate(c: Config) -> None:
     _require(c.value.lr is None or c.value.lr > 0, "value.lr: must be > 0")
     if lo.supervision == "process" and lo.baseline != "group":
         refuse("process+critic")
+
+
+def _check_reward_model_update(c: Config) -> None:
+    """reward_model_update: iterative RL needs a reward model to retrain and two iterations."""
     u = c.reward_model_update
     models = [i for i, r in enumerate(c.rewards) if r.model is not None]
     if u.verifier is not None and not models:
         refuse("iterative+no-reward-model")
     if u.verifier is not None and u.reward != -1 and u.reward not in models:
         refuse("iterative+function-reward", index=u.reward)
-    if u.verifier is not None and tr.iterations < 2:
+    if u.verifier is not None and c.train.iterations < 2:
         refuse("iterative+one-iteration")
     _require(0 <= u.replay < 1, f"reward_model_update.replay: must be in [0, 1), got {u.replay}")
     for name in ("prompts", "epochs", "batch_size", "max_pairs_per_prompt"):
@@ -198,6 +231,10 @@ def validate(c: Config) -> None:
         "reward_model_update.samples_per_prompt: comparisons need at least 2 samples per prompt",
     )
     _require(u.lr > 0, "reward_model_update.lr: must be > 0")
+
+
+def _check_lora(c: Config) -> None:
+    """lora: its rank, and whether the sampler can sample an adapter."""
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
     refused = lora_refusal(c.rollout.sampler)
     _require(c.lora.r == 0 or refused is None, refused)
@@ -214,7 +251,7 @@ def lookahead(c: Config) -> int:
     return (a.max_staleness - a.push_every + 1) // (c.train.epochs * c.train.minibatches)
 
 
-def _validate_async(c: Config) -> None:
+def _check_async(c: Config) -> None:
     """rollout.async: its numbers, and what the generator process cannot do yet."""
     a, ro, tr = c.rollout.async_, c.rollout, c.train
     _require(a.max_staleness >= 0, f"rollout.async.max_staleness: must be >= 0, got {a.max_staleness}")
@@ -234,3 +271,17 @@ def _validate_async(c: Config) -> None:
         refuse("async+hf")
     if tr.old_logprobs == "recompute" and c.loss.engine_correction == "none":
         refuse("async+recompute-uncorrected")
+
+
+# In order: train's batch checks come before rollout.async's, which divides by them.
+SECTIONS = (
+    _check_inputs,
+    _check_rewards,
+    _check_rollout,
+    _check_vllm,
+    _check_train,
+    _check_async,
+    _check_loss,
+    _check_reward_model_update,
+    _check_lora,
+)
