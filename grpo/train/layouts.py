@@ -1,14 +1,15 @@
 """The forward passes over a Rollout, to the completion tokens' log-probs, and which layouts
 serve a model.
 
-A layout is how a pass lays out its rows (train.layout): packed (the real tokens end to end,
-a group's prompt once, no padding: grpo.train.packing), a group's prompt in a pass of its own
-(its KV cache indexed out to the group's rows), or every row in full; with or without
+A layout is how a pass lays out its rows (train.layout), one object behind the `Layout`
+protocol: `Packed` (the real tokens end to end, a group's prompt once, no padding:
+grpo.train.packing), `SharedPrompt` (a group's prompt in a pass of its own, its KV cache
+indexed out to the group's rows), or `Padded` (every row in full); with or without
 activation checkpointing; through the full logits or the LM head chunk by chunk
 (train.chunked_head, `grpo.algo.head_logprobs`: the hidden states taken by a hook where the
 head receives them, so that no (N, T, V) logits exist). Each gives the same log-probs;
 `decide_layouts` tries them once on a model before the first step and takes the first that
-does (tests/train/test_architectures.py). A model whose logits are not its plain nn.Linear
+does (tests/train/test_architectures.py); `chosen` hands the step the one it runs. A model whose logits are not its plain nn.Linear
 head's output (softcapping, logit scales, a LoRA or quantized head) runs the plain head
 (`chunkable_head`).
 """
@@ -16,9 +17,9 @@ head's output (softcapping, logit scales, a LoRA or quantized head) runs the pla
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -31,46 +32,177 @@ from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
 from grpo.train.packing import packed_positions, prompt_groups, real_lengths
+from grpo.train.shared_prompt import checkpointed_layers
+from grpo.train.shared_prompt import shared_prompt_positions as _shared_prompt_positions
+
+PACKED, SHARED, PADDED = "packed", "shared", "padded"
+LAYOUTS = (PACKED, SHARED, PADDED)  # the first that serves a model is taken
 
 
-def completion_logits(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
-    """Logits that predict each completion token: (N, T, V).
+class Layout(Protocol):
+    """How a forward pass lays out a batch's rows (the module doc): what the step and the
+    passes call. A layout gives (N, T, ...) outputs at the positions that predict each
+    completion token (`positions`); the logits, the head's inputs and the log-probs are
+    built on it alike for every layout. Taken once per model (`decide_layouts`, `chosen`)."""
 
-    With `share_prompts`, the G completions of a prompt share its tokens: the prompt runs
-    once per group, in the packed layout within the one pass, in the shared-prompt layout as
-    a pass of its own (its KV cache then indexed out to the group's rows, which autograd
-    turns into a sum of the rows' gradients) with the completions run on top of it. The same
-    numbers as one pass over every full row (tests/train/test_models.py,
-    tests/train/test_packing.py), with G - 1 fewer passes over each prompt. `layout`: one of
-    LAYOUTS, or None for the one `decide_layouts` took for the model."""
-    return _completion_positions(model, batch, share_prompts, lambda out: out.logits, layout)
+    name: str  # one of LAYOUTS (train.layout's values)
+    shares_prompts: bool  # a group's prompt runs once for its rows side by side
+    shares_in_one_pass: bool  # ...inside the one pass (the number of passes never depends on the rows)
+    whole_groups: bool  # micro-batches keep a group's rows side by side (`micro_batches`)
+
+    def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
+        """(N, T, ...) `read(output)` of its passes at the positions that predict completion
+        tokens: the logits, or the head's input. Where it cannot run this batch (a batch the
+        packer cannot lay out, a model whose cache rows cannot be selected), every row in full."""
+        ...
+
+    def unshared(self) -> Layout:
+        """The layout that shares no prompt (every row with its own), micro-batches cut row by row."""
+        ...
+
+    def logits(self, model, batch: Rollout) -> Tensor:
+        """Logits that predict each completion token: (N, T, V). The same numbers as one pass
+        over every full row (tests/train/test_models.py, tests/train/test_packing.py)."""
+        return self.positions(model, batch, lambda out: out.logits)
+
+    def hidden(self, model, batch: Rollout) -> Tensor:
+        """What the LM head receives at the positions that predict each completion token:
+        (N, T, H), from the same passes as `logits`, with the head computing nothing
+        (`_head_inputs`)."""
+        with _head_inputs(model) as read:
+            return self.positions(model, batch, read)
+
+    def logprobs(
+        self,
+        model,
+        batch: Rollout,
+        temperature: float,
+        repetition_penalty: float = 1.0,
+        *,
+        chunked_head: bool = True,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
+        sampler's temperature and repetition penalty, and with `with_entropy` the (N, T)
+        entropy of each position's distribution (a metric, without a gradient; else None).
+
+        With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
+        from the hidden states through the head chunk by chunk, at the tokens in the loss only
+        (`loss_mask`: the policy's actions; the padding after a row's end, and a tool's tokens
+        inside it, get 0 and no gradient, and no loss or metric reads them); else from the full
+        logits. The same numbers at every token in the loss either way
+        (tests/algo/test_chunked_head.py)."""
+        context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
+        scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
+        ids = batch.completion_ids
+        head = chunkable_head(model) if chunked_head else None
+        if head is not None:
+            hidden = self.hidden(model, batch)  # (N, T, H)
+            # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
+            return head_logprobs(
+                hidden,
+                head.weight,
+                ids,
+                bias=head.bias,
+                with_entropy=with_entropy,
+                mask=batch.loss_mask.bool(),
+                **scoring,
+            )
+        logits = self.logits(model, batch)  # (N, T, V)
+        logprobs = token_logprobs(logits, ids, **scoring)
+        if not with_entropy:
+            return logprobs, None
+        with torch.no_grad():
+            return logprobs, entropy(logits, ids=ids, **scoring)
 
 
-def completion_hidden(model, batch: Rollout, share_prompts: bool = True, *, layout: str | None = None) -> Tensor:
-    """What the LM head receives at the positions that predict each completion token:
-    (N, T, H), from the same passes as `completion_logits` (prompts shared alike), with the
-    head computing nothing (`_head_inputs`)."""
-    with _head_inputs(model) as read:
-        return _completion_positions(model, batch, share_prompts, read, layout)
+@dataclass(frozen=True)
+class Padded(Layout):
+    """Every row in full: left-padded prompts, right-padded completions (`padded_pass`). Serves
+    every model. `whole_groups`: whether micro-batches still keep a group's rows side by side
+    (an order of the rows only, as where the run could share prompts)."""
+
+    whole_groups: bool = True
+    name: ClassVar[str] = PADDED
+    shares_prompts: ClassVar[bool] = False
+    shares_in_one_pass: ClassVar[bool] = False
+
+    def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
+        t_len = batch.completion_mask.shape[1]
+        out = padded_pass(model, batch, logits_to_keep=t_len + 1)  # only the positions that predict completion tokens
+        return read(out)[:, :-1]  # position P-1+t predicts completion token t
+
+    def unshared(self) -> Layout:
+        return Padded(whole_groups=False)
 
 
-def _completion_positions(model, batch: Rollout, share_prompts: bool, read: Callable, layout: str | None) -> Tensor:
-    """(N, T, ...) `read(output)` of the passes at the positions that predict completion tokens:
-    the logits, or the head's input. A layout that cannot run this batch (a batch the packer
-    cannot lay out, a model whose cache rows cannot be selected) leaves it to the padded one."""
-    checkpointed = _checkpointed_layers(model)
-    layout = layout or layout_of(model, checkpointed is not None)
-    if layout == PACKED:
-        out = packed_positions(model, batch, share_prompts, read)
-        if out is not None:
-            return out
-    elif layout == SHARED and share_prompts and (groups := prompt_groups(batch)) is not None:
-        out = _shared_prompt_positions(model, batch, *groups, read, checkpointed=checkpointed)
-        if out is not None:
-            return out
-    t_len = batch.completion_mask.shape[1]
-    out = padded_pass(model, batch, logits_to_keep=t_len + 1)  # only the positions that predict completion tokens
-    return read(out)[:, :-1]  # position P-1+t predicts completion token t
+@dataclass(frozen=True)
+class SharedPrompt(Layout):
+    """A group's prompt in a pass of its own, its KV cache indexed out to the group's rows
+    (which autograd turns into a sum of the rows' gradients), the completions run on top of
+    it: G - 1 fewer passes over each prompt. Under activation checkpointing both passes are
+    checkpointed, layer by layer (`_shared_prompt_positions`)."""
+
+    name: ClassVar[str] = SHARED
+    shares_prompts: ClassVar[bool] = True
+    shares_in_one_pass: ClassVar[bool] = False
+    whole_groups: ClassVar[bool] = True
+
+    def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
+        if (groups := prompt_groups(batch)) is not None:
+            out = _shared_prompt_positions(model, batch, *groups, read, checkpointed=checkpointed_layers(model))
+            if out is not None:
+                return out
+        return Padded().positions(model, batch, read)
+
+    def unshared(self) -> Layout:
+        return Padded(whole_groups=False)
+
+
+@dataclass(frozen=True)
+class Packed(Layout):
+    """The real tokens end to end in one pass, no padding (grpo.train.packing); with
+    `shares_prompts`, a group's prompt packed once, inside that one pass."""
+
+    shares_prompts: bool = True
+    name: ClassVar[str] = PACKED
+    shares_in_one_pass: ClassVar[bool] = True
+
+    @property
+    def whole_groups(self) -> bool:
+        return self.shares_prompts
+
+    def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
+        out = packed_positions(model, batch, self.shares_prompts, read)
+        return Padded().positions(model, batch, read) if out is None else out
+
+    def unshared(self) -> Layout:
+        return Packed(shares_prompts=False)
+
+
+def as_layout(model, layout: Layout | str | None = None, share_prompts: bool = True) -> Layout:
+    """`layout` as a Layout: one given, a name of LAYOUTS, or None for the one `decide_layouts`
+    took for `model` in the mode it runs in now (checkpointed or not); without
+    `share_prompts`, its `unshared` variant."""
+    if layout is None:
+        layout = layout_of(model, checkpointed_layers(model) is not None)
+    if isinstance(layout, str):
+        layout = layout_named(layout)
+    return layout if share_prompts else layout.unshared()
+
+
+def completion_logits(
+    model, batch: Rollout, share_prompts: bool = True, *, layout: Layout | str | None = None
+) -> Tensor:
+    """(N, T, V) `Layout.logits` of `layout` (`as_layout`: None for the model's own)."""
+    return as_layout(model, layout, share_prompts).logits(model, batch)
+
+
+def completion_hidden(
+    model, batch: Rollout, share_prompts: bool = True, *, layout: Layout | str | None = None
+) -> Tensor:
+    """(N, T, H) `Layout.hidden` of `layout` (`as_layout`: None for the model's own)."""
+    return as_layout(model, layout, share_prompts).hidden(model, batch)
 
 
 def padded_pass(model, batch: Rollout, **kwargs):
@@ -83,178 +215,6 @@ def padded_pass(model, batch: Rollout, **kwargs):
         use_cache=False,
         **kwargs,
     )
-
-
-def _cache_argument(model) -> str:
-    """The forward's name for a KV cache: `cache` in recent transformers, `past_key_values` before."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-def _shared_prompt_positions(
-    model, batch: Rollout, first: Tensor, group: Tensor, read: Callable, *, checkpointed: _CheckpointedLayers | None
-) -> Tensor | None:
-    """`checkpointed`: the layers checkpointed in this forward (`_checkpointed_layers`). None when the model returns no KV cache that rows can be selected from (then the caller
-    runs every row in full).
-
-    Under activation checkpointing (a model in training mode with it on) both passes are
-    checkpointed, layer by layer, and each layer is handed a cache that its forward may run
-    through twice (the backward pass runs a checkpointed layer's forward again): the prompt's
-    pass writes its keys and values into a cache that keeps the last ones written (`_SET`),
-    the completions' pass reads them through one that stores nothing (`_READ`). Where that
-    cannot be arranged (a cache layer of another kind, a transformers without the switch),
-    None: every row in full, as before."""
-    t_len = batch.completion_mask.shape[1]
-    p_len = batch.input_ids.shape[1] - t_len
-    positions = batch.position_ids
-    argument, written = None, None  # under checkpointing, the prompt pass's own cache, handed to it
-    if checkpointed is not None:
-        argument, written = _cache_argument(model), checkpointed.new_cache(model)
-        if written is None:
-            return None
-    handed = checkpointed.handed_a_cache if checkpointed is not None else contextlib.nullcontext
-    with handed():
-        prompt = model(
-            input_ids=batch.input_ids[first, :p_len],
-            attention_mask=batch.attention_mask[first, :p_len],
-            position_ids=positions[first, :p_len],
-            logits_to_keep=1,
-            use_cache=True,
-            **({} if written is None else {argument: written}),
-        )  # the distinct prompts: (B, P)
-    first_out = read(prompt)[:, -1][group].unsqueeze(1)  # (N, 1, ...): predicts completion token 0
-    if t_len == 1:
-        return first_out
-    cache = written
-    if cache is None:  # the one the model returned, under the name of its transformers version
-        cache = getattr(prompt, "cache", None)
-        if cache is None:
-            cache = getattr(prompt, "past_key_values", None)
-    if not hasattr(cache, "batch_select_indices"):  # no cache, or one of another kind
-        return None
-    argument = argument or _cache_argument(model)
-    if checkpointed is not None:  # a cache of its own: the prompt's layers write theirs again in the backward
-        cache = checkpointed.reading(cache, model, group)
-    else:
-        cache.batch_select_indices(group)  # each row continues from its prompt's keys and values
-    with handed():
-        rest = model(
-            input_ids=batch.input_ids[:, p_len:-1],  # completion tokens 0..T-2 predict 1..T-1
-            attention_mask=batch.attention_mask[:, :-1],
-            position_ids=positions[:, p_len:-1],
-            use_cache=True,
-            **{argument: cache},
-        )
-    return torch.cat([first_out, read(rest)], 1)
-
-
-_SET, _READ = "set", "read"  # the kinds of cache layer a checkpointed forward can run through twice
-
-
-class _CheckpointedLayers:
-    """The decoder layers that transformers checkpoints in this forward (its
-    GradientCheckpointingLayer with gradient_checkpointing on, the model in training mode and
-    gradients on), and what the shared prompt needs of them."""
-
-    def __init__(self, layers: list[nn.Module], model_level: list[nn.Module]):
-        self.layers = layers
-        self.model_level = model_level  # modules with a gradient_checkpointing flag of their own
-
-    def new_cache(self, model, kind: str = _SET):
-        """An empty DynamicCache for the model, its layers of `kind` (`_turn`); None where that
-        cannot be: no switch for a layer that takes a cache under checkpointing, or a cache
-        layer of another kind (sliding-window, ...)."""
-        if not all(hasattr(type(layer), "_can_checkpoint_with_cache") for layer in self.layers):
-            return None
-        try:
-            from transformers.cache_utils import DynamicCache
-
-            config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-            cache = DynamicCache(config=config)
-        except Exception:  # noqa: BLE001 (a model whose config builds no cache: the full rows)
-            return None
-        return cache if _turn(cache, kind) else None
-
-    def reading(self, written, model, group: Tensor):
-        """A read-only cache holding, for every row, its prompt's keys and values from the
-        prompt pass's cache `written` (rows `group` of it)."""
-        cache = self.new_cache(model, _READ)
-        for source, target in zip(written.layers, cache.layers, strict=True):
-            target.lazy_initialization(source.keys, source.values)
-            target.keys, target.values = source.keys[group], source.values[group]
-        return cache
-
-    @contextlib.contextmanager
-    def handed_a_cache(self):
-        """Checkpointed, and handed the cache (transformers drops it otherwise, since a layer
-        that appends to it would append twice). Some models (GPT-2) drop it one level up, in
-        the loop over their layers, when their own `gradient_checkpointing` flag is on: that
-        flag checkpoints nothing there (the layers' flags do), so it is off for the duration."""
-        outer = [m for m in self.model_level if m.gradient_checkpointing is True]
-        for layer in self.layers:
-            layer._can_checkpoint_with_cache = True
-        for module in outer:
-            module.gradient_checkpointing = False
-        try:
-            yield
-        finally:
-            for layer in self.layers:
-                del layer._can_checkpoint_with_cache  # the class's value again
-            for module in outer:
-                module.gradient_checkpointing = True
-
-
-def _checkpointed_layers(model) -> _CheckpointedLayers | None:
-    if not (getattr(model, "training", False) and torch.is_grad_enabled()):
-        return None
-    try:
-        from transformers.modeling_layers import GradientCheckpointingLayer
-    except ImportError:  # an older transformers: no layer takes a cache under checkpointing
-        return None
-    layers, model_level = [], []
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True:
-            (layers if isinstance(m, GradientCheckpointingLayer) else model_level).append(m)
-    return _CheckpointedLayers(layers, model_level) if layers else None
-
-
-def _turn(cache, kind: str) -> bool:
-    """Turn each layer of a DynamicCache into the `kind` of layer that a checkpointed forward
-    can run through twice: _SET keeps the keys and values last written (the prompt's pass:
-    its second run writes the same ones again), _READ returns the cached ones with the new
-    ones after them and stores nothing (the completions' pass). False (nothing changed) when
-    a layer is of another kind (sliding-window, quantized, ...)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    classes = _cache_layer_classes()
-    if not layers or any(type(layer) not in (DynamicLayer, *classes.values()) for layer in layers):
-        return False
-    for layer in layers:
-        layer.__class__ = classes[kind]
-    return True
-
-
-@functools.cache
-def _cache_layer_classes() -> dict[str, type]:
-    from transformers.cache_utils import DynamicLayer
-
-    class SetOnceLayer(DynamicLayer):
-        """Keeps the keys and values last written: one write per forward of the prompt."""
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            self.keys, self.values = key_states, value_states
-            return key_states, value_states
-
-    class ReadOnlyLayer(DynamicLayer):
-        """A prompt's keys and values, read by each forward of a checkpointed layer alike."""
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
-
-    return {_SET: SetOnceLayer, _READ: ReadOnlyLayer}
 
 
 @contextlib.contextmanager
@@ -326,40 +286,12 @@ def completion_logprobs(
     share_prompts: bool = True,
     chunked_head: bool = True,
     with_entropy: bool = False,
-    layout: str | None = None,
+    layout: Layout | str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
-    sampler's temperature and repetition penalty, and with `with_entropy` the (N, T) entropy
-    of each position's distribution (a metric, without a gradient; else None).
-
-    With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
-    from the hidden states through the head chunk by chunk, at the tokens in the loss only
-    (`loss_mask`: the policy's actions; the padding after a row's end, and a tool's tokens
-    inside it, get 0 and no gradient, and no loss or metric reads them); else from the full
-    logits. The same numbers at every token in the loss either way
-    (tests/algo/test_chunked_head.py)."""
-    context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
-    scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
-    ids = batch.completion_ids
-    head = chunkable_head(model) if chunked_head else None
-    if head is not None:
-        hidden = completion_hidden(model, batch, share_prompts, layout=layout)  # (N, T, H)
-        # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
-        return head_logprobs(
-            hidden,
-            head.weight,
-            ids,
-            bias=head.bias,
-            with_entropy=with_entropy,
-            mask=batch.loss_mask.bool(),
-            **scoring,
-        )
-    logits = completion_logits(model, batch, share_prompts, layout=layout)  # (N, T, V)
-    logprobs = token_logprobs(logits, ids, **scoring)
-    if not with_entropy:
-        return logprobs, None
-    with torch.no_grad():
-        return logprobs, entropy(logits, ids=ids, **scoring)
+    """`Layout.logprobs` of `layout` (`as_layout`: None for the one the model took)."""
+    return as_layout(model, layout, share_prompts).logprobs(
+        model, batch, temperature, repetition_penalty, chunked_head=chunked_head, with_entropy=with_entropy
+    )
 
 
 def micro_batches(
@@ -454,9 +386,29 @@ def policy_logprobs(
 
 # ---- which layouts serve a model: decided once, before the first step ----------------------
 
-PACKED, SHARED, PADDED = "packed", "shared", "padded"
-LAYOUTS = (PACKED, SHARED, PADDED)  # the first that serves a model is taken
+
 _LAYOUTS = "_grpo_layouts"  # the attribute decide_layouts keeps its verdicts in
+
+
+def layout_named(name: str) -> Layout:
+    """The layout train.layout's `name` stands for (one of LAYOUTS), sharing prompts."""
+    return {PACKED: Packed, SHARED: SharedPrompt, PADDED: Padded}[name]()
+
+
+def chosen(model, checkpointed: bool, *, one_pass: bool = False) -> Layout:
+    """The layout of `model`'s passes in the mode they run in (`checkpointed` or not), as
+    `decide_layouts` took it; with `one_pass`, for a forward that must be one pass whatever
+    its rows, and the same number of them in every process: a layout that shares a prompt
+    by a pass of its own shares none (`unshared`), the packed one keeps sharing inside its
+    one pass. The update asks it once (`grpo.train.step.Engine.layout`): one pass where the
+    policy is sharded (its forward passes are collectives: every process must run as many,
+    and a shared prompt's pass makes their number depend on the rows) or the optimizer steps
+    in the backward (train.optimizer_in_backward: a weight that two passes use has its
+    gradient complete only when the second one's backward ends, and the prompt's pass is the
+    last to run backward, so every layer's gradient would wait for the end of the backward,
+    which that step exists to avoid)."""
+    layout = layout_named(layout_of(model, checkpointed))
+    return layout.unshared() if one_pass and not layout.shares_in_one_pass else layout
 
 
 def layout_of(model, checkpointed: bool) -> str:

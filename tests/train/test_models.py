@@ -135,11 +135,13 @@ def test_shared_prompt_pass_under_checkpointing_equals_full_rows(kind, kv_heads,
         model.eval()
         return logits.detach()[mask], torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    import grpo.train.layouts as layouts
+    import grpo.train.shared_prompt as shared_prompt
 
     turned = []  # each cache turned for a checkpointed pass
-    real = layouts._turn
-    monkeypatch.setattr(layouts, "_turn", lambda cache, kind: turned.append((kind, real(cache, kind))) or turned[-1][1])
+    real = shared_prompt._turn
+    monkeypatch.setattr(
+        shared_prompt, "_turn", lambda cache, kind: turned.append((kind, real(cache, kind))) or turned[-1][1]
+    )
     reference = run(shared=False, checkpointing=False)
     assert enable_checkpointing(model)
     for shared in (False, True):
