@@ -16,7 +16,6 @@ ALLOWED = {
     "demo/default.py:demo",
     "demo/report.py",
     "demo/report.py:write_report",
-    "rollout/fast/loop.py:_sample",
     "train/loop.py:_steps",  # being turned into a run object (issue 57 item 4)
     "train/sft.py",
 }

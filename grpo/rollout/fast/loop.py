@@ -320,7 +320,8 @@ def _sample(
     """The decoding loop, from each row's next-token `logits` (N, V) with its context in the
     cache's first `filled` slots (`valid` (N, filled) says which hold it; `next_position`
     (N,) is each row's next RoPE position). With `keep`, no row leaves the cache, and the
-    rows' `Kept` cache is returned with the tokens."""
+    rows' `Kept` cache is returned with the tokens (`_kept`). The prefill that gives `logits`
+    is `_decode`'s (a prompt) or `_extend`'s (a kept context and its new turn)."""
     device = logits.device
     n = logits.shape[0]
     padded = not bool(valid.all())
@@ -405,6 +406,25 @@ def _sample(
     out, out_logprobs = out[:, :generated], out_logprobs[:, :generated]
     if not keep:
         return out, out_logprobs, None
+    kept = _kept(out, eos, filled, cache, held_rows, left_cache, start_valid, start_position)
+    return out, out_logprobs, kept
+
+
+def _kept(
+    out: Tensor,
+    eos: Tensor | None,
+    filled: int,
+    cache: _Cache,
+    held_rows: Tensor,
+    left_cache: list,
+    start_valid: Tensor,
+    start_position: Tensor,
+) -> Kept:
+    """The end of `_sample(keep=True)`: the rows' `Kept` cache, from the cache as the loop left
+    it (`held_rows` the row of each of its rows) and the caches of the rows that left it before
+    (`left_cache`), with each row's context before the loop (`start_valid`, `start_position`)."""
+    device = out.device
+    n, generated = out.shape
     # The rows' context in the cache: their prompt, then the tokens each ran through before
     # the loop ended or the row left the cache (the last step's tokens never run). A row's own
     # tokens end at its EOS; the EOS itself is left to the next turn (a row that finishes may
@@ -426,4 +446,4 @@ def _sample(
         ran = torch.cat([torch.full_like(rows, slots - filled) for rows, _, _, slots in parts])[back]
     in_cache = torch.minimum(lengths, ran)  # (N,) the row's drawn tokens its cache holds
     drawn = torch.arange(generated - 1, device=device)[None] < in_cache[:, None]  # (N, generated - 1)
-    return out, out_logprobs, Kept(keys, values, torch.cat([start_valid, drawn], 1), start_position + in_cache)
+    return Kept(keys, values, torch.cat([start_valid, drawn], 1), start_position + in_cache)
