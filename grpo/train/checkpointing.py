@@ -78,7 +78,7 @@ class Checkpointer:
             "metrics": metrics,  # numbers and None: plain data
             "reward_model_update": self.updater.state_dict(),
             "step": step,
-            "scheduler": e.scheduler.state_dict(),
+            "scheduler": e.optimizer.scheduler.state_dict(),
             "data": snapshot["data"],
             # The reference equals the initial model during the first iteration; after a reset
             # it is a snapshot of the policy, which only the checkpoint can give back.
@@ -119,13 +119,16 @@ class Checkpointer:
             sharded = self._sharded_state(state["has_reference"])
             load_shards(sharded, state["shards"])
             set_state_dict(
-                self._trained(), e.optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"]
+                self._trained(),
+                e.optimizer.torch,
+                model_state_dict=sharded["model"],
+                optim_state_dict=sharded["optimizer"],
             )
             if state["has_reference"]:
                 e.reference.load_state_dict(sharded["reference"])
             set_rng_state(state["local"]["rng"])
         self.updater.load_state_dict(state["reward_model_update"])
-        e.scheduler.load_state_dict(state["scheduler"])
+        e.optimizer.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["data"])
         return int(state["step"])
 
@@ -188,7 +191,7 @@ class Checkpointer:
     def _sharded_state(self, with_reference: bool) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optimizer = get_state_dict(self._trained(), self.e.optimizer)
+        model, optimizer = get_state_dict(self._trained(), self.e.optimizer.torch)
         return {
             "model": model,
             "optimizer": optimizer,

@@ -57,9 +57,8 @@ from grpo.train.models import (
 from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.networks import build_reference
 from grpo.infra.memory import return_freed_memory
-from grpo.train.optimizers import StepInBackward, build_optimizer
+from grpo.train.optimizers import build_optimizer
 from grpo.train.optimizers import missing as optimizer_missing
-from grpo.train.schedule import lr_lambda
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
@@ -186,9 +185,7 @@ def build_engine(
 
     groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
     groups += critic.param_groups(c.value.lr or c.train.lr)
-    optimizer = build_optimizer(c.train, groups)
-    updates = c.train.steps * c.train.epochs * c.train.minibatches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.train.schedule, c.train.warmup_steps, updates))
+    optimizer = build_optimizer(c.train, groups, updates=c.train.steps * c.train.epochs * c.train.minibatches)
     return Engine(
         policy=policy,
         tokenizer=tokenizer,
@@ -199,7 +196,6 @@ def build_engine(
         kl=kl,
         critic=critic,
         optimizer=optimizer,
-        scheduler=scheduler,
         rollout=c.rollout,
         train=c.train,
         loss=c.loss,
@@ -269,7 +265,7 @@ def sampling_room(e: Engine) -> int:
     step samples faster at no higher peak. 0 where the update does not hold them all (the
     step in the backward holds one tensor's at a time), on a GPU (where nothing is packed),
     and under torchrun (the gradients are sharded; the sampling gathers whole weights)."""
-    if e.device.type != "cpu" or e.world.world_size > 1 or isinstance(e.optimizer, StepInBackward):
+    if e.device.type != "cpu" or e.world.world_size > 1 or not e.optimizer.holds_all_gradients:
         return 0
     return sum(p.numel() * p.element_size() for p in e.policy_params)
 

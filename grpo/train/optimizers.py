@@ -16,7 +16,12 @@ checkpoint loads with weights_only=True; and it is what TRL's optim="adamw_8bit"
 measurements behind the choice are in docs/memory.md. It runs in one process: under torchrun
 the launch check refuses it (grpo.refusals, adamw_8bit+torchrun).
 
-`train.optimizer_in_backward` (torchtune's optimizer_in_bwd) wraps either in `StepInBackward`.
+The run's optimizer (`Optimizer`) owns the whole of an update after the backward: clipping
+(train.max_grad_norm), the step and the learning-rate schedule, behind `step() -> grad norm`
+and `zero_grad()`. Two implementations: `StepAfterBackward` (every gradient held, clipped,
+then one step) and `StepInBackward` (train.optimizer_in_backward, torchtune's
+optimizer_in_bwd: each tensor stepped as its gradient completes), so the step never asks
+which it holds.
 """
 
 from __future__ import annotations
@@ -31,8 +36,18 @@ from collections.abc import Callable
 import torch
 
 from grpo.errors import UserError, first_line
+from grpo.train.schedule import lr_lambda
 
-__all__ = ["INSTALL", "OPTIMIZERS", "StepInBackward", "build_optimizer", "missing"]
+__all__ = [
+    "INSTALL",
+    "OPTIMIZERS",
+    "Optimizer",
+    "StepAfterBackward",
+    "StepInBackward",
+    "build_optimizer",
+    "clip_grad_norm",
+    "missing",
+]
 
 INSTALL = "pip install 'grpo[memory]' (bitsandbytes)"  # the one install hint
 
@@ -148,24 +163,118 @@ def missing(name: str) -> str | None:
     return None
 
 
-def build_optimizer(train, groups: list[dict]) -> torch.optim.Optimizer:
-    """The optimizer train.optimizer names over `groups` (torch's param groups, each with its
-    lr), with train.adam_betas and train.weight_decay."""
+def build_optimizer(train, groups: list[dict], updates: int = 1) -> Optimizer:
+    """The run's optimizer over `groups` (torch's param groups, each with its lr; the first
+    is the policy's, whose gradient norm `step` returns): train.optimizer with
+    train.adam_betas and train.weight_decay, stepped after the backward or inside it
+    (train.optimizer_in_backward), clipping each group to train.max_grad_norm, its learning
+    rate on train.schedule after train.warmup_steps over `updates` optimizer steps."""
     absent = missing(train.optimizer)
     if absent is not None:
         raise UserError(absent)
     make = OPTIMIZERS[train.optimizer]
     settings = dict(lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay)
-    if getattr(train, "optimizer_in_backward", False):
-        return StepInBackward(groups, lambda group: make([group], **settings))
-    return make(groups, **settings)
+    schedule = lr_lambda(train.schedule, train.warmup_steps, updates)
+    if train.optimizer_in_backward:
+        return StepInBackward(PerTensorSteps(groups, lambda group: make([group], **settings)), schedule)
+    return StepAfterBackward(make(groups, **settings), schedule, train.max_grad_norm)
 
 
-class StepInBackward(torch.optim.Optimizer):
-    """The optimizer step inside the backward pass (train.optimizer_in_backward): one optimizer
-    per trained tensor, stepped by the tensor's post-accumulate-grad hook as soon as the
-    backward has completed its gradient, which is then freed, so that the whole set of
-    gradients is never held at once (only the tensors whose gradients are in flight).
+def clip_grad_norm(params: list, max_norm: float) -> float:
+    """The gradient norm of `params` before clipping (clipped to max_norm when it is > 0).
+    Sharded (FSDP2) parameters give the norm of the whole gradient, over all processes."""
+    if not params:
+        return 0.0
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+class Optimizer:
+    """The run's optimizer, as the step sees it: `step()` ends an update (whatever clipping
+    and stepping is left, then the schedule's step) and returns the gradient norm of the
+    first param group (the policy's) before clipping; `zero_grad()` frees the gradients.
+    `torch`: the torch optimizer underneath (its state is what a checkpoint saves);
+    `scheduler`: the learning rate's, whose count of steps is the policy's `version`."""
+
+    # Whether the update holds every trained tensor's gradient at once (before the step).
+    holds_all_gradients = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Callable[[int], float]):
+        self.torch = optimizer
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.torch.param_groups
+
+    @property
+    def version(self) -> int:
+        """The optimizer steps taken (the scheduler counts them; a checkpoint keeps the count)."""
+        return self.scheduler.last_epoch
+
+    @property
+    def lr(self) -> float:
+        """The first group's (the policy's) learning rate, as the schedule has set it."""
+        return self.scheduler.get_last_lr()[0]
+
+    def step(self) -> float:
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        self.torch.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return self.torch.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.torch.load_state_dict(state)
+
+
+class StepAfterBackward(Optimizer):
+    """Every gradient held after the backward: each param group clipped by its own global
+    norm (train.max_grad_norm; 0: none), then one step of the torch optimizer."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Callable[[int], float], max_grad_norm: float):
+        super().__init__(optimizer, schedule)
+        self.max_grad_norm = max_grad_norm
+
+    def step(self) -> float:
+        norms = [clip_grad_norm(group["params"], self.max_grad_norm) for group in self.torch.param_groups]
+        self.torch.step()
+        self.scheduler.step()
+        return norms[0]
+
+
+class StepInBackward(Optimizer):
+    """The step inside the backward (train.optimizer_in_backward): every tensor was stepped
+    when its gradient completed (`PerTensorSteps`), so `step` has only the schedule's step
+    left, and reports the norm of the gradients it stepped on. Nothing clips (the config
+    check refuses clipping with it: grpo.refusals, in-backward+clipping)."""
+
+    holds_all_gradients = False  # one tensor's at a time
+
+    def __init__(self, optimizer: PerTensorSteps, schedule: Callable[[int], float]):
+        super().__init__(optimizer, schedule)
+
+    def step(self) -> float:
+        norm = self.torch.norm(self.torch.param_groups[0]["params"])
+        self.torch.step()  # nothing left to step; called so that the schedule's step follows one
+        self.scheduler.step()
+        return norm
+
+    def remove_hooks(self) -> None:
+        """Detach from the parameters (a model trained on by another optimizer afterwards)."""
+        self.torch.remove_hooks()
+
+
+class PerTensorSteps(torch.optim.Optimizer):
+    """One optimizer per trained tensor, stepped by the tensor's post-accumulate-grad hook
+    as soon as the backward has completed its gradient, which is then freed, so that the
+    whole set of gradients is never held at once (only the tensors whose gradients are in
+    flight).
 
     The same update as the wrapped optimizer's step over all tensors, provided each step's
     gradient comes from one backward (no accumulation over micro-batches) and nothing clips by

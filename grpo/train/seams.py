@@ -222,18 +222,6 @@ class GAEBaseline:
 # ---- 3. the critic ----------------------------------------------------------------------------
 
 
-def clip_grad_norm(params: list, max_norm: float) -> float:
-    """The gradient norm of `params` before clipping (clipped to max_norm when it is > 0).
-    Sharded (FSDP2) parameters give the norm of the whole gradient, over all processes."""
-    if not params:
-        return 0.0
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-
-
 class Critic:
     """PPO's value model, trained beside the policy with a clipped value loss."""
 
@@ -244,6 +232,7 @@ class Critic:
         self.networks = [model]
 
     def param_groups(self, lr: float) -> list[dict]:
+        """Its own param group: the optimizer clips it by its own norm, apart from the policy's."""
         return [{"params": list(self.model.parameters()), "lr": lr}]
 
     def values(self, batch: Rollout, micro_batch_size: int, by_length: bool = False) -> Tensor:
@@ -268,9 +257,6 @@ class Critic:
             clip=self.value_clip,
             num_tokens=num_tokens,
         )
-
-    def clip_grad(self, max_norm: float) -> None:
-        clip_grad_norm(list(self.model.parameters()), max_norm)
 
     def metrics(self, mean_loss: float, passes: Passes, mask: Tensor, world: World = SingleProcess()) -> dict:
         # The token mean over every process's tokens: each process's share, summed.
@@ -298,9 +284,6 @@ class NoCritic:
 
     def loss(self, part: Rollout, rows: Tensor, passes: Passes, targets: Targets, num_tokens: float) -> Tensor:
         return torch.zeros(())  # a 0-dim tensor: adds to a loss on any device
-
-    def clip_grad(self, max_norm: float) -> None:
-        pass
 
     def metrics(self, mean_loss: float, passes: Passes, mask: Tensor, world: World = SingleProcess()) -> dict:
         return {}

@@ -34,8 +34,8 @@ from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
 from grpo.train.scoring import Scorer
-from grpo.train.optimizers import StepInBackward
-from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets, clip_grad_norm
+from grpo.train.optimizers import Optimizer
+from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets
 
 
 @dataclass
@@ -51,8 +51,7 @@ class Engine:
     baseline: Baseline
     kl: KLPlacement
     critic: Critic | NoCritic
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    optimizer: Optimizer  # clips, steps and schedules the learning rate (grpo.train.optimizers)
     rollout: RolloutConfig
     train: TrainConfig
     loss: LossConfig
@@ -70,7 +69,7 @@ class Engine:
     def version(self) -> int:
         """The policy's version: the optimizer steps its weights have taken (the scheduler
         counts them, and a checkpoint keeps the count)."""
-        return self.scheduler.last_epoch
+        return self.optimizer.version
 
     def needs_old_logprobs(self, batch: Rollout) -> bool:
         """Whether the update needs a pass of its own for the old policy's log-probs. Not for
@@ -323,7 +322,7 @@ def _metrics(e: Engine, collected: Collected, batch: Rollout, stats: dict, updat
         "frac_unscored": float(torch.isnan(total).float().mean()),
         "frac_truncated": float(all_truncated.mean()),  # cut off at max_new_tokens
         "prompts/truncated": int(counts[1]),  # cut to rollout.max_prompt_length
-        "lr": e.scheduler.get_last_lr()[0],
+        "lr": e.optimizer.lr,
         "time/step": c.seconds["collect"] + update_seconds,
         "time/generate": c.seconds["generate"],
         "time/score": c.seconds["score"],
@@ -457,14 +456,8 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                         if ref is not None:  # the KL the run moved, wherever its penalty goes
                             sums["kl"] += float((kl_estimate(logprobs.detach(), ref, lo.kl_estimator) * m).sum())
                 sums["clip_fraction"] += float(clipped_fraction(logprobs, old, advantages, m, **clip)) * rows
-            if isinstance(e.optimizer, StepInBackward):  # stepped in the backward; nothing clips
-                grad_norm += e.optimizer.norm(e.policy_params)
-            else:
-                grad_norm += clip_grad_norm(e.policy_params, tr.max_grad_norm)
-                e.critic.clip_grad(tr.max_grad_norm)
-            e.optimizer.step()
-            e.scheduler.step()
-            e.optimizer.zero_grad(set_to_none=True)
+            grad_norm += e.optimizer.step()  # clipped, stepped, scheduled: the policy's norm before clipping
+            e.optimizer.zero_grad()
             updates += 1
     keys = list(sums)
     sums = dict(zip(keys, world.sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()))
@@ -494,7 +487,7 @@ def _shares_prompts(e: Engine) -> bool:
     peak with prompts shared, 1,146 without)."""
     if layout_of(e.policy, e.train.gradient_checkpointing) == PACKED:
         return True
-    return e.world.world_size == 1 and not isinstance(e.optimizer, StepInBackward)
+    return e.world.world_size == 1 and e.optimizer.holds_all_gradients
 
 
 def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tensor, Tensor | None]:

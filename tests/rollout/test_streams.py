@@ -66,4 +66,4 @@ def test_a_training_step_samples_from_the_run_s_stream_for_that_step(make_config
     sampled = sampled_step(e, run_generator(c, e), rows, step=6).rollout
     expected = Sampler.from_config(e.tokenizer, c.rollout, prompt_column="prompt", seed=5).sample(before, rows, step=6)
     assert sampled.completions == expected.completions
-    assert sampled.policy_version == 0 and e.scheduler.last_epoch == 1
+    assert sampled.policy_version == 0 and e.version == 1

@@ -121,7 +121,7 @@ def engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epoch
 def run_engine(e, rollout):
     """One train_step; the gradients each optimizer step was given ({name: grad} per model)."""
     seen = []
-    e.optimizer.register_step_pre_hook(
+    e.optimizer.torch.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks]))
     )
     metrics = train_step(e, rollout).metrics

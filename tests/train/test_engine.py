@@ -107,7 +107,7 @@ def test_the_policy_version_is_restored_with_the_scheduler(make_config):
     train_step(e, stream.take(c.rollout.prompts_per_step))
     assert e.version == 4  # 2 epochs x 2 minibatches
     resumed, _, _ = engine_for(make_config(train={"epochs": 2, "minibatches": 2}))
-    resumed.scheduler.load_state_dict(e.scheduler.state_dict())  # as a checkpoint's resume does
+    resumed.optimizer.scheduler.load_state_dict(e.optimizer.scheduler.state_dict())  # as a checkpoint's resume does
     assert resumed.version == 4
 
 

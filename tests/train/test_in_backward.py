@@ -33,7 +33,7 @@ def start(tiny_model):
 
 def trained(start, name, inputs, in_backward):
     """`inputs` as five updates of a copy of `start` (one backward each); the weights, and the
-    gradient norm each update measured."""
+    gradient norm each update's step returned."""
     model = copy.deepcopy(start)
     params = list(model.parameters())
     optimizer = build_optimizer(settings(name, optimizer_in_backward=in_backward), [{"params": params, "lr": 1e-2}])
@@ -42,11 +42,8 @@ def trained(start, name, inputs, in_backward):
         model(input_ids=ids, labels=ids).loss.backward()
         if in_backward:
             assert all(p.grad is None for p in params)  # stepped and freed in the backward
-            norms.append(optimizer.norm(params))
-        else:
-            norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in params])))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        norms.append(optimizer.step())
+        optimizer.zero_grad()
     return model, optimizer, norms
 
 

@@ -227,7 +227,7 @@ def engine_on_fixed_rollout(
 def step_gradients(e, batch):
     """One train_step; the gradients each optimizer step was given, and the metrics."""
     seen, positions = [], []
-    e.optimizer.register_step_pre_hook(
+    e.optimizer.torch.register_step_pre_hook(
         lambda optimizer, args, kwargs: seen.append(named_grads([e.policy, *e.critic.networks]))
     )
     e.policy.get_input_embeddings().register_forward_pre_hook(lambda module, args: positions.append(args[0].numel()))

@@ -24,10 +24,12 @@ from tests.conftest import ALPHABET
 from tests.train.test_learning import gain
 
 SETTINGS = dict(lr=1e-2, adam_betas=[0.8, 0.95], weight_decay=0.1)  # not the defaults: each must reach the optimizer
+# Steps as the optimizer alone takes them: no clipping, a constant learning rate.
+PLAIN = dict(optimizer_in_backward=False, max_grad_norm=0.0, schedule="constant", warmup_steps=0)
 
 
 def settings(name, **changes):
-    return SimpleNamespace(optimizer=name, **{**SETTINGS, **changes})
+    return SimpleNamespace(optimizer=name, **{**SETTINGS, **PLAIN, **changes})
 
 
 def batches(n, seed=0):
@@ -39,7 +41,7 @@ def updates(model, optimizer, inputs):
     for ids in inputs:
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
 
 
 def trained(start, name, inputs, **changes):
@@ -62,9 +64,27 @@ def test_the_config_names_every_optimizer():
 def test_adamw_is_torchs_fused_adamw_with_the_config_s_settings(start):
     model = copy.deepcopy(start)
     optimizer = build_optimizer(settings("adamw"), [{"params": list(model.parameters()), "lr": 1e-2}])
-    assert type(optimizer) is torch.optim.AdamW
+    assert type(optimizer.torch) is torch.optim.AdamW
     group = optimizer.param_groups[0]
     assert group["fused"] and group["betas"] == (0.8, 0.95) and group["weight_decay"] == 0.1 and group["lr"] == 1e-2
+
+
+def test_the_optimizer_clips_each_group_by_its_own_norm_and_schedules_the_lr():
+    """`step()` clips each param group (the policy's, the critic's) by its own norm, steps,
+    moves the schedule, and returns the first group's norm before clipping."""
+    policy, critic = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    train = settings("adamw", max_grad_norm=1.0, schedule="linear")
+    optimizer = build_optimizer(train, [{"params": [policy], "lr": 1e-2}, {"params": [critic], "lr": 1e-3}], updates=4)
+    policy.grad, critic.grad = torch.full((3,), 4.0), torch.full((4,), 0.1)  # norms sqrt(48) and 0.2
+    seen = []
+    optimizer.torch.register_step_pre_hook(lambda *_: seen.append((policy.grad.clone(), critic.grad.clone())))
+    assert optimizer.step() == pytest.approx(48**0.5, rel=1e-6)
+    (clipped, untouched), eps = seen[0], torch.finfo(torch.float32).eps
+    assert float(clipped.norm()) == pytest.approx(1.0, rel=10 * eps)  # clipped to max_grad_norm
+    assert torch.equal(untouched, torch.full((4,), 0.1))  # under its own limit: as it was
+    assert optimizer.version == 1 and optimizer.lr == pytest.approx(1e-2 * 0.75, rel=eps)  # linear decay, 1 of 4
+    optimizer.zero_grad()
+    assert policy.grad is None and critic.grad is None
 
 
 def test_8bit_adamw_approximates_adamw_over_five_updates(start):
@@ -85,7 +105,7 @@ def test_8bit_adamw_approximates_adamw_over_five_updates(start):
     # Which moments are 8-bit, and what they hold.
     eight_bit = quarter = 0
     for p in approx.parameters():
-        state = optimizer.state[p]
+        state = optimizer.torch.state[p]
         if p.numel() >= 4096:
             assert state["state1"].dtype == state["state2"].dtype == torch.uint8
             held = sum(state[k].numel() * state[k].element_size() for k in ("state1", "state2", "absmax1", "absmax2"))
