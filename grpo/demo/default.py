@@ -7,7 +7,7 @@ A tiny model warmed up on addition (SFT) until it solves some problems sometimes
 neural reward model trained on the base's own samples, its true accuracy beside the reward
 it optimised; (4) with `full`, outcome against process supervision (Fig. 5) and iterative
 RL (Fig. 6). Every RL arm runs over `seeds` seeds, each run in its own process; the report
-says from the numbers whether each finding was reproduced (`grpo.demo.report.findings`).
+says from the numbers whether each finding was reproduced (`grpo.demo.findings`).
 
 Deliberate deviation: GRPO on the neural reward model has its own learning rate and a KL
 coefficient ten times the paper's (`rm_policy_lr`, `rm_policy_beta`), since with the rule
@@ -32,7 +32,7 @@ from grpo.errors import UserError
 from grpo.infra.child import run_starter, train_in_child
 from grpo.infra.contain import run_workers
 from grpo.infra.host import describe_host
-from grpo.demo.report import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
+from grpo.demo.findings import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
 
 if TYPE_CHECKING:

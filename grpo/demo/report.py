@@ -9,32 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ARM_NAMES = {"grpo": "GRPO", "ppo": "PPO, equal prompts", "ppo_equal_tokens": "PPO, equal generated tokens"}
-# --full's arms beside them (summary.json's keys): outcome supervision is the GRPO arm's own
-# runs of --full's seeds; GRPO on the neural reward model is one arm per iteration count.
-OUTCOME, PROCESS = "grpo-outcome", "grpo-process"
-ARM_LABELS = {**ARM_NAMES, OUTCOME: "GRPO, outcome supervision", PROCESS: "GRPO, process supervision"}
-# A true accuracy (of a tenth of a run's samples) that moved less than this is not said to
-# have fallen or risen, nor one run's to be above another's: about the sampling noise of
-# that many samples at the demo's size (20 steps x 256 samples: a standard error of 0.5 to
-# 0.6 points at 10-20% accuracy).
-NOISE = 0.01
-
-
-def rm_arm(iterations: int) -> str:
-    """summary.json's key for GRPO on the neural reward model with this many iterations."""
-    return "grpo-rm" if iterations == 1 else f"grpo-rm-iter{iterations}"
-
-
-def rm_label(iterations: int, *, short: bool = False) -> str:
-    count = f"{iterations} iteration" + ("s" if iterations > 1 else "")
-    return count if short else f"GRPO, neural RM, {count}"
-
-
-def rm_arms(s: dict) -> list[tuple[int, str]]:
-    """(iterations, key) of the neural reward model's arms in summary `s`, fewest iterations first."""
-    counts = sorted({1, *s["config"].get("rm_iterations", [])})
-    return [(i, rm_arm(i)) for i in counts if rm_arm(i) in s]
+from grpo.demo.findings import (
+    ARM_LABELS,
+    ARM_NAMES,
+    NOISE,
+    OUTCOME,
+    PROCESS,
+    at_k,
+    findings,
+    first_tenth,
+    last_tenth,
+    mean_of,
+    rm_arms,
+    rm_label,
+    seeds_of,
+)
 
 
 def _pct(x: float | None) -> str:
@@ -46,10 +35,6 @@ def _delta(after: float, before: float) -> str:
     return f"{'+' if d >= 0 else '−'}{abs(d):.1f} points"
 
 
-def _k(entry: dict, metric: str, k: int) -> float | None:
-    return entry[metric].get(str(k))
-
-
 def _moved(after: float, before: float, *, small: float = 0.03) -> str:
     d = after - before
     if abs(d) < small:
@@ -59,7 +44,7 @@ def _moved(after: float, before: float, *, small: float = 0.03) -> str:
 
 def _spread(entry: dict, metric: str, k: int) -> str:
     """'41.2% [38.0–44.1%]': the mean over seeds and the lowest and highest seed."""
-    mean = _pct(_k(entry, metric, k))
+    mean = _pct(at_k(entry, metric, k))
     span = entry.get(f"{metric}_range", {}).get(str(k))
     if not span or len(entry.get("per_seed", [])) < 2:
         return mean
@@ -69,12 +54,12 @@ def _spread(entry: dict, metric: str, k: int) -> str:
 def _seeds_above(entry: dict, base: dict, metric: str, k: int) -> tuple[int, int]:
     """(how many seeds ended above the base on metric@k, how many seeds)."""
     seeds = entry.get("per_seed") or [entry]
-    return sum(_k(s, metric, k) > _k(base, metric, k) for s in seeds), len(seeds)
+    return sum(at_k(s, metric, k) > at_k(base, metric, k) for s in seeds), len(seeds)
 
 
 def _versus(a: dict, b: dict, metric: str, k: int) -> str:
     """How arm a compares with arm b on metric@k, in words that respect the seeds' spread."""
-    ma, mb = _k(a, metric, k), _k(b, metric, k)
+    ma, mb = at_k(a, metric, k), at_k(b, metric, k)
     ra, rb = a.get(f"{metric}_range", {}).get(str(k)), b.get(f"{metric}_range", {}).get(str(k))
     seeds = min(len(a.get("per_seed", [])), len(b.get("per_seed", [])))
     if seeds >= 2 and ra and rb and (ra[0] <= rb[1] and rb[0] <= ra[1]):
@@ -95,7 +80,7 @@ def host_line(host: dict | None) -> str:
 def _gain_against_spread(entry: dict, base: dict, metric: str, k: int) -> str:
     """The mean gain over the base on metric@k against the spread of the seeds (highest minus
     lowest): a gain that the choice of seed alone could move is not called a finding."""
-    gain = _k(entry, metric, k) - _k(base, metric, k)
+    gain = at_k(entry, metric, k) - at_k(base, metric, k)
     span = entry.get(f"{metric}_range", {}).get(str(k))
     name = metric.replace("k", str(k))
     if not span or len(entry.get("per_seed", [])) < 2:
@@ -118,21 +103,37 @@ def _curve_tables(add, rows: list[tuple[str, dict]], ks: list[int]) -> None:
         add("| | " + " | ".join(metric.replace("k", str(k)) for k in ks) + " |")
         add("|---|" + "---|" * len(ks))
         for name, entry in rows:
-            add(f"| {name} | " + " | ".join(_pct(_k(entry, metric, k)) for k in ks) + " |")
+            add(f"| {name} | " + " | ".join(_pct(at_k(entry, metric, k)) for k in ks) + " |")
         add("")
 
 
-def write_report(path: Path, s: dict) -> None:
-    c = s["config"]
-    base, grpo, ppo = s["base"], s["grpo"], s["ppo"]
-    ppo_tokens = s.get("ppo_equal_tokens")
-    ks = [k for k in c["ks"] if str(k) in base["pass@k"]]
-    k_max = ks[-1]
-    k_mid = 16 if 16 in ks else ks[len(ks) // 2]
-    seeds = len(grpo.get("per_seed", [grpo]))
-    lines: list[str] = []
-    add = lines.append
+class _Report:
+    """The summary and what every section of the report reads from it, derived once."""
 
+    def __init__(self, s: dict):
+        self.s, self.c = s, s["config"]
+        self.base, self.grpo, self.ppo = s["base"], s["grpo"], s["ppo"]
+        self.ppo_tokens = s.get("ppo_equal_tokens")
+        self.ks = [k for k in self.c["ks"] if str(k) in self.base["pass@k"]]
+        self.k_max = self.ks[-1]
+        self.k_mid = 16 if 16 in self.ks else self.ks[len(self.ks) // 2]
+        self.seeds = len(self.grpo.get("per_seed", [self.grpo]))
+        self.rms = rm_arms(s)
+        self.findings = s.get("findings") or findings(s)
+
+
+def write_report(path: Path, s: dict) -> None:
+    """report.md from summary `s`: its sections (`SECTIONS`) in order."""
+    r = _Report(s)
+    lines: list[str] = []
+    for section in SECTIONS:
+        section(lines.append, r)
+    Path(path).write_text("\n".join(lines))
+
+
+def _heading(add, r: _Report) -> None:
+    """The title, and what the report is: which run, on which machine, over how many seeds."""
+    s, c, seeds = r.s, r.c, r.seeds
     add("# GRPO on a laptop: Maj@K vs Pass@K, and GRPO vs PPO\n")
     add(
         "This report is written by `grpo demo` (`make demo`) from the numbers it measured in "
@@ -142,6 +143,9 @@ def write_report(path: Path, s: dict) -> None:
         "and highest seed, and the shaded bands of the plots 95% intervals over problems.\n"
     )
 
+
+def _what_grpo_is(add, r: _Report) -> None:
+    """GRPO against PPO, in one paragraph."""
     add("## What GRPO is, in one paragraph\n")
     add(
         "GRPO (Group Relative Policy Optimization, DeepSeekMath) is PPO with three changes. "
@@ -152,6 +156,10 @@ def write_report(path: Path, s: dict) -> None:
         "stays. The price is generation: G samples per question instead of one.\n"
     )
 
+
+def _what_was_done(add, r: _Report) -> None:
+    """Each stage of the demo, with its settings."""
+    s, c, grpo, ppo_tokens, k_max, rms = r.s, r.c, r.grpo, r.ppo_tokens, r.k_max, r.rms
     digits = c.get("digits", [2])
     lengths = " and ".join(f"{d}-digit" for d in digits)
     add("## What was done\n")
@@ -203,20 +211,19 @@ def write_report(path: Path, s: dict) -> None:
             else "."
         )
     )
-    rms = rm_arms(s)
     if rms:
         rm = s["reward_model"]
         add(
             f"6. **Neural reward model.** A reward model (the base with a scalar head) trained on "
             f"{rm['pairs']} comparisons of the base model's own right and wrong answers "
             f"(held-out pairwise accuracy {_pct(rm['held_out_accuracy'])}), then GRPO driven by its "
-            f"score alone ({_seed_word(len(_seeds_of(s[rms[0][1]])))}; its own lr {c.get('rm_policy_lr', c['lr'])} "
+            f"score alone ({_seed_word(len(seeds_of(s[rms[0][1]])))}; its own lr {c.get('rm_policy_lr', c['lr'])} "
             f"and beta {c.get('rm_policy_beta', c['beta'])}); the true accuracy was logged beside it but not "
             "trained on."
         )
     if PROCESS in s:
         add(
-            f"7. **--full** ({_seed_word(len(_seeds_of(s[PROCESS])))}, each arm GRPO's steps and samples): process "
+            f"7. **--full** ({_seed_word(len(seeds_of(s[PROCESS])))}, each arm GRPO's steps and samples): process "
             "supervision (the task's per-step verifier as the reward, DeepSeekMath §4.1.3) against outcome "
             "supervision (the GRPO arm's own runs of the same seeds); and iterative RL on the neural reward model "
             "(§4.1.4) with " + ", ".join(rm_label(i, short=True) for i, _ in rms) + ": the steps split evenly between "
@@ -227,17 +234,20 @@ def write_report(path: Path, s: dict) -> None:
             "is reset to the policy."
         )
     add("")
-    add_findings(add, s)
 
+
+def _result_maj_against_pass(add, r: _Report) -> None:
+    """Result 1: pass@k and maj@k of every arm, and whether RL raised maj@k more than pass@k."""
+    s, base, grpo, ks, k_max, k_mid, rms = r.s, r.base, r.grpo, r.ks, r.k_max, r.k_mid, r.rms
     add("## Result 1: does RL raise Maj@K more than Pass@K?\n")
     named = [("base (SFT)", base), *((ARM_NAMES[a], s[a]) for a in ARM_NAMES if a in s)]
     named += [(ARM_LABELS[a], s[a]) for a in (PROCESS,) if a in s] + [(rm_label(i), s[key]) for i, key in rms]
     _curve_tables(add, named, ks)
     add("![pass@k and maj@k](pass_maj_at_k.png)\n")
 
-    p1b, p1g = _k(base, "pass@k", 1), _k(grpo, "pass@k", 1)
-    mb, mg = _k(base, "maj@k", k_mid), _k(grpo, "maj@k", k_mid)
-    pkb, pkg = _k(base, "pass@k", k_max), _k(grpo, "pass@k", k_max)
+    p1b, p1g = at_k(base, "pass@k", 1), at_k(grpo, "pass@k", 1)
+    mb, mg = at_k(base, "maj@k", k_mid), at_k(grpo, "maj@k", k_mid)
+    pkb, pkg = at_k(base, "pass@k", k_max), at_k(grpo, "pass@k", k_max)
     by = base.get("by_digits", {})
     ceiling = (
         f"The base solved {_pct(pkb)} of the problems within {k_max} samples"
@@ -284,6 +294,13 @@ def write_report(path: Path, s: dict) -> None:
         + verdict
         + "\n"
     )
+    _by_operand_length(add, r, named, by)
+
+
+def _by_operand_length(add, r: _Report, named: list[tuple[str, dict]], by: dict) -> None:
+    """Result 1 by operand length (pass@1 / maj@k / pass@k_max per digit count), where the base
+    was measured on more than one."""
+    grpo, k_max, k_mid = r.grpo, r.k_max, r.k_mid
     if len(by) > 1 and "by_digits" in grpo:
         add("By operand length (pass@1 / maj@" + str(k_mid) + " / pass@" + str(k_max) + "):\n")
         add("| | " + " | ".join(f"{d}-digit" for d in by) + " |")
@@ -301,6 +318,10 @@ def write_report(path: Path, s: dict) -> None:
             add(f"| {name} | " + " | ".join(cells) + " |")
         add("")
 
+
+def _result_against_ppo(add, r: _Report) -> None:
+    """Result 2: GRPO against PPO, what each held and generated and where it ended."""
+    s, c, grpo, ppo, ppo_tokens, k_mid = r.s, r.c, r.grpo, r.ppo, r.ppo_tokens, r.k_mid
     budgets = "at equal prompts and at equal generated tokens" if ppo_tokens is not None else "at equal prompts"
     add(f"## Result 2: GRPO against PPO, {budgets}\n")
     add(
@@ -344,7 +365,10 @@ def write_report(path: Path, s: dict) -> None:
         )
     add(text + "\n")
 
-    f = s.get("findings") or findings(s)
+
+def _result_neural_rm(add, r: _Report) -> None:
+    """Result 3: GRPO on a neural reward model's score, and whether it was hacked."""
+    s, grpo, k_max, k_mid, rms, f = r.s, r.grpo, r.k_max, r.k_mid, r.rms, r.findings
     if rms:
         add("## Result 3: a neural reward model in place of the rule\n")
         add(
@@ -362,6 +386,11 @@ def write_report(path: Path, s: dict) -> None:
             + (" The iterative arms' curves are read in Result 5." if len(rms) > 1 else "")
             + "\n"
         )
+
+
+def _result_supervision(add, r: _Report) -> None:
+    """Result 4: outcome against process supervision (--full)."""
+    s, k_max, k_mid, f = r.s, r.k_max, r.k_mid, r.findings
     if "fig5" in f:
         _arm_section(
             add,
@@ -375,6 +404,11 @@ def write_report(path: Path, s: dict) -> None:
             "rewards of the steps at or after it (§4.1.3)",
             fig5_sentence(f["fig5"]),
         )
+
+
+def _result_iterative(add, r: _Report) -> None:
+    """Result 5: iterative RL on the neural reward model (--full)."""
+    s, k_max, k_mid, rms, f = r.s, r.k_max, r.k_mid, r.rms, r.findings
     if "fig6" in f:
         reading = fig6_sentence(f["fig6"])
         if "three_above_two" in f["fig6"]:
@@ -398,11 +432,19 @@ def write_report(path: Path, s: dict) -> None:
             score=True,
         )
 
+
+def _not_shown(add, r: _Report) -> None:
+    """The runs that failed, by name."""
+    s = r.s
     for name, why in (s.get("failed") or {}).items():
         add(
             f"**Not shown: `{name.split('/')[0]}`, whose run `{name}` failed** ({why}); its directory holds what it left.\n"
         )
 
+
+def _files(add, r: _Report) -> None:
+    """The files the demo wrote."""
+    s, rms = r.s, r.rms
     add("## Files\n")
     extra = [f"`{name}/seed-N/`" for name in (PROCESS, *(key for _, key in rms)) if name in s]
     add(
@@ -413,7 +455,6 @@ def write_report(path: Path, s: dict) -> None:
         + (", `reward_model/` (and its comparisons, `data/rm_pairs.jsonl`)" if rms else "")
         + " (each run's config.yaml, metrics.jsonl, samples.jsonl and final model), `data/`, and the plots.\n"
     )
-    Path(path).write_text("\n".join(lines))
 
 
 def _arm_table(add, rows: list[tuple[str, dict]], k_mid: int, k_max: int, *, score: bool = False) -> None:
@@ -423,7 +464,7 @@ def _arm_table(add, rows: list[tuple[str, dict]], k_mid: int, k_max: int, *, sco
     add(head + (" reward model's score, first → last tenth |" if score else ""))
     add("|---|---|---|---|---|---|" + ("---|" if score else ""))
     for name, e in rows:
-        seeds = ", ".join(_pct(_k(one, "pass@k", 1)) for one in _seeds_of(e))
+        seeds = ", ".join(_pct(at_k(one, "pass@k", 1)) for one in seeds_of(e))
         truth = e["true_accuracy"]
         cells = [
             _spread(e, "pass@k", 1),
@@ -485,120 +526,6 @@ def add_findings(add, s: dict) -> None:
     if lines:
         add("## Findings, as measured\n")
         add("\n".join(f"- {line}" for line in lines) + "\n")
-
-
-# ---- findings: whether DeepSeekMath's figures were reproduced, from the numbers ---------------
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def first_tenth(curve: list[float]) -> float:
-    return _mean(curve[: max(1, len(curve) // 10)])
-
-
-def last_tenth(curve: list[float]) -> float:
-    """Where a per-step curve ended: its mean over the last tenth of the steps."""
-    return _mean(curve[-max(1, len(curve) // 10) :])
-
-
-def _seeds_of(entry: dict) -> list[dict]:
-    return entry.get("per_seed") or [entry]
-
-
-def level(a: dict, b: dict, metric: str, k: int) -> str:
-    """'above', 'level' or 'below': arm a against arm b on metric@k. Level when the seeds'
-    ranges (lowest to highest seed) overlap: a difference within what seeds alone move; with
-    one seed each a range is its one value."""
-    ma, mb = _k(a, metric, k), _k(b, metric, k)
-    ra = a.get(f"{metric}_range", {}).get(str(k)) or [ma, ma]
-    rb = b.get(f"{metric}_range", {}).get(str(k)) or [mb, mb]
-    if ra[0] <= rb[1] and rb[0] <= ra[1]:
-        return "level"
-    return "above" if ma > mb else "below"
-
-
-def segments(curve: list[float], iterations: int) -> list[list[float]]:
-    """A run's per-step curve cut at its iterations (steps split as the loop splits them)."""
-    size = -(-len(curve) // iterations)
-    return [curve[i : i + size] for i in range(0, len(curve), size)]
-
-
-def hacking(seed: dict, iterations: int) -> list[dict]:
-    """Per iteration of one seed's run on the reward model: how its score and the true
-    accuracy moved (first to last tenth of the iteration's steps; an update of the reward
-    model between iterations changes the score's scale, so each iteration is read alone),
-    and whether it was hacked: the score rose while the true accuracy fell."""
-    out = []
-    for score, truth in zip(segments(seed["rm_score"], iterations), segments(seed["true_accuracy"], iterations)):
-        d_score, d_true = last_tenth(score) - first_tenth(score), last_tenth(truth) - first_tenth(truth)
-        out.append({"score": d_score, "true_accuracy": d_true, "hacked": d_score > 0 and d_true <= -NOISE})
-    return out
-
-
-def findings(s: dict) -> dict:
-    """Whether each of DeepSeekMath's --full findings was reproduced, from summary `s`'s
-    numbers: Fig. 5 (process supervision at least level with outcome supervision on pass@1
-    and maj@k, over the same seeds), Fig. 6 (the second iteration's true accuracy above the
-    first's in every seed), and the reward hacking of each neural-reward-model arm."""
-    k_mid = 16 if "16" in s["base"]["maj@k"] else int(sorted(s["base"]["maj@k"], key=int)[len(s["base"]["maj@k"]) // 2])
-    out: dict = {}
-    if PROCESS in s and OUTCOME in s:
-        process, outcome = s[PROCESS], s[OUTCOME]
-        fig5: dict = {"seeds": len(_seeds_of(process)), "k": k_mid}
-        for metric, k in (("pass@k", 1), ("maj@k", k_mid)):
-            fig5[metric.replace("k", str(k))] = {
-                "process": _k(process, metric, k),
-                "outcome": _k(outcome, metric, k),
-                "verdict": level(process, outcome, metric, k),
-            }
-        fig5["reproduced"] = all(fig5[m]["verdict"] != "below" for m in ("pass@1", f"maj@{k_mid}"))
-        length = process.get("completion_length")
-        fig5["process_length"] = [first_tenth(length), last_tenth(length)] if length else None
-        fig5["no_answer"] = {"process": process.get("no_answer"), "outcome": outcome.get("no_answer")}
-        fig5["true_accuracy"] = {
-            "process": last_tenth(process["true_accuracy"]),
-            "outcome": last_tenth(outcome["true_accuracy"]),
-        }
-        out["fig5"] = fig5
-    arms = dict(rm_arms(s))
-    out["hacking"] = {
-        key: [
-            {"seed": seed.get("seed"), "iterations": hacking(seed, i)}
-            for seed in _seeds_of(s[key])
-            if "rm_score" in seed
-        ]
-        for i, key in arms.items()
-    }
-    if 1 in arms and 2 in arms:
-        one, two = _seeds_of(s[arms[1]]), _seeds_of(s[arms[2]])
-        per_seed = [
-            {
-                "seed": b.get("seed"),
-                "start": first_tenth(a["true_accuracy"]),  # both runs' first iteration begins alike
-                "one": last_tenth(a["true_accuracy"]),
-                "two": last_tenth(b["true_accuracy"]),
-                "pass@1": [_k(a, "pass@k", 1), _k(b, "pass@k", 1)],
-                "second_iteration": hacking(b, 2)[-1] if "rm_score" in b else None,
-                "update": (b.get("rm_updates") or [None])[0],
-            }
-            for a, b in zip(one, two)
-        ]
-        above = sum(p["two"] >= p["one"] + NOISE for p in per_seed)
-        out["fig6"] = {
-            "seeds": len(per_seed),
-            "above": above,
-            "pass@1_above": sum(p["pass@1"][1] > p["pass@1"][0] for p in per_seed),
-            "reproduced": above == len(per_seed),
-            "per_seed": per_seed,
-        }
-        if 3 in arms:
-            three = _seeds_of(s[arms[3]])
-            out["fig6"]["three_above_two"] = sum(
-                last_tenth(c["true_accuracy"]) >= last_tenth(b["true_accuracy"]) + NOISE for b, c in zip(two, three)
-            )
-    return out
 
 
 def _seed_word(n: int) -> str:
@@ -696,8 +623,8 @@ def hacking_sentence(label: str, runs: list[dict]) -> str:
     """How many seeds of an arm on the reward model were hacked, in which iterations."""
     hacked = [r for r in runs if any(it["hacked"] for it in r["iterations"])]
     total = [r["iterations"][-1] for r in runs]
-    score = _mean([t["score"] for t in total])
-    truth = _mean([t["true_accuracy"] for t in total])
+    score = mean_of([t["score"] for t in total])
+    truth = mean_of([t["true_accuracy"] for t in total])
     where = "".join(
         f"; seed {r['seed']} in iteration(s) "
         + ", ".join(str(i + 1) for i, it in enumerate(r["iterations"]) if it["hacked"])
@@ -709,3 +636,23 @@ def hacking_sentence(label: str, runs: list[dict]) -> str:
         f"{where}); over its last iteration the score moved {score:+.2f} and the true accuracy "
         f"{_delta(truth, 0)} (means over seeds)."
     )
+
+
+def _findings(add, r: _Report) -> None:
+    """The --full findings, reproduced or not (`add_findings`)."""
+    add_findings(add, r.s)
+
+
+SECTIONS = (
+    _heading,
+    _what_grpo_is,
+    _what_was_done,
+    _findings,
+    _result_maj_against_pass,
+    _result_against_ppo,
+    _result_neural_rm,
+    _result_supervision,
+    _result_iterative,
+    _not_shown,
+    _files,
+)
