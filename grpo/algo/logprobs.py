@@ -1,7 +1,7 @@
 """Log-probabilities and entropy of sampled tokens, without a full-vocabulary float32 copy.
 
 `log_softmax(logits.float(), -1).gather(-1, ids)` materialises an (N, T, V) float32 tensor,
-kept for the backward pass (32 completions x 1024 tokens x a 150k vocabulary: 20 GB). Here
+kept for the backward pass (4 bytes for every vocabulary entry of every token). Here
 each chunk of rows is upcast, reduced to one log-sum-exp per token and dropped, and the
 backward recomputes it; results are float32 whatever the logits' dtype. A repetition penalty
 (`penalize`) applies at position t to the tokens before t, as the sampler applied it.
@@ -10,7 +10,7 @@ exists at all; both paths share the per-chunk code (`_scores`, `_chunk_grad`). I
 also tiles the vocabulary: a chunk's logits over VOCAB_TILE columns at a time, the
 log-sum-exp carried from tile to tile (`_Online`), so that each tile's scores are reduced
 while they are in the cache and the head's weight is read once per chunk of rows, not once
-per few rows (a 151,936-token head's pass 1.4-1.6x faster on a CPU: benchmarks/README.md).
+per few rows (a large vocabulary's head pass is the faster for it on a CPU: benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 __all__ = ["token_logprobs", "entropy", "head_logprobs", "penalize"]
 
-# Elements of float32 scratch per chunk: 2**24 = 64 MiB.
+# Elements of float32 scratch per chunk: 2**24, four bytes each.
 _CHUNK_ELEMENTS = 1 << 24
 # Columns of the vocabulary a chunk's float32 logits are computed over at a time (head_logprobs).
 VOCAB_TILE = 2048

@@ -46,7 +46,7 @@ TASK = "arithmetic"
 
 @dataclass
 class DemoConfig:
-    """The demo's budget. The defaults are sized for minutes on a 2-core CPU (docs/demo.md has the times);
+    """The demo's budget. The defaults are sized for minutes on a laptop CPU (benchmarks/README.md has the times);
     `full` adds the neural reward model, the supervision and the iterative-RL comparisons
     (their own budget below).
     The RL settings were chosen on problems outside the evaluation set, GRPO's and PPO's
@@ -114,7 +114,7 @@ class DemoConfig:
         [1, 2],
         "--full's iterative-RL arms: GRPO on the neural reward model with this many iterations each "
         "(1: the reward model fixed), the same steps split evenly between them; [1, 2, 3] adds a third "
-        "(about 6 minutes more on 2 cores).",
+        "arm, and its runs' time.",
     )
     # Iterative RL's reward-model update between iterations (reward_model_update.*), chosen by
     # measurement: benchmarks/README.md ("grpo demo") records the sizes tried.

@@ -70,7 +70,7 @@ def _versus(a: dict, b: dict, metric: str, k: int) -> str:
 
 
 def host_line(host: dict | None) -> str:
-    """', an AMD EPYC (avx2, avx512f), 2 CPUs': the machine, whose kind moves times and float results."""
+    """', CPU-MODEL (avx2, avx512f), 2 CPUs': the machine, whose kind moves times and float results."""
     if not host:
         return ""
     flags = ", ".join(host.get("cpu_flags", [])) or "no AVX2"

@@ -27,7 +27,7 @@ registration or the probe fails, the model keeps its implementation, with one wa
 (grpo.infra.probes). A bin whose scores
 through the mask (heads x L x L a layer) number under `SEGMENTED_FROM` keeps the mask: there
 the scores are small, and a call a segment costs about what it saves (measured on the demo's
-model, benchmarks/README.md#attention-by-segments-bench_segmentspy-issue-39), so its numbers stay as they were.
+model: benchmarks/README.md, `bench_segments.py`), so its numbers stay as they were.
 
 On a GPU, in half precision, the segments go through one call a layer instead of one a
 segment: torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`),

@@ -1,9 +1,8 @@
 """What machine a measurement ran on: the CPU's name and the vector extensions that decide its
 speed, so that numbers from different hosts are compared only when these agree.
 
-The development machines differ between sessions: some AMD EPYC hosts have AVX-512 (and
-AVX512-BF16), others only AVX2, where the same run is slower (benchmarks/README.md says by how
-much) and its float results differ. Benchmarks and the demo's summary.json record this.
+Hosts differ in these: a CPU with only AVX2 runs the same run slower than one with AVX-512
+(and AVX512-BF16), and its float results differ (benchmarks/README.md says by how much). Benchmarks and the demo's summary.json record this.
 """
 
 from __future__ import annotations

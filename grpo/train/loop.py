@@ -54,7 +54,7 @@ from grpo.train.models import (
     tie_gradients_in_place,
     trainable_parameters,
 )
-from grpo.train.layouts import chunkable_head, decide_layouts
+from grpo.train.layouts import chunkable_head, decide_layouts, layout_of
 from grpo.train.networks import build_reference
 from grpo.infra.memory import return_freed_memory
 from grpo.train.optimizers import build_optimizer
@@ -65,7 +65,7 @@ from grpo.train.output_dir import OutputFolder, check_resume_config, record_upda
 from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
-from grpo.train.step import Engine, train_step
+from grpo.train.step import Decisions, Engine, train_step
 from grpo.train.rollouts import Rollouts, share_of
 from grpo.train.rollouts import summary as async_summary
 from grpo.vllm import missing
@@ -158,22 +158,22 @@ def build_engine(
     compute_dtype = autocast_dtype(c.train.autocast, device)
     policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
-    if c.train.gradient_checkpointing and not enable_checkpointing(policy):
-        c.train.gradient_checkpointing = False
+    checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
     # Which forward layouts (checkpointed; packed, shared prompt) serve this architecture, tried once on a
-    # small batch before sharding; the reference's copy inherits the verdicts.
-    c.train.gradient_checkpointing = decide_layouts(policy, c.train.gradient_checkpointing, c.train.layout, world=world)
-    if c.train.chunked_head:
-        chunkable_head(policy)  # its one probe pass, whole (before sharding), inherited by the reference's copy
+    # small batch before sharding; the reference's copy inherits the verdicts. The chunked head's one
+    # probe pass, whole (before sharding), likewise.
+    checkpointing = decide_layouts(policy, checkpointing, c.train.layout, world=world)
+    chunked = c.train.chunked_head and chunkable_head(policy) is not None
+    decisions = Decisions(checkpointing=checkpointing, layout=layout_of(policy, checkpointing), chunked_head=chunked)
     reference = build_reference(
         policy,
         beta=c.loss.beta,
         lora=bool(c.lora.r),
         dtype=compute_dtype,
         full_state_dict=world.full_state_dict,
-        chunked_head=c.train.chunked_head,
+        chunked_head=chunked,
         stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
     )  # copied before sharding
     tie_gradients_in_place(policy)  # after the reference's copy: its weights take no gradient
@@ -200,6 +200,7 @@ def build_engine(
         train=c.train,
         loss=c.loss,
         prompt_column=c.data.prompt_column,
+        decisions=decisions,
         device=device,
         compute_dtype=compute_dtype,
         world=world,

@@ -102,8 +102,8 @@ class TiedGradient:
 
     Autograd sums the two uses' gradients of a tied (V, H) weight before storing it, and
     torch's embedding backward makes its share dense: a second (V, H) tensor, zero but for
-    the rows looked up, held beside the head's while they are added (148 MiB on a 151,936 x
-    256 embedding, at the backward's peak). Here the chunked head (`grpo.algo.logprobs`, which
+    the rows looked up, held beside the head's while they are added, at the backward's peak.
+    Here the chunked head (`grpo.algo.logprobs`, which
     finds this object on the weight as `_grpo_tied_gradient`) hands its gradient over instead
     of returning it (`give`), and the embedding's backward adds its rows into that tensor in
     place and returns it as the weight's one gradient (`take`): the same numbers, added in the

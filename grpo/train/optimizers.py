@@ -67,7 +67,8 @@ CHUNK = 1 << 20  # values a piece of a large tensor's 8-bit step on a CPU: a mul
 def _adamw_8bit_in_pieces() -> type:
     """bitsandbytes' AdamW8bit whose CPU step runs a large tensor piece by piece. Its CPU step
     dequantises both moments of the whole tensor to fp32 and makes fp32 temporaries of it:
-    about 5x the tensor at once (+742 MB for a 151,936 x 256 embedding). Each piece is a run
+    several times the tensor at once (for a large vocabulary's embedding, more than the 8-bit
+    moments save). Each piece is a run
     of whole blocks (its values, gradient, moments and their scales sliced alike) and every
     operation of the step is per value or per block, so the pieces give the same bits as the
     whole (tests/train/test_optimizers.py); the transient is then ~5 x CHUNK x 4 bytes. On a

@@ -29,13 +29,27 @@ from grpo.rewards import WeightedReward
 from grpo.rewards.logged import RewardLog, merge_metrics
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
-from grpo.train.layouts import PACKED, completion_logprobs, layout_of, micro_batches, no_grad_pass, policy_logprobs
+from grpo.train.layouts import PACKED, completion_logprobs, micro_batches, no_grad_pass, policy_logprobs
 from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
 from grpo.train.scoring import Scorer
 from grpo.train.optimizers import Optimizer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What building the engine decided, once, from the config and the model: read from here,
+    never from the config (which keeps what was asked). `checkpointing`: activation
+    checkpointing, where train.gradient_checkpointing asks for it, the model supports it and
+    its log-probs stay the model's own; `layout`: the layout of the policy's passes in that
+    mode (grpo.train.layouts.decide_layouts); `chunked_head`: the LM head run chunk by chunk,
+    where train.chunked_head asks for it and the model's logits are its plain head's."""
+
+    checkpointing: bool
+    layout: str
+    chunked_head: bool
 
 
 @dataclass
@@ -56,6 +70,7 @@ class Engine:
     train: TrainConfig
     loss: LossConfig
     prompt_column: str
+    decisions: Decisions  # what was decided from the config and the model (read here, not in `train`)
     device: torch.device = torch.device("cpu")  # train.device, resolved: every model and batch lives there
     # train.autocast, resolved: the forward passes' dtype (None = the weights')
     compute_dtype: torch.dtype | None = None
@@ -271,7 +286,7 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
             old = batch.sampled_logprobs
         elif old_pass:
             old = no_grad_pass(
-                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.train.chunked_head),
+                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.decisions.chunked_head),
                 batch,
                 size,
                 by_length=by_length,
@@ -483,9 +498,9 @@ def _shares_prompts(e: Engine) -> bool:
     the backward (train.optimizer_in_backward): a weight that two passes use has its gradient
     complete only when the second one's backward ends, and the prompt's pass is the last to
     run backward, so every layer's gradient would wait for the end of the backward, which that
-    step exists to avoid (SmolLM2-135M, the four savers: 1,504 MB of tensors at the update's
-    peak with prompts shared, 1,146 without)."""
-    if layout_of(e.policy, e.train.gradient_checkpointing) == PACKED:
+    step exists to avoid (torch's memory profiler shows the update's peak of live tensors well
+    above the unshared one's: docs/memory.md)."""
+    if e.decisions.layout == PACKED:
         return True
     return e.world.world_size == 1 and e.optimizer.holds_all_gradients
 
@@ -496,13 +511,13 @@ def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tens
     backward follows its dtypes); through the head chunk by chunk (train.chunked_head); with
     checkpointing, in training mode (a group's prompt still runs once; the prompt's pass and
     the completions' are both checkpointed, layer by layer: grpo.train.layouts)."""
-    with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.train.gradient_checkpointing):
+    with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.decisions.checkpointing):
         return completion_logprobs(
             e.policy,
             part,
             e.rollout.temperature,
             e.rollout.repetition_penalty,
             share_prompts=_shares_prompts(e),
-            chunked_head=e.train.chunked_head,
+            chunked_head=e.decisions.chunked_head,
             with_entropy=with_entropy,
         )

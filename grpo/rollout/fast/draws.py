@@ -97,7 +97,7 @@ def _inverse_cdf_draw(probs: Tensor, rows: Tensor, segments: Segments) -> Tensor
     a row's draw does not depend on which others have ended.
 
     The lookup has two levels, so that no running sum goes over the whole vocabulary (a
-    cumulative sum is a serial loop, ~5 ns an entry): the float64 sums of blocks of
+    cumulative sum is a serial loop, one entry after another): the float64 sums of blocks of
     `_CDF_BLOCK` entries (one vectorised pass), their cumulative sum, the block u falls in,
     then the cumulative sum inside that block alone. One pass over each row's probabilities
     where multinomial's draw takes an exponential per vocabulary entry. Other tokens than

@@ -154,8 +154,8 @@ def fuse_weights(model, dtype: torch.dtype, pack: bool = False) -> _Weights:
 def pack_single_matrices(w: _Weights, room: int) -> list[str]:
     """Pack the fast draw's single matrices (`fuse_weights(pack=True)` packs only the stacked
     ones, which are copies anyway) where their packed copies fit in `room` bytes: the LM head
-    first (the largest, and the most time a step: a 49,152 x 576 head at 8 rows 4.1 ms
-    packed against 8.2-8.6 as W @ x^T or F.linear, an AVX-512 host), then the MLP's down
+    first (the largest, the most time a step, and where packing pays most:
+    benchmarks/README.md), then the MLP's down
     projections, then the attention's outputs, each kind for every layer or none. Their
     plain matrices are the model's own weights, so each packed copy is memory the sampling
     holds in addition: `room` is what the caller found it may spend (the gradients the
@@ -399,8 +399,8 @@ FEW_ROWS = 12
 PACK_ROWS = 8
 # The smallest matrix packed (values): packing pays where a matrix streams from memory; one of
 # a tiny model stays in the cache, where oneDNN's call costs more than it saves (the demo's
-# 192 x 64 at 8 rows: 17.5 us packed against 8.8 as W @ x^T, an AVX-512 host), and its
-# runs' numbers stay as they were.
+# 192 x 64 at 8 rows is slower packed than as W @ x^T), and its runs' numbers stay as they
+# were.
 PACK_FROM = 1 << 18
 
 
@@ -408,8 +408,8 @@ def packs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the few-row layout packs its stacked weights for oneDNN (`pack_weight`): float32
     on a CPU whose torch has oneDNN's packed inner product, with oneDNN enabled
     (`torch.backends.mkldnn.enabled`), and where the packed product was seen to give
-    F.linear's values (`_packing_serves`). Few-row matmuls from memory run there at about
-    1.4-1.7x the rate of either plain layout (benchmarks/README.md, "On an AVX-512 host")."""
+    F.linear's values (`_packing_serves`). Few-row matmuls from memory run there faster than
+    either plain layout (benchmarks/README.md)."""
     mkldnn = torch.ops.mkldnn
     return (
         device.type == "cpu"

@@ -120,10 +120,9 @@ def _weights_for(model, weights: _Weights | None, p: SamplingParams, dtype=None)
 # (`_Cache.share`) instead of a copy each (`_Cache.repeat`): where the copies beyond the
 # first would hold at least this many bytes a layer. Reading a prompt once takes a few more
 # ops a layer (the queries laid out a prompt at a time, and back), which cost more than the
-# copies' reads save where those are small. SmolLM2-135M, 2 prompts x G rows, 128 tokens, an
-# Intel Xeon AVX-512 host (`benchmarks/bench_shared_prefix.py`): 30-token prompts x 4 (0.3
-# MiB) 6.30 s against 5.98 a copy a row, 150 x 4 (1.3 MiB) 6.59 against 6.67, 300 x 4 (2.6
-# MiB) 7.04 against 7.45, 500 x 8 (10.3 MiB) 9.71 against 12.12.
+# copies' reads save where those are small. `benchmarks/bench_shared_prefix.py` measures both
+# ways over prompt lengths and rows on SmolLM2-135M: a copy a row wins on its shortest prompts,
+# one copy a prompt from about this size up (benchmarks/README.md).
 SHARE_FROM = 2 << 20
 
 
