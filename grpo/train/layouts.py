@@ -9,7 +9,7 @@ activation checkpointing; through the full logits or the LM head chunk by chunk
 (train.chunked_head, `grpo.algo.head_logprobs`: the hidden states taken by a hook where the
 head receives them, so that no (N, T, V) logits exist). Each gives the same log-probs;
 `decide_layouts` tries them once on a model before the first step and takes the first that
-does (tests/train/test_architectures.py); `chosen` hands the step the one it runs. A model whose logits are not its plain nn.Linear
+does (tests/train/test_architectures.py); `update_layout` hands the update the one it runs. A model whose logits are not its plain nn.Linear
 head's output (softcapping, logit scales, a LoRA or quantized head) runs the plain head
 (`chunkable_head`).
 """
@@ -395,19 +395,20 @@ def layout_named(name: str) -> Layout:
     return {PACKED: Packed, SHARED: SharedPrompt, PADDED: Padded}[name]()
 
 
-def chosen(model, checkpointed: bool, *, one_pass: bool = False) -> Layout:
-    """The layout of `model`'s passes in the mode they run in (`checkpointed` or not), as
-    `decide_layouts` took it; with `one_pass`, for a forward that must be one pass whatever
-    its rows, and the same number of them in every process: a layout that shares a prompt
-    by a pass of its own shares none (`unshared`), the packed one keeps sharing inside its
-    one pass. The update asks it once (`grpo.train.step.Engine.layout`): one pass where the
-    policy is sharded (its forward passes are collectives: every process must run as many,
-    and a shared prompt's pass makes their number depend on the rows) or the optimizer steps
-    in the backward (train.optimizer_in_backward: a weight that two passes use has its
-    gradient complete only when the second one's backward ends, and the prompt's pass is the
-    last to run backward, so every layer's gradient would wait for the end of the backward,
-    which that step exists to avoid)."""
-    layout = layout_named(layout_of(model, checkpointed))
+def update_layout(name: str, *, one_pass: bool) -> Layout:
+    """The layout of the update's forward, given the one `decide_layouts` took for the policy
+    in the update's mode (`name`); the step asks it once (`grpo.train.step.Engine`). In the
+    packed layout a group's prompt runs once, in the same one pass as its completions; in the
+    shared-prompt layout (a pass over the prompt, its KV cache read by the completions' pass)
+    only where a pass more is harmless, else every row with its own prompt (`unshared`).
+    `one_pass`: where it is not: the policy is sharded (its forward passes are collectives:
+    every process must run as many, and sharing prompts makes their number depend on the
+    rows), or the optimizer steps in the backward (train.optimizer_in_backward: a weight that
+    two passes use has its gradient complete only when the second one's backward ends, and
+    the prompt's pass is the last to run backward, so every layer's gradient would wait for
+    the end of the backward, which that step exists to avoid; torch's memory profiler shows
+    the update's peak of live tensors well above the unshared one's: docs/memory.md)."""
+    layout = layout_named(name)
     return layout.unshared() if one_pass and not layout.shares_in_one_pass else layout
 
 

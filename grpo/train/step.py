@@ -12,6 +12,7 @@ policy). Nothing below asks which algorithm it runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from grpo.rewards import WeightedReward
 from grpo.rewards.logged import RewardLog, merge_metrics
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
-from grpo.train.layouts import PACKED, completion_logprobs, micro_batches, no_grad_pass, policy_logprobs
+from grpo.train.layouts import Layout, micro_batches, no_grad_pass, policy_logprobs, update_layout
 from grpo.train.networks import Reference
 from grpo.train.correction import METRICS as MISMATCH_METRICS
 from grpo.train.correction import Mismatch
@@ -95,6 +96,14 @@ class Engine:
         before any update."""
         needed = self.policy_moves or batch.policy_version != self.version or self.kl.needs_old_logprobs
         return needed and not self.old_logprobs_from_sampler(batch)
+
+    @functools.cached_property
+    def update_layout(self) -> Layout:
+        """The layout of the update's forward, chosen once (grpo.train.layouts.update_layout):
+        the policy's, its prompt shared in a pass of its own only where every forward may be
+        more than one pass (one process, every gradient held until the optimizer steps)."""
+        one_pass = self.world.world_size > 1 or not self.optimizer.holds_all_gradients
+        return update_layout(self.decisions.layout, one_pass=one_pass)
 
     @property
     def policy_moves(self) -> bool:
@@ -429,7 +438,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
                 minibatch,
                 tr.micro_batch_size,
                 by_length=tr.length_grouping,
-                whole_groups=_shares_prompts(e),
+                whole_groups=e.update_layout.whole_groups,
                 tokens=tr.micro_batch_tokens,
             )
             if tr.micro_batch_tokens:  # the passes a process needs depend on its rows' lengths
@@ -488,23 +497,6 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     }
 
 
-def _shares_prompts(e: Engine) -> bool:
-    """Whether the update's forward runs a group's prompt once for its rows in a micro-batch.
-    In the packed layout always: the prompt is packed once, in the same one pass as its
-    completions. In the shared-prompt layout (a pass over the prompt, its KV cache read by the
-    completions' pass; with checkpointing too, grpo.train.layouts) only where a pass more is
-    harmless: not sharded (the policy's forward passes are collectives: every process must run
-    as many, and sharing prompts makes their number depend on the rows); not with the step in
-    the backward (train.optimizer_in_backward): a weight that two passes use has its gradient
-    complete only when the second one's backward ends, and the prompt's pass is the last to
-    run backward, so every layer's gradient would wait for the end of the backward, which that
-    step exists to avoid (torch's memory profiler shows the update's peak of live tensors well
-    above the unshared one's: docs/memory.md)."""
-    if e.decisions.layout == PACKED:
-        return True
-    return e.world.world_size == 1 and e.optimizer.holds_all_gradients
-
-
 def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """The policy's forward for the update, to its log-probs at the rollout's temperature and
     repetition penalty (and the entropy, when asked): in bf16 under train.autocast (the
@@ -512,12 +504,11 @@ def _policy_logprobs(e: Engine, part: Rollout, with_entropy: bool) -> tuple[Tens
     checkpointing, in training mode (a group's prompt still runs once; the prompt's pass and
     the completions' are both checkpointed, layer by layer: grpo.train.layouts)."""
     with autocast(e.policy, e.compute_dtype), activation_checkpointing(e.policy, e.decisions.checkpointing):
-        return completion_logprobs(
+        return e.update_layout.logprobs(
             e.policy,
             part,
             e.rollout.temperature,
             e.rollout.repetition_penalty,
-            share_prompts=_shares_prompts(e),
             chunked_head=e.decisions.chunked_head,
             with_entropy=with_entropy,
         )

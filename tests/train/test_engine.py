@@ -263,7 +263,7 @@ def test_checkpointing_is_on_by_default_and_a_model_without_support_trains_witho
     assert not e.policy.is_gradient_checkpointing and not e.decisions.checkpointing
     assert c.train.gradient_checkpointing  # the config keeps what was asked
     assert "does not support it; training without" in capsys.readouterr().err
-    assert step_module._shares_prompts(e)  # the update runs as without checkpointing
+    assert e.update_layout.shares_prompts  # the update runs as without checkpointing
     assert train_step(e, stream.take(c.rollout.prompts_per_step)).metrics["grad_norm"] > 0
 
 

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo
+import grpo.train.layouts as layouts
 import grpo.train.step as step
 from grpo.errors import UserError
 from grpo.train.optimizers import StepInBackward, build_optimizer
@@ -86,7 +87,8 @@ def runs(make_config, tmp_path, algorithm="grpo", **sections):
     for name, extra in (("after", {"max_grad_norm": 0}), ("inside", STEP_IN_BACKWARD)):
         config = make_config(algorithm, output_dir=str(tmp_path / name), **sections)
         config["train"] = {**config["train"], "steps": 3, "lr": 1e-2, "sample_every": 0, **extra}
-        with mock.patch.object(step, "_shares_prompts", lambda e: False):
+        unshared = property(lambda e: layouts.layout_named(e.decisions.layout).unshared())
+        with mock.patch.object(step.Engine, "update_layout", unshared):
             out.append(grpo.train(config, progress=False))
     return out
 
@@ -97,13 +99,13 @@ def test_the_update_does_not_share_prompts_with_the_step_in_the_backward(make_co
     runs every row in full. The packed layout runs a group's prompt once inside its one pass,
     and shares it under the step in the backward too."""
     shared = []
-    plain = step.completion_logprobs
+    plain = step._policy_logprobs
 
-    def recorded(*args, share_prompts=True, **kwargs):
-        shared.append(share_prompts)
-        return plain(*args, share_prompts=share_prompts, **kwargs)
+    def recorded(e, *args, **kwargs):
+        shared.append(e.update_layout.shares_prompts)
+        return plain(e, *args, **kwargs)
 
-    monkeypatch.setattr(step, "completion_logprobs", recorded)
+    monkeypatch.setattr(step, "_policy_logprobs", recorded)
     for layout in ("shared", "packed"):
         for name, extra in (("after", {}), ("inside", STEP_IN_BACKWARD)):
             shared.clear()
