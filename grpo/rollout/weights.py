@@ -8,17 +8,30 @@ process: one file of a private folder, in memory where /dev/shm is, read by the 
 grpo.rollout.worker). A NCCL broadcast would be one more class. What is sent is always
 `policy_weights`: Hugging Face names, whole tensors, LoRA merged, so that a receiver never
 needs to know how the trainer holds its model (sharded, adapted).
+
+The files travel through a private folder (`weights_folder`): in /dev/shm where it has room
+for what the run sends, else the system's temporary folder, else a one-line refusal. A file's
+bytes are reserved before it is mapped, so a full folder is an error, never a SIGBUS. Each
+folder names its owner, and a run's start removes the folders of runs that are gone (docs/async.md).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import math
 import os
+import shutil
+import socket
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from grpo.errors import UserError
 
 
 def base_model(policy):
@@ -48,7 +61,7 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
     }
     names = set()
     for name, param in model.named_parameters():
-        if ".lora_" in name or "lora_" in name.rsplit(".", 1)[-1]:
+        if _adapter(name):
             continue
         owner, _, leaf = name.rpartition(".")
         tensor = _full(param)
@@ -65,10 +78,117 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
         yield "lm_head.weight", _full(model.get_input_embeddings().weight)
 
 
-def weights_folder() -> str:
-    """A fresh private folder for weights (and batches) in transit: in /dev/shm (memory)
-    where it exists, else the system's temporary folder."""
-    return tempfile.mkdtemp(prefix="grpo-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+def _adapter(name: str) -> bool:
+    """Whether parameter `name` is a LoRA adapter's (merged into its layer's weight, not sent)."""
+    return ".lora_" in name or "lora_" in name.rsplit(".", 1)[-1]
+
+
+def weights_bytes(policy) -> int:
+    """The bytes `policy_weights` sends, from the parameters' shapes (nothing gathered): what
+    a folder must hold for one version (a tied head counted once, as it is written once)."""
+    return sum(
+        math.prod(p.shape) * p.element_size() for name, p in base_model(policy).named_parameters() if not _adapter(name)
+    )
+
+
+ROOM = "give /dev/shm more (docker run --shm-size), or point TMPDIR at a folder with room"  # what to change
+PREFIX = "grpo-weights-"  # the folders `weights_folder` makes, and `sweep` removes
+OWNER = "owner.json"  # a folder's owner: the process that made it, for `sweep`
+
+
+def places() -> list[str]:
+    """Where a folder of files in transit may go, best first: /dev/shm (memory) where it
+    exists, then the system's temporary folder ($TMPDIR)."""
+    return (["/dev/shm"] if os.path.isdir("/dev/shm") else []) + [tempfile.gettempdir()]
+
+
+def free_bytes(place: str) -> int:
+    """The bytes this user may still write in the file system of `place`."""
+    stats = os.statvfs(place)
+    return stats.f_bavail * stats.f_frsize
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def weights_folder(need: int = 0, setting: str = "rollout.async") -> str:
+    """A fresh private folder for files in transit (`need` bytes of them at once, at most):
+    in the first of `places` with room, the fallback said once on stderr; a UserError naming
+    what to change (`setting`: the option that sends them) where none has room. Folders of
+    runs that are gone are swept first."""
+    sweep()
+    candidates = places()
+    free = {place: free_bytes(place) for place in candidates}
+    fits = [place for place in candidates if free[place] >= need]
+    if not fits:
+        room = " nor ".join(f"{place} ({_megabytes(free[place])} free)" for place in candidates)
+        raise UserError(
+            f"{setting}: the weights in transit need {_megabytes(need)} and neither {room} has room: {ROOM}"
+        )
+    if fits[0] != candidates[0]:
+        print(
+            f"grpo: {setting}: the weights in transit need {_megabytes(need)}, {candidates[0]} has "
+            f"{_megabytes(free[candidates[0]])} free: they go through {fits[0]} instead (a bigger /dev/shm, "
+            "e.g. docker run --shm-size, keeps them in memory)",
+            file=sys.stderr,
+        )
+    folder = tempfile.mkdtemp(prefix=PREFIX, dir=fits[0])
+    owner = os.path.join(folder, OWNER + ".part")
+    with open(owner, "w") as f:
+        json.dump({"pid": os.getpid(), "started": _started(os.getpid()), "host": _host()}, f)
+    os.replace(owner, os.path.join(folder, OWNER))  # whole, or absent: a folder without one is never swept
+    return folder
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (Linux: /proc/PID/stat's 22nd field, in clock ticks since
+    boot), which a later process given the same pid does not share; None where unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _host() -> str:
+    """This machine and pid namespace: a folder another container or machine shares with us
+    names pids we cannot see, and is left alone."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {namespace}"
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    """Whether process `pid`, started at `started` (None: unknown), still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    return started is None or _started(pid) in (None, started)
+
+
+def sweep(where: list[str] | None = None) -> list[str]:
+    """Remove the folders `weights_folder` made in `where` (default `places`) whose owner is
+    gone (both processes of a run killed leave theirs behind): this user's, whose owner file
+    names a process of this machine that no longer runs. Returns those removed."""
+    removed = []
+    for place in places() if where is None else where:
+        for folder in Path(place).glob(PREFIX + "*"):
+            try:
+                if folder.stat().st_uid != os.getuid():
+                    continue
+                owner = json.loads((folder / OWNER).read_text())
+                if owner["host"] != _host() or _alive(int(owner["pid"]), owner["started"]):
+                    continue
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # no owner file (being made, or an older run's), or not ours to judge
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    return removed
 
 
 class Publisher(Protocol):
@@ -101,11 +221,33 @@ class EngineSync:
 _ALIGN = 64
 
 
-def write_weights(path: str, weights) -> tuple[list[tuple], dict[str, str]]:
+def _reserve(path: str, size: int) -> None:
+    """A file of `size` bytes at `path` whose blocks are allocated: writing into its mapping
+    then cannot fault (a mapped write past a full tmpfs is a SIGBUS); a full folder raises
+    OSError (ENOSPC) here instead."""
+    with open(path, "wb") as f:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(f.fileno(), 0, size)
+        else:  # no fallocate (macOS): zeros written, which a full disk refuses alike
+            chunk = bytes(min(size, 16 << 20))
+            for start in range(0, size, len(chunk) or 1):
+                f.write(chunk[: size - start])
+
+
+def full(err: OSError) -> bool:
+    """Whether `err` says a file system has no room (for this user)."""
+    return err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_weights(
+    path: str, weights, wait: Callable[[OSError], None] | None = None
+) -> tuple[list[tuple], dict[str, str]]:
     """`weights` ((name, tensor) pairs) copied once, straight into a new file at `path`
-    (mapped: in memory when the folder is /dev/shm); a tensor that is another's (a tied head)
-    is written once. Returns what `read_weights` takes: the layout, (name, dtype, shape, byte
-    offset) per tensor, and the aliases, name -> the name written for it."""
+    (mapped: in memory when the folder is /dev/shm, its bytes reserved first); a tensor that
+    is another's (a tied head) is written once. Where the folder has no room, `wait(error)`
+    returns when it may have (it is tried again) or raises; without it the OSError rises.
+    Returns what `read_weights` takes: the layout, (name, dtype, shape, byte offset) per
+    tensor, and the aliases, name -> the name written for it."""
     layout, aliases, first, tensors, size = [], {}, {}, [], 0
     for name, tensor in weights:
         where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
@@ -117,6 +259,16 @@ def write_weights(path: str, weights) -> tuple[list[tuple], dict[str, str]]:
         layout.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), size))
         tensors.append(tensor)
         size += tensor.numel() * tensor.element_size()
+    while True:
+        try:
+            _reserve(path, max(size, 1))
+            break
+        except OSError as err:
+            if os.path.exists(path):
+                os.unlink(path)
+            if wait is None or not full(err):
+                raise
+            wait(err)
     mapped = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)
     for (_, _, shape, offset), tensor in zip(layout, tensors):
         nbytes = tensor.numel() * tensor.element_size()
@@ -152,14 +304,18 @@ def load_weights(model, weights: dict[str, torch.Tensor]) -> None:
 
 class SharedFile:
     """A generator process's weights: `policy_weights` written into one file of the run's
-    private folder (`write_weights`), whose name and layout `send` passes on; the reader
-    unlinks it. The trainer goes on changing its own tensors meanwhile."""
+    private folder (`write_weights`; `wait` where it is full), whose name and layout `send`
+    passes on; the reader unlinks it. The trainer goes on changing its own tensors meanwhile."""
 
-    def __init__(self, folder: str, send):
-        self.folder, self.send, self.count = folder, send, 0
+    def __init__(self, folder: str, send, wait: Callable[[OSError], None] | None = None):
+        self.folder, self.send, self.wait, self.count = folder, send, wait, 0
 
     def publish(self, policy, version: int) -> None:
         self.count += 1
         path = os.path.join(self.folder, f"weights-{self.count}.bin")
-        layout, aliases = write_weights(path, policy_weights(policy))
+        layout, aliases = write_weights(path, policy_weights(policy), self.wait)
         self.send(("weights", version, path, layout, aliases))
+
+    def unread(self) -> int:
+        """The versions written that the reader has not taken yet."""
+        return len(list(Path(self.folder).glob("weights-*.bin")))
