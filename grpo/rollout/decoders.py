@@ -9,6 +9,11 @@ KV-cache loop, Llama family), "hf" (transformers' `generate`, any causal LM, no 
 "vllm" (`grpo.vllm.decoder`); "auto" takes the first that can run the model among those it
 may choose (`in_auto`: not vllm). `generators`: one for the call, or one per prompt.
 
+A decoder declares what it can do beyond that (`Decoder`: `start` builds ahead what its
+first sample would, `extends` says whether `extend` continues rows from a kept cache; the
+defaults build nothing and refuse to extend) and builds its own options from what a Sampler
+knows (`DecoderSettings`: the rollout config, the seed, spare memory; `options_of`).
+
 The registry holds import paths ('module:Class', `decoder_class`), so `grpo.config` reads
 the names without importing torch or vLLM, and config -> decoders -> a decoder's module
 runs one way. Refusals are rows of `grpo.refusals`.
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,14 +37,35 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderSettings:
+    """What a Sampler knows that a decoder may build its options from (`Decoder.options_of`)."""
+
+    rollout: object | None = None  # a grpo.config.RolloutConfig; None: every decoder's defaults
+    seed: int | None = None  # the run's seed (None: none)
+    spare_bytes: int = 0  # memory sampling may hold beyond its own (grpo.train.loop.sampling_room)
+
+
 class Decoder(Protocol):
     decodes_lora: bool  # whether it decodes a LoRA (peft-wrapped) policy
     in_auto: bool  # whether rollout.sampler: auto may choose it
+    extends: bool = False  # whether `extend` continues rows from the cache a `decode(keep=True)` kept
+
+    @classmethod
+    def options_of(cls, settings: DecoderSettings) -> dict:
+        """What its constructor takes beyond the params and the compute dtype, from `settings`."""
+        return {}
 
     @staticmethod
     def refuses(model, total_length: int, **options) -> str | None:
         """Why it cannot decode `model` for sequences of `total_length` tokens; None if it can.
-        `options`: what the Sampler builds it with besides the params (a server's address)."""
+        `options`: what it is built with besides the params (`options_of`: a server's address)."""
+
+    def start(self, policy, world=None) -> None:
+        """Build now what its first sample would build (an engine, a server admitted), so that
+        what it refuses is known before the first step; `world`: the training processes. By
+        default there is nothing to build ahead."""
+        return None
 
     def prepare(self, policy, version: int | None) -> None:
         """Decode `policy` from now on, doing its per-version work once for `version` (the
@@ -67,13 +93,23 @@ class Decoder(Protocol):
         `params`: this call's (a multi-turn rollout's turn asks for fewer new tokens than
         max_new_tokens); None: the ones the decoder was built with."""
 
+    def extend(self, kept, blocks, counts, generators, params=None):
+        """Rows whose context `kept` holds the start of go on with `blocks` (only the new tokens
+        run); a decoder that keeps no cache (`extends` False) refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no cache to extend; decode the whole context")
 
-class FastDecoder:
+
+class FastDecoder(Decoder):
     """`grpo.rollout.fast.decode`: each prompt's prefix computed once for its G completions,
     the tokens `generate` draws, and the log-probs of the tokens drawn."""
 
     decodes_lora = False
     in_auto = True
+    extends = True
+
+    @classmethod
+    def options_of(cls, settings: DecoderSettings) -> dict:
+        return {"spare_bytes": settings.spare_bytes}
 
     def __init__(self, params: SamplingParams, autocast: torch.dtype | None = None, spare_bytes: int = 0):
         self.params, self.autocast = params, autocast
@@ -193,7 +229,7 @@ def _global_stream_from(generator: torch.Generator | None, device: torch.device)
         generator.set_state(torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state())
 
 
-class HFDecoder:
+class HFDecoder(Decoder):
     """transformers' `generate`, one row per completion; with a generator per prompt, one
     call per prompt. No log-probs."""
 
@@ -272,18 +308,17 @@ def check_name(name: str) -> None:
         raise UserError(f"rollout.sampler: unknown backend {name!r} ({_either(NAMES)})")
 
 
-def choose(name: str, model, total_length: int, options: dict[str, dict] | None = None) -> str:
+def choose(name: str, model, total_length: int, options: Callable[[str], dict] = lambda name: {}) -> str:
     """The decoder that rollout.sampler `name` runs `model` with, for sequences of
     `total_length` tokens: that one (a one-line error when it cannot), or for auto the first
-    of DECODERS that can. `options`: decoder name -> what it is built with (the Sampler's)."""
-    options = options or {}
+    of DECODERS that can. `options(name)`: what that decoder is built with (the Sampler's)."""
     if name == AUTO:
         return next(
             n
             for n in DECODERS
-            if decoder_class(n).in_auto and decoder_class(n).refuses(model, total_length, **options.get(n, {})) is None
+            if decoder_class(n).in_auto and decoder_class(n).refuses(model, total_length, **options(n)) is None
         )
-    reason = decoder_class(name).refuses(model, total_length, **options.get(name, {}))
+    reason = decoder_class(name).refuses(model, total_length, **options(name))
     if reason is not None:
         refuse("sampler+model", sampler=name, why=reason, others=_either([n for n in NAMES if n != name]))
     return name

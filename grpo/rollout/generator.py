@@ -82,11 +82,20 @@ class GeneratorSpec:
         )
 
 
-def samplers_of(spec: GeneratorSpec, tokenizer, tools: Toolbox | None) -> dict[str, Sampler]:
+def samplers_of(
+    spec: GeneratorSpec, tokenizer, tools: Toolbox | None, *, hold_prepared: bool = False
+) -> dict[str, Sampler]:
     """The samplers of a generator, by purpose: training's (the run's seed and rank: its own
     stream per step) and, with iterative RL, the reward model's (its group size, no seed:
-    the global stream, as before training had a generator)."""
-    common = dict(prompt_column=spec.prompt_column, autocast=spec.autocast, tools=tools, spare_bytes=spec.spare_bytes)
+    the global stream, as before training had a generator). `hold_prepared`: a version's
+    decoder work serves every batch it samples (a worker's, `Sampler`)."""
+    common = dict(
+        prompt_column=spec.prompt_column,
+        autocast=spec.autocast,
+        tools=tools,
+        spare_bytes=spec.spare_bytes,
+        hold_prepared=hold_prepared,
+    )
     made = {TRAIN: Sampler.from_config(tokenizer, spec.rollout, seed=spec.seed, rank=spec.rank, **common)}
     if spec.pairs:
         made[PAIRS] = Sampler.from_config(tokenizer, spec.rollout, group_size=spec.pairs, **common)

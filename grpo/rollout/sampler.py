@@ -62,6 +62,7 @@ class Sampler:
         seed: int | None = None,
         rank: int = 0,
         hold_prepared: bool = False,
+        settings: decoders.DecoderSettings | None = None,
         decoder_options: dict[str, dict] | None = None,
         tools: Toolbox | None = None,
         chat_template_kwargs: dict | None = None,
@@ -81,7 +82,10 @@ class Sampler:
         self.params = params if params is not None else SamplingParams.of(tokenizer, **sampling)
         self.seed, self.rank = seed, rank  # the run's seed (None: the global stream) and this process's rank
         self.decoders: dict[str, Decoder] = {}  # built as they are first chosen, kept for their per-version work
-        self.decoder_options = decoder_options or {}  # decoder name -> what its constructor takes beyond the params
+        # What each decoder builds its own options from (`Decoder.options_of`); `decoder_options`:
+        # decoder name -> constructor arguments that replace those (a test's engine, a server's address).
+        self.settings = settings or decoders.DecoderSettings(seed=seed)
+        self.decoder_options = decoder_options or {}
         # Whether a decoder keeps its per-version work (the fast loop's fused copy of the
         # weights) after `sample` returns, for the next sample of the same version. Off: the
         # copy is dropped at once, so it never sits in memory through an update; in a
@@ -106,6 +110,7 @@ class Sampler:
         rank: int = 0,
         tools: Toolbox | None = None,
         spare_bytes: int = 0,
+        hold_prepared: bool = False,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt). With the
@@ -113,11 +118,8 @@ class Sampler:
         rollout.vllm's options go to the vllm decoder, with the longest sequence its engine
         holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit).
         `tools` (a `grpo.rollout.tools.Toolbox`): multi-turn rollouts with them.
-        `spare_bytes`: memory the fast loop may spend on packed weights (`FastDecoder`)."""
-        from grpo.vllm.decoder import EngineOptions
-
-        longest = rollout.max_prompt_length + rollout.max_new_tokens if rollout.max_prompt_length else None
-        engine = EngineOptions.of(rollout.vllm, max_model_len=longest, seed=seed or 0)
+        `spare_bytes`: memory the fast loop may spend on packed weights (`FastDecoder`).
+        `hold_prepared`: whether a decoder keeps a version's work between samples (`__init__`)."""
         return cls(
             tokenizer,
             prompt_column=prompt_column,
@@ -129,7 +131,8 @@ class Sampler:
             max_prompt_length=rollout.max_prompt_length,
             seed=seed,
             rank=rank,
-            decoder_options={"vllm": {"options": engine}, "fast": {"spare_bytes": spare_bytes}},
+            hold_prepared=hold_prepared,
+            settings=decoders.DecoderSettings(rollout, seed, spare_bytes),
             tools=tools,
             chat_template_kwargs=rollout.chat_template_kwargs,
         )
@@ -137,7 +140,12 @@ class Sampler:
     def decoder_name(self, model, prompt_length: int) -> str:
         """The decoder that samples `model` for prompts of `prompt_length` tokens (raises when
         the one asked for cannot)."""
-        return decoders.choose(self.backend, model, prompt_length + self.params.max_new_tokens, self.decoder_options)
+        return decoders.choose(self.backend, model, prompt_length + self.params.max_new_tokens, self.options)
+
+    def options(self, name: str) -> dict:
+        """What decoder `name` is built with besides the params: its own from the settings,
+        replaced by `decoder_options`' where given."""
+        return {**decoders.decoder_class(name).options_of(self.settings), **self.decoder_options.get(name, {})}
 
     def decoder(self, model, prompt_length: int) -> Decoder:
         name = self.decoder_name(model, prompt_length)
@@ -146,8 +154,7 @@ class Sampler:
             refused = decoders.fast_only_refusal(self.params, name, chosen)
             if refused is not None:
                 raise UserError(refused)
-            options = self.decoder_options.get(name, {})
-            self.decoders[name] = decoders.decoder_class(name)(self.params, self.autocast, **options)
+            self.decoders[name] = decoders.decoder_class(name)(self.params, self.autocast, **self.options(name))
         return self.decoders[name]
 
     def start(self, model, world=None) -> None:
@@ -157,10 +164,7 @@ class Sampler:
         processes (a vLLM server is theirs together)."""
         if self.backend == decoders.AUTO:
             return
-        decoder = self.decoder(model, self.max_prompt_length)
-        start = getattr(decoder, "start", None)
-        if start is not None:
-            start(model, world)
+        self.decoder(model, self.max_prompt_length).start(model, world)
 
     @torch.no_grad()
     def _decode(self, decoder: Decoder, unique_ids, unique_mask, seeds, generator, step: int):

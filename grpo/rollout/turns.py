@@ -92,7 +92,7 @@ KEEP_CACHE = True
 def _keeps_cache(decoder, params) -> bool:
     """Whether this turn's calls keep their cache: the fast loop's, without the repetition
     penalty (whose seen tokens would be the whole context's)."""
-    return KEEP_CACHE and getattr(decoder, "extend", None) is not None and params.repetition_penalty == 1.0
+    return KEEP_CACHE and decoder.extends and params.repetition_penalty == 1.0
 
 
 def _cached(chunk: list[Trajectory]):

@@ -18,6 +18,7 @@ import json
 import weakref
 from dataclasses import dataclass
 
+from grpo.rollout.decoders import Decoder, DecoderSettings
 from grpo.rollout.params import SamplingParams
 
 
@@ -98,12 +99,22 @@ def close_shared_engine() -> None:
         gc.collect()
 
 
-class VllmDecoder:
+class VllmDecoder(Decoder):
     """Samples with this process's vLLM engine, or a server's (module doc). Never chosen by
     rollout.sampler: auto (`in_auto`): vLLM is a dependency to install and an engine to build."""
 
     decodes_lora = True  # the merged weights (`grpo.vllm.engine.policy_weights`)
     in_auto = False
+
+    @classmethod
+    def options_of(cls, settings: DecoderSettings) -> dict:
+        """The engine's options: rollout.vllm's, with the longest sequence it holds
+        (max_prompt_length + max_new_tokens; the model's positions without a prompt limit)."""
+        r = settings.rollout
+        if r is None:
+            return {}
+        longest = r.max_prompt_length + r.max_new_tokens if r.max_prompt_length else None
+        return {"options": EngineOptions.of(r.vllm, max_model_len=longest, seed=settings.seed or 0)}
 
     def __init__(self, params: SamplingParams, autocast=None, options: EngineOptions | None = None):
         from grpo.vllm.engine import unsupported

@@ -74,6 +74,47 @@ def test_auto_takes_the_first_decoder_that_can_and_a_named_one_says_why_it_canno
     assert decoders.lora_refusal("fast").startswith("rollout.sampler: fast cannot decode a LoRA-wrapped policy")
 
 
+def test_each_decoder_builds_its_own_options_from_what_the_sampler_knows(make_config):
+    """The Sampler hands every decoder the same settings (the rollout config, the seed, the
+    spare memory); each derives its own constructor options: the engine's for vLLM (the
+    longest sequence it holds, the request seed), the fast loop's spare bytes, none for
+    `generate`. A caller's `decoder_options` replace them."""
+    from grpo.vllm.decoder import EngineOptions
+
+    rollout = config_from_dict(
+        make_config(rollout={"max_prompt_length": 40, "max_new_tokens": 9, "vllm": {"max_num_seqs": 8}})
+    ).rollout
+    built = Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt", seed=5, spare_bytes=123)
+    assert built.options("vllm") == {"options": EngineOptions.of(rollout.vllm, max_model_len=49, seed=5)}
+    assert built.options("vllm")["options"].max_num_seqs == 8
+    assert built.options("fast") == {"spare_bytes": 123} and built.options("hf") == {}
+    unlimited = dataclasses.replace(rollout, max_prompt_length=0)
+    assert Sampler.from_config(TOKENIZER, unlimited, prompt_column="prompt").options("vllm")["options"] == (
+        EngineOptions.of(rollout.vllm, max_model_len=None, seed=0)
+    )  # the model's own positions; no seed: 0
+    plain = sampler()  # built without a config: every decoder's defaults
+    assert plain.options("vllm") == {} and plain.options("fast") == {"spare_bytes": 0}
+    plain.decoder_options = {"fast": {"spare_bytes": 7}}
+    assert plain.decoder(model_of(), 4).spare_bytes == 7
+
+
+def test_a_decoder_declares_what_it_can_do_and_the_defaults_refuse(make_config):
+    """`start` and `extend` are declared by every decoder: starting builds nothing ahead where
+    there is nothing to build, and extending a kept cache is the fast loop's alone (a
+    multi-turn rollout asks `extends`, never the attribute's presence). A worker's samplers
+    hold a version's work between samples, given at construction."""
+    model, s = model_of(), sampler("hf")
+    s.start(model)  # nothing to build: no error, no engine
+    hf = s.decoder(model, 4)
+    assert not hf.extends and s.decoder_name(model, 4) == "hf"
+    with pytest.raises(NotImplementedError, match="HFDecoder keeps no cache"):
+        hf.extend(None, [], torch.ones(1), [None])
+    assert sampler("fast").decoder(model, 4).extends
+    rollout = config_from_dict(make_config()).rollout
+    assert Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt", hold_prepared=True).hold_prepared
+    assert not Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt").hold_prepared
+
+
 def test_the_fast_loop_fuses_the_weights_once_per_policy_version(monkeypatch):
     calls = []
     real = fast.fuse_weights

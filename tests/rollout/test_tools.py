@@ -31,6 +31,7 @@ from grpo.config import config_from_dict, config_to_dict
 from grpo.errors import UserError
 from grpo.infra import contain
 from grpo.rollout import turns
+from grpo.rollout.decoders import Decoder
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Episode, HermesFormat, Toolbox, answer_turn, parse_calls
 from grpo.tasks.tiny import tool_chat_tokenizer
@@ -415,7 +416,7 @@ def spy_on(sampler, model):
     kept cache is off for this decoder (its `extend` gets no context to record; a test below
     checks that it samples what these calls sample)."""
     decoder = sampler.decoder(model, 1)
-    decoder.extend = None
+    decoder.extends = False
     real, records = decoder.decode, []
     eos = sampler.tokenizer.eos_token_id
 
@@ -561,7 +562,7 @@ def test_max_tool_calls_zero_ends_the_rollout_at_the_first_call(tool_lm):
 # ---- the loop's bounds, on a scripted decoder -------------------------------------------------
 
 
-class Scripted:
+class Scripted(Decoder):
     """A decoder that writes the same turn every time (up to the turn's token budget)."""
 
     decodes_lora, in_auto = True, True
