@@ -48,3 +48,31 @@ def as_tree(value: Any) -> Any:
 def field_default(f: dataclasses.Field) -> Any:
     """A field's default (a fresh copy of a mutable one), or REQUIRED when it has none."""
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+class Frozen:
+    """A config section that refuses changes once its config is validated (`freeze`): what a
+    run decides from it is a value returned by what decides it, never written back."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot set {type(self).__name__}.{name}: a validated config is read-only "
+                "(build another with config_from_dict and overrides, or dataclasses.replace)"
+            )
+        object.__setattr__(self, name, value)
+
+
+def freeze(value: Any) -> Any:
+    """`value` with every config section in it read-only (what validation ends with)."""
+    if isinstance(value, Frozen):
+        for f in dataclasses.fields(value):
+            freeze(getattr(value, f.name))
+        object.__setattr__(value, "_frozen", True)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            freeze(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            freeze(v)
+    return value

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from grpo.config.checks import validate
-from grpo.config.fields import as_tree, field_default, key_of
+from grpo.config.fields import as_tree, field_default, freeze, key_of
 from grpo.config.schema import PRESETS, Config, RolloutConfig
 from grpo.errors import UserError
 from grpo.infra.imports import spec_of
@@ -283,7 +283,7 @@ def config_from_dict(data: dict, overrides: list[str] = ()) -> Config:
     _resolve_presets(config)
     _resolve_engine_correction(config)
     validate(config)
-    return config
+    return freeze(config)  # read-only from here: nothing writes a decision back into it
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> Config:

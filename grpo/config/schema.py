@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, Literal
 
-from grpo.config.fields import opt
+from grpo.config.fields import Frozen, opt
 from grpo.rollout.decoders import NAMES as DECODERS
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Frozen):
     path: str = opt(
         "",
         "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, or 'reasoning_gym:NAME?size=N&seed=S' for a reasoning-gym task's rows (docs/reasoning-gym.md).",
@@ -37,7 +37,7 @@ class DataConfig:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(Frozen):
     function: str | Callable | None = opt(
         None,
         "A built-in reward (exact_answer, math_answer, r1_format, reasoning_gym, arithmetic_*) or 'pkg.module:function', called by keyword as TRL's GRPOTrainer calls it and returning a float or None per completion (docs/training.md#rewards).",
@@ -71,7 +71,7 @@ class RewardConfig:
 
 
 @dataclass
-class VllmConfig:
+class VllmConfig(Frozen):
     server: str = opt(
         "",
         "'' (default): the engine runs in the training process (colocated). HOST:PORT: a `grpo vllm-serve` server holding the same model, its weights pushed after every update (docs/vllm-server.md).",
@@ -110,7 +110,7 @@ class VllmConfig:
 
 
 @dataclass
-class AsyncConfig:
+class AsyncConfig(Frozen):
     max_staleness: int = opt(
         0,
         "K: how many optimizer steps the weights that sampled a batch may lag the weights it trains. 0: the synchronous step; K >= 1: a generator process samples the next batches while this one trains (docs/async.md).",
@@ -127,7 +127,7 @@ class AsyncConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Frozen):
     group_size: int = opt(
         8, "G: completions sampled per prompt. GRPO's baseline is the group, so G >= 2; PPO may use 1."
     )
@@ -203,7 +203,7 @@ class RolloutConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Frozen):
     steps: int = opt(100, "Total RL steps (each: sample, score, advantages, update).")
     iterations: int = opt(
         1,
@@ -316,7 +316,7 @@ class TrainConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Frozen):
     baseline: Literal["group", "critic"] | None = opt(
         None,
         "Where advantages come from: 'group' (GRPO: (r - mean) / std over the G samples of a prompt) or 'critic' (PPO: a value model and GAE). Default: the algorithm's.",
@@ -372,7 +372,7 @@ class LossConfig:
 
 
 @dataclass
-class RewardModelUpdateConfig:
+class RewardModelUpdateConfig(Frozen):
     verifier: str | None = opt(
         None,
         "Iterative RL (DeepSeekMath §4.1.4): a reward function that labels the policy's fresh samples, on whose comparisons the reward model trains between iterations; unset: it stays fixed (docs/reward-models.md).",
@@ -397,7 +397,7 @@ class RewardModelUpdateConfig:
 
 
 @dataclass
-class ValueConfig:
+class ValueConfig(Frozen):
     model: str | None = opt(
         None, "PPO's value model: a causal LM whose backbone gets a scalar head. Default: the policy's `model`."
     )
@@ -405,7 +405,7 @@ class ValueConfig:
 
 
 @dataclass
-class LoraConfig:
+class LoraConfig(Frozen):
     r: int = opt(
         0,
         "LoRA rank (0 = full fine-tuning). With LoRA the reference is the same weights with the adapter off: no second copy.",
@@ -415,7 +415,7 @@ class LoraConfig:
 
 
 @dataclass
-class Config:
+class Config(Frozen):
     algorithm: Literal["grpo", "ppo"] = opt(
         "grpo",
         "The preset for loss.baseline, loss.kl_in and loss.kl_estimator: grpo (group, loss, k3) or ppo (critic, reward, k1).",

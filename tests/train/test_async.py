@@ -19,7 +19,7 @@ import torch
 import yaml
 
 import grpo
-from grpo.config import config_from_dict
+from grpo.config import config_from_dict, config_to_dict
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.rewards import load_rewards
@@ -43,6 +43,11 @@ def engine_for(config):
     e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
     rows = load_rows(c.data.path, prompt_column=c.data.prompt_column)
     return c, e, rows, PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+
+
+def changed(c, *overrides):
+    """`c` with `overrides` (a validated config is read-only: another one is built)."""
+    return config_from_dict(config_to_dict(c), list(overrides))
 
 
 def with_async(make_config, k=1, async_push_every=1, **rollout):
@@ -174,21 +179,18 @@ def test_async_k1_learns_the_sevens_reward(make_config):
 @pytest.mark.slow
 def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path):
     c, e, rows, stream = engine_for(with_async(make_config))
-    broken = copy.deepcopy(c)
-    broken.model = str(tmp_path / "no-such-model")  # the generator cannot load it
+    broken = changed(c, f"model={tmp_path / 'no-such-model'}")  # the generator cannot load it
     with pytest.raises(UserError, match=r"^rollout.async: the generator failed: model: ") as failed:
         run_steps(broken, e, rows, stream, schedule(broken, e, stream, rows), steps=1)
     assert "\n" not in str(failed.value)
 
-    patient = copy.deepcopy(c)
-    patient.rollout.async_.timeout = 60.0  # the death is told at once, not at the timeout
+    patient = changed(c, "rollout.async.timeout=60")  # the death is told at once, not at the timeout
     rollouts = schedule(patient, e, stream, rows)
     os.kill(rollouts.generator.process.pid, signal.SIGKILL)
     with pytest.raises(UserError, match=r"the generator process died \(exit code -9\)"):
         run_steps(patient, e, rows, stream, rollouts, steps=1)
 
-    silent = copy.deepcopy(c)
-    silent.rollout.async_.timeout = 0.5  # less than it takes to start
+    silent = changed(c, "rollout.async.timeout=0.5")  # less than it takes to start
     start = time.monotonic()
     with pytest.raises(UserError, match=r"the generator sent no batch in 0.5 s \(rollout.async.timeout\)"):
         run_steps(silent, e, rows, stream, schedule(silent, e, stream, rows), steps=1)
@@ -206,7 +208,7 @@ def test_a_generator_killed_at_any_moment_or_hung_is_one_line_and_leaves_nothing
     SIGSTOP with a batch in the queue: one line (no traceback from any thread, no wait past
     the timeout), no process and no file of the run's folder left."""
     c, e, rows, stream = engine_for(with_async(make_config))
-    c.rollout.async_.timeout = 120.0
+    c = changed(c, "rollout.async.timeout=120")
     rollouts = schedule(c, e, stream, rows)
     generator = rollouts.generator
     stopped, stuck = [], False

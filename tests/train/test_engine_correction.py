@@ -47,7 +47,7 @@ def planted_engine(make_config, mode, epochs=1, shift=None):
     """The fixed-rollout engine with loss.engine_correction `mode` and the sampler's log-probs
     planted at the (nudged) policy's minus `shift` (N, T): log r = shift."""
     e, rollout, reference, models = engine_with_fixed_rollout(make_config, "grpo", GRPO_PROMPTS, 3, epochs)
-    e.loss.engine_correction, e.loss.engine_correction_cap = mode, CAP
+    e.loss = dataclasses.replace(e.loss, engine_correction=mode, engine_correction_cap=CAP)
     if shift is not None:
         with torch.no_grad():
             rollout.sampled_logprobs = (plain_logprobs(models[0], rollout) - shift) * rollout.completion_mask

@@ -14,6 +14,8 @@ The remaining consumers (trimming, lengths, truncation, the chunked head, proces
 supervision, the placeholder and the padding passes) are checked on their own.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -56,9 +58,9 @@ def planted_engine(make_config, algorithm, *, train=None, loss=None, end_token=T
     prompts, group_size = (GRPO_PROMPTS, 3) if algorithm == "grpo" else (PPO_PROMPTS, 1)
     e, rollout, reference, models = engine_with_fixed_rollout(make_config, algorithm, prompts, group_size, epochs=2)
     e.rewards = [WeightedReward(name="fixed", fn=fixed_rewards, weight=1.0)]
-    for section, values in (("train", train or {}), ("loss", loss or {})):
-        for key, value in values.items():
-            setattr(getattr(e, section), key, value)
+    e.loss = dataclasses.replace(e.loss, **(loss or {}))
+    if "chunked_head" in (train or {}):  # the head is what the engine decided (train.chunked_head asks for it)
+        e.decisions = dataclasses.replace(e.decisions, chunked_head=train["chunked_head"])
     rollout.loss_mask[MIDDLE] = rollout.loss_mask[END] = 0.0
     if not end_token:
         p_len = rollout.input_ids.shape[1] - rollout.completion_mask.shape[1]
@@ -266,7 +268,7 @@ def test_trimming_keeps_a_loss_masked_last_token_and_lengths_count_it(planted):
 
 def test_the_truncation_check_reads_the_last_token_there(planted):
     e, rollout = planted
-    e.loss.mask_truncated_completions = True
+    e.loss = dataclasses.replace(e.loss, mask_truncated_completions=True)
     collected = collect(e, rollout)
     assert collected.truncated.tolist() == [False, False, False, False, True, False]  # "3a7c" ends in EOS
     # Out of the loss: every token of the cut-off completion; still there: all of them.
