@@ -236,11 +236,13 @@ class RemoteEngine:
         from safetensors.torch import save_file
 
         start = time.perf_counter()
-        folder = weights_folder()
+        tensors = state_dict(weights)
+        need = sum(t.numel() * t.element_size() for t in tensors.values())
+        folder = weights_folder(need, "rollout.vllm.transport")  # /dev/shm, or the temp folder where it is too small
         try:
             path = os.path.join(folder, "model.safetensors")
             try:
-                save_file(state_dict(weights), path)
+                save_file(tensors, path)
             except OSError as err:
                 raise UserError(f"could not write the weights for the vLLM server into {folder}: {err}") from err
             written = time.perf_counter()

@@ -183,3 +183,30 @@ def test_iterative_rl_with_async_rollouts_samples_the_comparisons_on_the_server_
     assert pairs == ("generate", [4, 4], 3, pushes[2][1]), log  # with version 2's weights, just pushed
     assert [entry[0] for entry in log][-2:] == ["push", "generate"], log
     assert the_reward_model_update(result.output_dir, rm_dir)["new_pairs"] > 0
+
+
+def test_a_weight_push_falls_back_to_the_temporary_folder_where_dev_shm_is_too_small(tmp_path, monkeypatch):
+    """The file pushed to a vLLM server goes where it fits: a small /dev/shm (a container's
+    default) sends it through the temporary folder instead of failing mid-write."""
+    import os
+
+    import torch
+
+    from grpo.vllm.client import RemoteEngine
+    from tests.train.test_async_transport import small_places
+
+    shm, tmp = small_places(monkeypatch, tmp_path, {"shm": 1000, "tmp": 10**12})
+    sent = []
+
+    def call(path, body, **kwargs):
+        sent.append((body["path"], os.path.getsize(body["path"])))
+        return {"seconds": 0.0}
+
+    engine = object.__new__(RemoteEngine)  # no server: the push's own path, its answer stubbed
+    engine.transport, engine.timeout, engine.token = "file", 1.0, None
+    engine.write_seconds = engine.load_seconds = 0.0
+    monkeypatch.setattr(engine, "_call", call, raising=False)
+    engine.load_weights([("w", torch.ones(64, 64)), ("b", torch.ones(64))])
+    ((path, size),) = sent
+    assert path.startswith(tmp + os.sep) and size > (64 * 64 + 64) * 4
+    assert os.listdir(shm) == [] and not os.path.exists(path)  # nothing left behind
