@@ -10,7 +10,8 @@ from transformers.utils import get_json_schema
 from grpo.errors import UserError
 from grpo.rollout.tools import HermesFormat
 from grpo.tasks.tiny import tool_chat_tokenizer
-from grpo.train.sft import IGNORE_INDEX, FineTuneConfig, _row_pieces, conversation_pieces, encode_pieces
+from grpo.train.sft import IGNORE_INDEX, FineTuneConfig, conversation_pieces, encode_pieces
+from grpo.train.sft_data import row_pieces
 from tests.rollout.tool_models import CONVERSATIONS, async_add, multiply
 
 TOOLS, MESSAGES = CONVERSATIONS[0]
@@ -40,10 +41,10 @@ def test_the_tools_column_takes_schemas_or_specs():
     c = FineTuneConfig(model="m", data="d")
     by_spec = {"messages": MESSAGES, "tools": ["tests.rollout.tool_models:multiply", SCHEMAS[1]]}
     by_schema = {"messages": MESSAGES, "tools": SCHEMAS}
-    assert _row_pieces(by_spec, "messages", c, tok, "row 1") == _row_pieces(by_schema, "messages", c, tok, "row 1")
+    assert row_pieces(by_spec, "messages", c, tok, "row 1") == row_pieces(by_schema, "messages", c, tok, "row 1")
     assert [multiply, async_add] == TOOLS
     with pytest.raises(UserError, match="row 1: 'tools' must be a list"):
-        _row_pieces({"messages": MESSAGES, "tools": "multiply"}, "messages", c, tok, "row 1")
+        row_pieces({"messages": MESSAGES, "tools": "multiply"}, "messages", c, tok, "row 1")
     empty = [MESSAGES[0], {"role": "assistant", "content": ""}]
     with pytest.raises(UserError, match="message 2 \\(the assistant's\\) is empty"):
-        _row_pieces({"messages": empty}, "messages", c, tok, "row 1")
+        row_pieces({"messages": empty}, "messages", c, tok, "row 1")
