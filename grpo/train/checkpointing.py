@@ -19,7 +19,6 @@ from pathlib import Path
 from torch import nn
 
 from grpo.config import Config, config_to_dict
-from grpo.data import PromptStream
 from grpo.errors import first_line
 from grpo.infra.checkpoint import list_checkpoints, load_shards, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.seed import rng_state, set_rng_state
@@ -35,11 +34,13 @@ FIRST_CHECKPOINT_MINUTES = 1.0
 
 class Checkpointer:
     """Saves and restores the state of a run: the engine's models, optimizer and scheduler,
-    the prompt stream's position, the reward-model updater (iterative RL) and the random
-    state, into `output_dir/checkpoints/step-N` (the newest `train.keep_checkpoints` kept)."""
+    the prompt stream's position (`prompts`: the run's Rollouts, grpo.train.rollouts, or
+    anything with its state_dict and load_state_dict), the reward-model updater (iterative
+    RL) and the random state, into `output_dir/checkpoints/step-N` (the newest
+    `train.keep_checkpoints` kept)."""
 
-    def __init__(self, e: Engine, c: Config, stream: PromptStream, updater):
-        self.e, self.c, self.stream, self.updater = e, c, stream, updater
+    def __init__(self, e: Engine, c: Config, prompts, updater):
+        self.e, self.c, self.prompts, self.updater = e, c, prompts, updater
         self.output_dir = Path(c.output_dir)
         self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
         self.saved_at: float | None = None  # when this process last saved one (time.monotonic)
@@ -63,7 +64,7 @@ class Checkpointer:
         """What a checkpoint of the steps completed so far needs, should the next step fail
         before it changes any weight: the random and data state, and the optimizer updates
         made (to tell whether it did change them)."""
-        return {"rng": rng_state(), "data": self.stream.state_dict(), "updates": self.e.version}
+        return {"rng": rng_state(), "data": self.prompts.state_dict(), "updates": self.e.version}
 
     def save(self, step: int, iteration: int, snapshot: dict | None = None, metrics: dict | None = None) -> None:
         """A checkpoint of `step` completed steps (of `iteration`). `snapshot` stands in for
@@ -71,7 +72,7 @@ class Checkpointer:
         any weight. `metrics`: step `step`'s line, which resume writes back if the log lacks
         it (its write failed)."""
         e = self.e
-        snapshot = snapshot or {"rng": rng_state(), "data": self.stream.state_dict()}
+        snapshot = snapshot or {"rng": rng_state(), "data": self.prompts.state_dict()}
         keep = self.c.train.keep_checkpoints
         common = {
             "config": config_to_dict(self.c),  # what resume checks a new config against
@@ -129,7 +130,7 @@ class Checkpointer:
             set_rng_state(state["local"]["rng"])
         self.updater.load_state_dict(state["reward_model_update"])
         e.optimizer.scheduler.load_state_dict(state["scheduler"])
-        self.stream.load_state_dict(state["data"])
+        self.prompts.load_state_dict(state["data"])
         return int(state["step"])
 
     def save_after_failure(

@@ -66,7 +66,7 @@ from grpo.train.scoring import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
 from grpo.train.step import Decisions, Engine, train_step
-from grpo.train.rollouts import Rollouts, share_of
+from grpo.train.rollouts import Rollouts
 from grpo.train.rollouts import summary as async_summary
 from grpo.vllm import missing
 from grpo.vllm.decoder import close_shared_engine
@@ -446,7 +446,6 @@ def _run(
     progress: bool,
     toolbox: Toolbox | None = None,
 ) -> TrainResult:
-    stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
     if c.train.return_freed_memory:
         return_freed_memory()  # before the first model's tensors, for the rest of this process
     seed_everything(c.seed)  # the same in every process: the models start the same
@@ -463,7 +462,6 @@ def _run(
             folder,
             e,
             generator,
-            stream=stream,
             rows=rows,
             state=state,
             dashboards=dashboards,
@@ -482,7 +480,6 @@ def _steps(
     e: Engine,
     generator: Generator,
     *,
-    stream: PromptStream,
     rows: list[dict],
     state: dict | None,
     dashboards: Sinks,
@@ -494,7 +491,10 @@ def _steps(
     out = Path(c.output_dir)
     metrics_path = out / "metrics.jsonl"
     updater = build_updater(c, verifier, reward_models, rows, world) if verifier else NoUpdater()
-    checkpoints = Checkpointer(e, c, stream, updater)
+    # Each step's batch, over the run's one prompt stream: sampled here when the step takes it,
+    # or by a generator process ahead of the step (rollout.async).
+    rollouts = Rollouts(c, e, generator, rows)
+    checkpoints = Checkpointer(e, c, rollouts, updater)  # the stream's position with the weights
     if world.world_size > 1:
         seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
     if world.is_main:
@@ -517,9 +517,7 @@ def _steps(
     bar = Progress(
         c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
     )
-    # Each step's batch: sampled here when the step takes it, or by a generator process
-    # ahead of the step (rollout.async), started from the weights just restored.
-    rollouts = Rollouts(c, e, generator, stream, rows, start)  # publishes the first weights
+    rollouts.start(e, start)  # from the weights and the stream's position just restored
     with Signals() as signals:
         try:
             for step in range(start, c.train.steps):
@@ -536,10 +534,8 @@ def _steps(
                         if world.is_main:  # every process's replica is the same
                             record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
                     e.reference.reset_to(e.policy)
-                # Every process takes the step's prompts from the same stream and keeps its share.
-                ours, seeds = share_of(c, world.rank, world.world_size, step, stream.take(c.rollout.prompts_per_step))
                 began = time.perf_counter()
-                sampled, taken = rollouts.take(e, step, ours, seeds)
+                sampled, taken = rollouts.take(e, step)  # this process's share of the step's prompts
                 result = train_step(e, sampled, step, taken["time/generate"])
                 result.metrics.update(taken)
                 result.metrics.update(rollouts.after_update(e))  # the new weights to the generator, when due

@@ -22,11 +22,12 @@ import grpo
 from grpo.config import config_from_dict, config_to_dict
 from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
+from grpo.infra.distributed import SingleProcess
 from grpo.rewards import load_rewards
 from grpo.rollout.generator import GeneratorSpec
 from grpo.rollout.worker import NAME, build_generator
 from grpo.train.loop import build_engine, build_run_generator
-from grpo.train.rollouts import Rollouts, share_of
+from grpo.train.rollouts import Rollouts
 from grpo.train.layouts import policy_logprobs
 from grpo.train.step import _passes, train_step
 from tests.helpers import assert_close_scaled, run_generator, sample, sampled_step
@@ -97,23 +98,22 @@ def test_the_generator_samples_what_the_in_process_sampler_samples(make_config, 
     assert seconds["generate"] > 0
 
 
-def schedule(c, e, stream, rows, ahead=None):
+def schedule(c, e, rows, ahead=None):
     """The loop's schedule over the run's generator (a worker process with rollout.async)."""
     generator = build_run_generator(c, e)
     try:
-        return Rollouts(c, e, generator, stream, rows, 0, ahead=ahead)
+        return Rollouts(c, e, generator, rows, ahead=ahead).start(e, 0)
     except BaseException:
         generator.close()
         raise
 
 
-def run_steps(c, e, rows, stream, rollouts, steps):
+def run_steps(e, rollouts, steps):
     """What the loop does with `rollouts` for `steps` steps: take, train, publish."""
     metrics = []
     try:
         for step in range(steps):
-            ours, seeds = share_of(c, 0, 1, step, stream.take(c.rollout.prompts_per_step))
-            sampled, taken = rollouts.take(e, step, ours, seeds)
+            sampled, taken = rollouts.take(e, step)
             result = train_step(e, sampled, step, taken["time/generate"])
             metrics.append({**result.metrics, **taken, **rollouts.after_update(e)})
     finally:
@@ -121,12 +121,51 @@ def run_steps(c, e, rows, stream, rollouts, steps):
     return metrics
 
 
+class Recorded:
+    """A generator that samples nothing: the requests the schedule made, in order."""
+
+    def __init__(self):
+        self.published, self.requests, self.seconds = None, [], {"generate": 0.0, "idle": 0.0}
+
+    def publish(self, policy, version):
+        self.published = version
+
+    def request(self, step, rows, seeds=None):
+        self.requests.append((step, rows))
+
+    def take(self, step):
+        return SimpleNamespace(policy_version=self.published)
+
+
+def test_the_checkpointed_position_is_the_first_step_not_trained(make_config):
+    """Requests two steps ahead run the one prompt stream ahead; the position a checkpoint
+    keeps is that of the first step not yet trained, and a schedule started from it
+    requests the same rows again for the same steps."""
+    c = config_from_dict(make_config(train={"steps": 6}))
+    rows, k = load_rows(c.data.path, prompt_column=c.data.prompt_column), c.rollout.prompts_per_step
+    e = SimpleNamespace(world=SingleProcess(), policy=None, version=0)
+    straight = Rollouts(c, e, Recorded(), rows, ahead=2).start(e, 0)
+    positions = [straight.state_dict()]
+    for step in range(3):
+        straight.take(e, step)
+        straight.after_update(e)
+        positions.append(straight.state_dict())
+    stream = PromptStream(rows, seed=c.seed, shuffle=c.data.shuffle)
+    for position in positions:  # one step's rows apart, however far the requests ran
+        assert position == stream.state_dict()
+        stream.take(k)
+    resumed = Rollouts(c, e, Recorded(), rows, ahead=2)
+    resumed.load_state_dict(positions[1])
+    resumed.start(e, 1)
+    assert resumed.generator.requests == [(s, r) for s, r in straight.generator.requests if s in (1, 2, 3)]
+
+
 @pytest.mark.slow
 def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
     """A schedule two steps ahead with K = 1 makes batches two optimizer steps stale: each is
     dropped, counted and sampled again, and no step trains on one staler than K."""
-    c, e, rows, stream = engine_for(with_async(make_config, k=1))
-    metrics = run_steps(c, e, rows, stream, schedule(c, e, stream, rows, ahead=2), steps=5)
+    c, e, rows, _ = engine_for(with_async(make_config, k=1))
+    metrics = run_steps(e, schedule(c, e, rows, ahead=2), steps=5)
     assert all(m["async/staleness"] <= 1 for m in metrics), [m["async/staleness"] for m in metrics]
     assert sum(m["async/dropped"] for m in metrics) >= 2
     assert max(m["async/staleness_max"] for m in metrics) == 2  # what was dropped, shown
@@ -135,8 +174,8 @@ def test_a_batch_older_than_k_is_dropped_counted_and_sampled_again(make_config):
 
 @pytest.mark.slow
 def test_push_every_sends_the_weights_every_nth_update_within_the_bound(make_config):
-    c, e, rows, stream = engine_for(with_async(make_config, k=2, async_push_every=2))
-    metrics = run_steps(c, e, rows, stream, schedule(c, e, stream, rows), steps=5)
+    c, e, rows, _ = engine_for(with_async(make_config, k=2, async_push_every=2))
+    metrics = run_steps(e, schedule(c, e, rows), steps=5)
     assert [m["async/push_s"] > 0 for m in metrics] == [False, True, False, True, False]
     assert [m["async/staleness"] for m in metrics] == [0, 1, 2, 1, 2]  # one step ahead, weights up to 1 behind
     assert all(m["async/dropped"] == 0 for m in metrics)
@@ -178,22 +217,22 @@ def test_async_k1_learns_the_sevens_reward(make_config):
 
 @pytest.mark.slow
 def test_a_generator_that_fails_dies_or_hangs_is_one_line(make_config, tmp_path):
-    c, e, rows, stream = engine_for(with_async(make_config))
+    c, e, rows, _ = engine_for(with_async(make_config))
     broken = changed(c, f"model={tmp_path / 'no-such-model'}")  # the generator cannot load it
     with pytest.raises(UserError, match=r"^rollout.async: the generator failed: model: ") as failed:
-        run_steps(broken, e, rows, stream, schedule(broken, e, stream, rows), steps=1)
+        run_steps(e, schedule(broken, e, rows), steps=1)
     assert "\n" not in str(failed.value)
 
     patient = changed(c, "rollout.async.timeout=60")  # the death is told at once, not at the timeout
-    rollouts = schedule(patient, e, stream, rows)
+    rollouts = schedule(patient, e, rows)
     os.kill(rollouts.generator.process.pid, signal.SIGKILL)
     with pytest.raises(UserError, match=r"the generator process died \(exit code -9\)"):
-        run_steps(patient, e, rows, stream, rollouts, steps=1)
+        run_steps(e, rollouts, steps=1)
 
     silent = changed(c, "rollout.async.timeout=0.5")  # less than it takes to start
     start = time.monotonic()
     with pytest.raises(UserError, match=r"the generator sent no batch in 0.5 s \(rollout.async.timeout\)"):
-        run_steps(silent, e, rows, stream, schedule(silent, e, stream, rows), steps=1)
+        run_steps(e, schedule(silent, e, rows), steps=1)
     assert time.monotonic() - start < 30
 
 
@@ -207,9 +246,9 @@ def test_a_generator_killed_at_any_moment_or_hung_is_one_line_and_leaves_nothing
     """SIGKILL with a sampled batch in the queue, or while it reads a push of many tensors, or
     SIGSTOP with a batch in the queue: one line (no traceback from any thread, no wait past
     the timeout), no process and no file of the run's folder left."""
-    c, e, rows, stream = engine_for(with_async(make_config))
+    c, e, rows, _ = engine_for(with_async(make_config))
     c = changed(c, "rollout.async.timeout=120")
-    rollouts = schedule(c, e, stream, rows)
+    rollouts = schedule(c, e, rows)
     generator = rollouts.generator
     stopped, stuck = [], False
 

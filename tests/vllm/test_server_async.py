@@ -22,7 +22,6 @@ from grpo.errors import UserError
 from grpo.infra.checkpoint import list_checkpoints
 from grpo.train.layouts import policy_logprobs
 from tests.train.rewards_for_tests import sevens
-from grpo.train.rollouts import share_of
 from grpo.train.step import train_step
 from tests.train.test_async import engine_for, schedule
 from tests.train.test_learning import gain
@@ -86,14 +85,13 @@ def test_each_batch_is_drawn_by_the_version_it_carries_and_one_older_than_k_is_d
     (the trainer kept a copy of each), not those of the version after it: the server sampled
     with the weights the generator pushed, checked, and stamped."""
     config = async_config(make_config, model_dir, server.address, steps=5, lr=1e-2, min_new_tokens=0)
-    c, e, rows, stream = engine_for(config)  # min_new_tokens 0: the engine's log-probs are the trainer's
-    rollouts = schedule(c, e, stream, rows, ahead=2)
+    c, e, rows, _ = engine_for(config)  # min_new_tokens 0: the engine's log-probs are the trainer's
+    rollouts = schedule(c, e, rows, ahead=2)
     versions, trained = {}, []
     try:
         for step in range(c.train.steps):
             versions[e.version] = copy.deepcopy(e.policy)
-            ours, seeds = share_of(c, 0, 1, step, stream.take(c.rollout.prompts_per_step))
-            sampled, taken = rollouts.take(e, step, ours, seeds)
+            sampled, taken = rollouts.take(e, step)
             result = train_step(e, sampled, step)
             result.metrics.update({**taken, **rollouts.after_update(e)})
             trained.append((result.rollout, result.metrics))
