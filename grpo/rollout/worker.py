@@ -246,9 +246,8 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
         seed_everything(spec.seed + 1_000_003 * spec.rank)  # the global stream iterative RL's samples draw from
         tokenizer = load_tokenizer(spec.model)
         policy = load_causal_lm(spec.model, spec.dtype, device=spec.device)
-        local = LocalGenerator(samplers_of(spec, tokenizer, Toolbox.from_config(spec.rollout)))
-        for sampler in local.samplers.values():
-            sampler.hold_prepared = True  # a version's fused weights serve every batch it samples
+        # A version's fused weights serve every batch it samples (`Sampler`'s hold_prepared).
+        local = LocalGenerator(samplers_of(spec, tokenizer, Toolbox.from_config(spec.rollout), hold_prepared=True))
         idle, since = 0.0, time.perf_counter()
         while True:
             message = requests.get()  # the trainer's death ends us meanwhile (`_end_with_the_trainer`)

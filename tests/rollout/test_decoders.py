@@ -113,6 +113,13 @@ def test_a_decoder_declares_what_it_can_do_and_the_defaults_refuse(make_config):
     rollout = config_from_dict(make_config()).rollout
     assert Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt", hold_prepared=True).hold_prepared
     assert not Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt").hold_prepared
+    from grpo.rollout.generator import GeneratorSpec, samplers_of
+
+    spec = GeneratorSpec.of(config_from_dict(make_config()), autocast=None)
+    spec.pairs = 3  # iterative RL's sampler too
+    held = samplers_of(spec, TOKENIZER, None, hold_prepared=True)  # a worker's
+    assert len(held) == 2 and all(s.hold_prepared for s in held.values())
+    assert not any(s.hold_prepared for s in samplers_of(spec, TOKENIZER, None).values())
 
 
 def test_the_fast_loop_fuses_the_weights_once_per_policy_version(monkeypatch):
