@@ -1,7 +1,7 @@
 """The `grpo` command: parses arguments and dispatches; it holds no logic of its own.
 
 Every command's settings are one typed config whose fields are declared with
-`grpo.config.opt` (one default and one docstring each): `grpo.config.Config` (train, read
+`grpo.config.fields.opt` (one default and one docstring each): `grpo.config.Config` (train, read
 from YAML), `SFTConfig` and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig`
 and `RewardEvalConfig` (rm), `DemoConfig` (demo). A flag that sets a field takes its help,
 default and type from the field (`_field_flag`), so each is written once, there. The configs
@@ -37,7 +37,7 @@ from grpo.cli_help import (
     TRAIN_HELP,
     VLLM_SERVE_HELP,
 )
-from grpo.config import REQUIRED, field_default
+from grpo.config.fields import REQUIRED, field_default
 from grpo.demo.default import QUICK, DemoConfig
 from grpo.demo.tools import ToolsDemoConfig
 from grpo.errors import Stopped, UserError

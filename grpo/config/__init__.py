@@ -1,7 +1,8 @@
 """The typed run configuration: a YAML file plus dotted `--set` overrides, checked up front.
 
 - `grpo.config.fields`: `opt(default, doc)`, how every config of the project declares a field
-  with its documentation (`--help` prints it), and the walks over such dataclasses;
+  with its documentation (`--help` prints it), and the walks over such dataclasses; a leaf
+  (it imports nothing of grpo), which a module that only declares fields imports alone;
 - `grpo.config.schema`: the run's dataclasses (`Config` and its sections), their defaults and
   the algorithm presets;
 - `grpo.config.reading`: YAML or a mapping plus overrides -> `Config`, and back to plain data;

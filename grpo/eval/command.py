@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from grpo.config import REQUIRED, opt
+from grpo.config.fields import REQUIRED, opt
 from grpo.data import is_reasoning_gym, load_rows_for_options
 from grpo.errors import UserError
 from grpo.infra.contain import run_workers

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from grpo.algo import bradley_terry_loss, pairwise_wins
-from grpo.config import REQUIRED, opt
+from grpo.config.fields import REQUIRED, opt
 from grpo.data import load_rows
 from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World, part

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 
-from grpo.config import REQUIRED, opt
+from grpo.config.fields import REQUIRED, opt
 from grpo.errors import UserError
 from grpo.refusals import refusal
 from grpo.vllm.client import API, TRANSPORTS, fingerprint, identity
