@@ -15,7 +15,7 @@ from grpo.config.schema import Config, TrainConfig
 from grpo.errors import UserError
 from grpo.refusals import refuse
 from grpo.rollout.decoders import fast_only_refusal, lora_refusal
-from grpo.vllm import split_address, unsupported
+from grpo.vllm import unsupported
 
 
 REPORTERS = ("tensorboard", "wandb", "trackio")
@@ -38,6 +38,14 @@ def reporters(train: TrainConfig) -> list[str]:
     if train.tensorboard:
         names.append("tensorboard")
     return list(dict.fromkeys(names))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """rollout.vllm.server's 'HOST:PORT' -> (host, port); a one-line UserError for anything else."""
+    host, _, port = address.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"rollout.vllm.server: expected HOST:PORT (e.g. 127.0.0.1:8000), got {address!r}")
+    return host.strip("[]"), int(port)
 
 
 def _require(ok: bool, message: str) -> None:

