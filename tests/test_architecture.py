@@ -2,10 +2,11 @@
 keyword argument is swallowed silently, and rewards and evaluation know no task; and (issues 22,
 37) the import graph of grpo/ has no cycle, counting the imports inside functions: a lazy import
 defers loading a heavy third-party module (torch, transformers, vLLM), it does not make a cycle
-among our own modules acceptable."""
+among our own modules acceptable; and (issue 57) no two modules share a file name."""
 
 import ast
 import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,24 @@ def test_a_cycle_through_an_import_inside_a_function_fails_the_check(tmp_path):
     assert import_cycle(root) == ["pkg.a", "pkg.b", "pkg.a"]
     (root / "b.py").write_text("def g():\n    return None\n")  # the lazy import gone: no cycle
     assert import_cycle(root) is None
+
+
+# ---- no two modules share a file name -------------------------------------------------------------
+
+# Names that two modules still share: a rename takes its name off, and nothing is added here.
+SHARED_NAMES_LEFT = {"correction.py", "engine.py", "loop.py", "packing.py", "scoring.py", "tools.py"}
+
+
+def shared_names(root):
+    """Each file name (but __init__.py) that two or more modules under `root` bear -> their paths:
+    a traceback, an editor's tab and `-k` name a module by its file name alone."""
+    paths = defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            paths[path.name].append(str(path.relative_to(root)))
+    return {name: found for name, found in paths.items() if len(found) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    shared = shared_names(PACKAGE)
+    assert set(shared) <= SHARED_NAMES_LEFT, {name: shared[name] for name in set(shared) - SHARED_NAMES_LEFT}
