@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 120
 # "path" for a module, "path:qualified.name" for a function; paths relative to grpo/.
 ALLOWED = {
     "demo/default.py:demo",
-    "train/loop.py:_steps",  # being turned into a run object (issue 57 item 4)
 }
 
 

@@ -5,13 +5,17 @@ for iteration in 1..I:              reference <- policy
                                     score; advantages; mu epochs of updates
     (iterative RL, with a verifier: the reward model trains on the policy's new samples)
 
-Everything is validated before any model is loaded and before output_dir is touched: the
-config, the reward functions, tools and environment, the data, the models' configs. A run
-writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into `output_dir`,
-and `resume=True` continues from the newest checkpoint so that the metrics are those of a
-run never interrupted. Beside the loop: `grpo.train.checkpointing` (the checkpoints, both
-formats, and when they are due), `grpo.train.output_dir` (which folder a run may use, what a
-resume may change, the logs) and `grpo.train.signals` (Ctrl-C and SIGTERM).
+Everything is validated before any model is loaded and before output_dir is touched
+(`check_inputs`): the config, the reward functions, tools and environment, the data, the
+models' configs. Then a `Run` is built once from the config: the processes, the output
+folder, the engine (`grpo.train.engine`), the generator and the rollouts over the run's one
+prompt stream (`grpo.train.rollouts`), the checkpointer and the sinks; its methods are the
+loop. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
+`output_dir`, and `resume=True` continues from the newest checkpoint so that the metrics are
+those of a run never interrupted. Beside the loop: `grpo.train.checkpointing` (the
+checkpoints, both formats, and when they are due), `grpo.train.output_dir` (which folder a
+run may use, what a resume may change, the logs) and `grpo.train.signals` (Ctrl-C and
+SIGTERM).
 """
 
 from __future__ import annotations
@@ -38,34 +42,20 @@ from grpo.infra.progress import Progress
 from grpo.infra.space import no_space
 from grpo.infra.seed import seed_everything
 from grpo.rewards import WeightedReward, load_rewards
-from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel, load_pairs
-from grpo.infra.hf import load_tokenizer, model_config
+from grpo.infra.hf import model_config
 from grpo.rollout import check_context
-from grpo.rollout.generator import Generator, GeneratorSpec
-from grpo.rollout.worker import build_generator, refuse_in_generator
+from grpo.rollout.worker import refuse_in_generator
 from grpo.rollout.tools import Toolbox
-from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
-from grpo.infra.hf import load_causal_lm
-from grpo.train.models import (
-    apply_lora,
-    count_parameters,
-    enable_checkpointing,
-    tie_gradients_in_place,
-    trainable_parameters,
-)
-from grpo.train.layouts import chunkable_head, decide_layouts, layout_of
-from grpo.train.networks import build_reference
+from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
-from grpo.train.optimizers import build_optimizer
 from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
-from grpo.train.scoring import build_scorer
-from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.signals import Signals
-from grpo.train.step import Decisions, Engine, train_step
+from grpo.train.engine import build_engine, build_run_generator, load_reward_models, models_held, parameters_held
+from grpo.train.step import train_step
 from grpo.train.rollouts import Rollouts
 from grpo.train.rollouts import summary as async_summary
 from grpo.vllm import missing
@@ -121,107 +111,6 @@ def check_models(c: Config) -> None:
             model_config(r.model, "reward model")
 
 
-def load_reward_models(
-    c: Config, functions: dict[int, WeightedReward], device: torch.device
-) -> tuple[list[WeightedReward], dict[int, RewardModel]]:
-    """All rewards in config order: the resolved functions and the loaded reward models (on `device`)."""
-    rewards, models = [], {}
-    for i, r in enumerate(c.rewards):
-        if r.function is not None:
-            rewards.append(functions[i])
-            continue
-        models[i] = RewardModel.from_pretrained(r.model, device=device)
-        if r.process:
-            fn = ProcessModelReward(models[i], separator=r.step_separator, normalize=r.normalize)
-        else:
-            fn = ModelReward(models[i], normalize=r.normalize)
-        name = f"model:{r.model}"
-        if any(w.name == name for w in rewards):
-            name += f"#{i}"
-        rewards.append(WeightedReward(name=name, fn=fn, weight=r.weight))
-    return rewards, models
-
-
-def build_engine(
-    c: Config,
-    rewards: list[WeightedReward],
-    device: torch.device | None = None,
-    world: World = SingleProcess(),
-) -> Engine:
-    """Load the models onto `device` (train.device's) and choose, once, the pieces in which
-    GRPO and PPO differ. Over several processes, the policy and the critic are sharded
-    (FSDP2) and the reference is a full replica (grpo.infra.distributed says why). What
-    samples the policy is the run's Generator (`build_run_generator`), built beside it."""
-    device = resolve_device(c.train.device) if device is None else device
-    tokenizer = load_tokenizer(c.model)
-    attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
-    compute_dtype = autocast_dtype(c.train.autocast, device)
-    policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
-    check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
-    checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
-    if c.lora.r:
-        policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
-    # Which forward layouts (checkpointed; packed, shared prompt) serve this architecture, tried once on a
-    # small batch before sharding; the reference's copy inherits the verdicts. The chunked head's one
-    # probe pass, whole (before sharding), likewise.
-    checkpointing = decide_layouts(policy, checkpointing, c.train.layout, world=world)
-    chunked = c.train.chunked_head and chunkable_head(policy) is not None
-    decisions = Decisions(checkpointing=checkpointing, layout=layout_of(policy, checkpointing), chunked_head=chunked)
-    reference = build_reference(
-        policy,
-        beta=c.loss.beta,
-        lora=bool(c.lora.r),
-        dtype=compute_dtype,
-        full_state_dict=world.full_state_dict,
-        chunked_head=chunked,
-        stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
-    )  # copied before sharding
-    tie_gradients_in_place(policy)  # after the reference's copy: its weights take no gradient
-    critic = build_critic(c, attention, compute_dtype, device, world)
-    policy = world.shard(policy)
-    for network in critic.networks:
-        world.shard(network)
-    kl = build_kl(c)
-
-    groups = [{"params": trainable_parameters(policy), "lr": c.train.lr}]
-    groups += critic.param_groups(c.value.lr or c.train.lr)
-    optimizer = build_optimizer(c.train, groups, updates=c.train.steps * c.train.epochs * c.train.minibatches)
-    return Engine(
-        policy=policy,
-        tokenizer=tokenizer,
-        rewards=rewards,
-        score=build_scorer(c),
-        reference=reference,
-        baseline=build_baseline(c, tokenizer, kl, world),
-        kl=kl,
-        critic=critic,
-        optimizer=optimizer,
-        rollout=c.rollout,
-        train=c.train,
-        loss=c.loss,
-        prompt_column=c.data.prompt_column,
-        decisions=decisions,
-        device=device,
-        compute_dtype=compute_dtype,
-        world=world,
-    )
-
-
-def models_held(e: Engine, c: Config) -> int:
-    """The models a run holds, counted as the papers count them: policy, reference (unless
-    beta = 0), value model (PPO) and reward. The reward counts once when it is given by rule
-    functions, and once per reward model: GRPO holds 3, PPO 4."""
-    reward_models = sum(1 for r in c.rewards if r.model is not None)
-    rule_rewards = any(r.function is not None for r in c.rewards)
-    return 1 + int(e.reference.held) + e.critic.held + max(reward_models, int(rule_rewards))
-
-
-def parameters_held(e: Engine, reward_models: dict[int, RewardModel]) -> int:
-    """Parameters of every network held: policy, a reference copy, critic, reward models."""
-    networks = [e.policy, *e.reference.networks, *e.critic.networks, *(rm.model for rm in reward_models.values())]
-    return sum(count_parameters(n) for n in networks)
-
-
 def run_summary(c: Config, metrics: list[dict], models: int, parameters: int) -> dict:
     """What a run cost and what it reached, for comparing runs (`summary.json`)."""
     times = sorted(m["time/step"] for m in metrics)
@@ -246,29 +135,6 @@ def environment_rows(c: Config) -> list[dict]:
     worth of rows whose prompt is an empty user message, to which each rollout's reset appends
     its task (validate allows it only with one environment)."""
     return [{c.data.prompt_column: [{"role": "user", "content": ""}]} for _ in range(c.rollout.prompts_per_step)]
-
-
-def build_run_generator(c: Config, e: Engine, tools: Toolbox | None = None) -> Generator:
-    """What samples the run's batches (and iterative RL's): in this process, or with
-    rollout.async in a worker process of its own (one per torchrun process). `tools`: the
-    run's tools and environment (multi-turn rollouts), None for single-turn ones."""
-    worker = c.rollout.async_.max_staleness > 0
-    spare = 0 if worker else sampling_room(e)
-    spec = GeneratorSpec.of(c, autocast=e.compute_dtype, rank=e.world.rank, device=str(e.device), spare_bytes=spare)
-    return build_generator(spec, e.tokenizer, tools=tools, world=e.world, worker=worker)
-
-
-def sampling_room(e: Engine) -> int:
-    """The memory a sampling in this process may spend beyond its own without holding more
-    than the update does: the bytes of the policy's gradients, which the update holds all at
-    once and which are freed before the next sampling (zero_grad sets them to None). The
-    fast loop spends it on packed copies of its single matrices (`FastDecoder`), so that a
-    step samples faster at no higher peak. 0 where the update does not hold them all (the
-    step in the backward holds one tensor's at a time), on a GPU (where nothing is packed),
-    and under torchrun (the gradients are sharded; the sampling gathers whole weights)."""
-    if e.device.type != "cpu" or e.world.world_size > 1 or not e.optimizer.holds_all_gradients:
-        return 0
-    return sum(p.numel() * p.element_size() for p in e.policy_params)
 
 
 def build_updater(
@@ -363,64 +229,73 @@ def train(
         world.close()
 
 
+@dataclass
+class Inputs:
+    """Everything a run reads before any model is loaded, checked (`check_inputs`)."""
+
+    functions: dict[int, WeightedReward]  # the function rewards, resolved, by their index in c.rewards
+    verifier: WeightedReward | None  # iterative RL's (reward_model_update.verifier)
+    rows: list[dict]  # the prompts
+    state: dict | None  # the checkpoint a resume continues from
+    toolbox: Toolbox | None  # the tools and environment of multi-turn rollouts
+
+
+def check_inputs(c: Config, world: World, folder: OutputFolder, *, resume: bool, overwrite: bool) -> Inputs:
+    """Everything that can be wrong with the input, found before any model is loaded (in
+    every process: one that fails stops them all). The config's mistakes come first, then
+    the folder's: nothing in output_dir is touched before the config is known good."""
+    functions = resolve_functions(c)
+    toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
+    if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
+        raise UserError("rewards: at least one reward is required (or a rollout.environment with a get_reward method)")
+    absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
+    absent = absent or optimizer_missing(c.train.optimizer)
+    if absent is not None:
+        raise UserError(absent)
+    u = c.reward_model_update
+    verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
+    if c.data.path:
+        d = c.data
+        rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, task_options=d.task_options)
+    else:
+        rows = environment_rows(c)
+    if toolbox is not None:
+        toolbox.check_prompts(rows, c.data.prompt_column)
+    check_models(c)
+    resumable = folder.claim(resume=resume, overwrite=overwrite)
+    state = load_latest_checkpoint(folder.out, world_size=world.world_size, rank=world.rank) if resumable else None
+    if state is not None:
+        check_resume_config(c, state)
+    return Inputs(functions, verifier, rows, state, toolbox)
+
+
+def dashboards(c: Config, world: World, state: dict | None) -> Sinks:
+    """train.report_to's services, started by process 0 before any model is loaded: a
+    missing package or a refusal stops every process, in one line, before any step."""
+    if not world.is_main:
+        return Sinks([])
+    out = Path(c.output_dir)
+    return open_dashboards(
+        reporters(c.train),
+        out,
+        config=config_to_dict(c),
+        run_name=c.train.run_name or out.resolve().name,
+        project=c.train.project,
+        first_step=int(state["step"]) + 1 if state else 1,
+        resume=state is not None,
+    )
+
+
 def _train(
     c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False
 ) -> TrainResult:
     out = Path(c.output_dir)
     folder = OutputFolder(out, main=world.is_main)
-
-    def inputs():
-        """Everything that can be wrong with the input, found before any model is loaded
-        (in every process: one that fails stops them all). The config's mistakes come first,
-        then the folder's: nothing in output_dir is touched before the config is known good."""
-        functions = resolve_functions(c)
-        toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
-        if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
-            raise UserError(
-                "rewards: at least one reward is required (or a rollout.environment with a get_reward method)"
-            )
-        absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
-        absent = absent or optimizer_missing(c.train.optimizer)
-        if absent is not None:
-            raise UserError(absent)
-        u = c.reward_model_update
-        verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-        rows = (
-            load_rows(
-                c.data.path, prompt_column=c.data.prompt_column, split=c.data.split, task_options=c.data.task_options
-            )
-            if c.data.path
-            else environment_rows(c)
-        )
-        if toolbox is not None:
-            toolbox.check_prompts(rows, c.data.prompt_column)
-        check_models(c)
-        resumable = folder.claim(resume=resume, overwrite=overwrite)
-        state = load_latest_checkpoint(out, world_size=world.world_size, rank=world.rank) if resumable else None
-        if state is not None:
-            check_resume_config(c, state)
-        return functions, verifier, rows, state, toolbox
-
-    def dashboards(state):
-        """train.report_to's services, started by process 0 before any model is loaded: a
-        missing package or a refusal stops every process, in one line, before any step."""
-        if not world.is_main:
-            return Sinks([])
-        return open_dashboards(
-            reporters(c.train),
-            out,
-            config=config_to_dict(c),
-            run_name=c.train.run_name or out.resolve().name,
-            project=c.train.project,
-            first_step=int(state["step"]) + 1 if state else 1,
-            resume=state is not None,
-        )
-
     opened = Sinks([])
     try:
-        functions, verifier, rows, state, toolbox = world.checked(inputs)
-        opened = world.checked(lambda: dashboards(state))
-        return _run(c, world, device, folder, functions, verifier, rows, state, opened, progress, toolbox)
+        inputs = world.checked(lambda: check_inputs(c, world, folder, resume=resume, overwrite=overwrite))
+        opened = world.checked(lambda: dashboards(c, world, inputs.state))
+        return Run(c, world, device, folder, inputs, opened, progress=progress).train()
     except (UserError, Stopped, KeyboardInterrupt):
         raise
     except Exception as err:
@@ -433,175 +308,201 @@ def _train(
         folder.release()  # a run that never started leaves the folder as it found it
 
 
-def _run(
-    c: Config,
-    world: World,
-    device: torch.device,
-    folder: OutputFolder,
-    functions,
-    verifier,
-    rows,
-    state,
-    dashboards: Sinks,
-    progress: bool,
-    toolbox: Toolbox | None = None,
-) -> TrainResult:
-    if c.train.return_freed_memory:
-        return_freed_memory()  # before the first model's tensors, for the rest of this process
-    seed_everything(c.seed)  # the same in every process: the models start the same
-    rewards, reward_models = load_reward_models(c, functions, device)
-    if toolbox is not None:
-        rewards += toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
-    e = build_engine(c, rewards, device, world)
-    generator = build_run_generator(c, e, toolbox)
-    try:
-        generator.start(e.policy)  # vLLM's engine built, a server admitted: before output_dir changes
-        return _steps(
-            c,
-            world,
-            folder,
-            e,
-            generator,
-            rows=rows,
-            state=state,
-            dashboards=dashboards,
-            progress=progress,
-            reward_models=reward_models,
-            verifier=verifier,
-        )
-    finally:
-        generator.close()
+class Run:
+    """One run, built once from its validated config and checked inputs: the processes
+    (`world`), the output folder, the engine, the generator and the rollouts over the run's
+    prompt stream, the checkpointer and the sinks. `train` starts the generator, takes the
+    folder (a resume's state restored), runs the steps and writes the final model."""
 
-
-def _steps(
-    c: Config,
-    world: World,
-    folder: OutputFolder,
-    e: Engine,
-    generator: Generator,
-    *,
-    rows: list[dict],
-    state: dict | None,
-    dashboards: Sinks,
-    progress: bool,
-    reward_models: dict[int, RewardModel],
-    verifier: WeightedReward | None,
-) -> TrainResult:
-    """The run's steps, once its models and its generator are built."""
-    out = Path(c.output_dir)
-    metrics_path = out / "metrics.jsonl"
-    updater = build_updater(c, verifier, reward_models, rows, world) if verifier else NoUpdater()
-    # Each step's batch, over the run's one prompt stream: sampled here when the step takes it,
-    # or by a generator process ahead of the step (rollout.async).
-    rollouts = Rollouts(c, e, generator, rows)
-    checkpoints = Checkpointer(e, c, rollouts, updater)  # the stream's position with the weights
-    if world.world_size > 1:
-        seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
-    if world.is_main:
-        folder.start()  # the models are built: --overwrite's earlier run goes
-        write_atomic(out / "config.yaml", yaml.safe_dump(config_to_dict(c), sort_keys=False))
-
-    start = 0
-    if state is not None:
-        start = checkpoints.restore(state)
-        if world.is_main:  # what the stopped run logged after its checkpoint is redone
-            rewind_logs(out, start, state.get("metrics"))
-    sinks = Sinks([JsonlSink(metrics_path), dashboards] if world.is_main else [])
-    steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
-    held = models_held(e, c)
-    unscored = 0
-    completed, last_metrics = start, None  # steps done (saved or to be saved), and the last one's metrics
-
-    # On a terminal a progress bar; redirected to a file or a cluster's log, one plain line
-    # every train.log_every steps (a bar there is one ever-growing line).
-    bar = Progress(
-        c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=progress and world.is_main
-    )
-    rollouts.start(e, start)  # from the weights and the stream's position just restored
-    with Signals() as signals:
+    def __init__(
+        self,
+        c: Config,
+        world: World,
+        device: torch.device,
+        folder: OutputFolder,
+        inputs: Inputs,
+        dashboards: Sinks,
+        *,
+        progress: bool = True,
+    ):
+        self.c, self.world, self.folder, self.state, self.progress = c, world, folder, inputs.state, progress
+        self.out = Path(c.output_dir)
+        if c.train.return_freed_memory:
+            return_freed_memory()  # before the first model's tensors, for the rest of this process
+        seed_everything(c.seed)  # the same in every process: the models start the same
+        rewards, self.reward_models = load_reward_models(c, inputs.functions, device)
+        if inputs.toolbox is not None:
+            rewards += inputs.toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
+        self.engine = e = build_engine(c, rewards, device, world)
+        if inputs.verifier:
+            self.updater = build_updater(c, inputs.verifier, self.reward_models, inputs.rows, world)
+        else:
+            self.updater = NoUpdater()
+        self.generator = build_run_generator(c, e, inputs.toolbox)  # closed by `train`, or here on a failure
         try:
-            for step in range(start, c.train.steps):
-                iteration = step // steps_per_iteration
-                # What a checkpoint of the steps completed so far needs, should this step fail
-                # before it changes any weight.
-                snapshot = checkpoints.snapshot()
-                if step > 0 and step % steps_per_iteration == 0:
-                    # Algorithm 1, between iterations: the reward model learns from the policy's
-                    # new samples (iterative RL), then the reference becomes the policy.
-                    update = updater.update(e.policy, e.version, rollouts.generator)
-                    if update is not None:
-                        snapshot["updates"] = None  # the reward model moved: this step cannot be undone
-                        if world.is_main:  # every process's replica is the same
-                            record_update(out, step + 1, iteration, update, updater, c.reward_model_update.save)
-                    e.reference.reset_to(e.policy)
-                began = time.perf_counter()
-                sampled, taken = rollouts.take(e, step)  # this process's share of the step's prompts
-                result = train_step(e, sampled, step, taken["time/generate"])
-                result.metrics.update(taken)
-                result.metrics.update(rollouts.after_update(e))  # the new weights to the generator, when due
-                if rollouts.asynchronous:
-                    result.metrics["time/step"] = time.perf_counter() - began
-                number = completed = step + 1
-                snapshot = None
-                metrics = last_metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": held}
-                sinks.log(number, metrics)
-                bar.update(1, **_progress_fields(metrics))
-                if world.is_main and c.train.sample_every and number % c.train.sample_every == 0:
-                    write_samples(out / "samples.jsonl", number, result, c.data.prompt_column)
-                unscored = unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
-                give_up = bool(c.train.max_unscored_steps) and unscored >= c.train.max_unscored_steps
-                if unscored and world.is_main:
-                    print(
-                        f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)",
-                        file=sys.stderr,
-                    )
-                # Saving and stopping are collective: every process does both at the same step.
-                due = checkpoints.due(number)
-                stop, due = world.max(torch.tensor([signals.received or 0, int(due)])).tolist()
-                if due or stop or give_up:
-                    checkpoints.save(number, iteration, metrics=metrics)
-                if stop:
-                    raise Stopped(
-                        f"stopped by {Signals.name(stop)} after step {number}; "
-                        f"checkpoint saved: continue with `grpo train CONFIG --resume`",
-                        128 + stop,
-                    )
-                if give_up:
-                    raise UserError(
-                        f"no reward scored any completion in {unscored} steps in a row (steps {number - unscored + 1}-{number}): "
-                        "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)"
-                    )
-        except (Stopped, KeyboardInterrupt):
+            # Each step's batch, over the run's one prompt stream: sampled here when the step
+            # takes it, or by a generator process ahead of the step (rollout.async).
+            self.rollouts = Rollouts(c, e, self.generator, inputs.rows)
+        except BaseException:
+            self.generator.close()
             raise
-        except Exception as err:
-            # One process alone cannot save a sharded checkpoint. Over several, a UserError
-            # (bad input, a failing reward) was agreed by all (world.checked): they save
-            # together; any other error may be one process's, and the periodic checkpoints
-            # and signal stops (both collective) are what survives it.
-            agreed = world.world_size == 1 or isinstance(err, UserError)
-            full = no_space(err)  # a write failed for lack of space (a log's, a checkpoint's)
-            fix = "free space" if full is not None else "fix the cause"
-            iteration = max(completed - 1, 0) // steps_per_iteration  # that of the last completed step
-            saved = (
-                checkpoints.save_after_failure(completed, iteration, snapshot, last_metrics, fix=fix)
-                if agreed
-                else None
-            )
-            if full is not None:
-                raise UserError(f"{full} [{saved or kept(out, fix)}]") from err
-            if isinstance(err, UserError) and saved is not None:
-                raise UserError(f"{err} [{saved}]") from err
-            if saved is not None and world.is_main:
-                print(f"grpo: {saved}", file=sys.stderr)
-            raise
+        self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater)  # the stream's position with the weights
+        self.dashboards, self.sinks = dashboards, Sinks([])  # metrics.jsonl opens once the folder is the run's
+        self.held = models_held(e, c)
+        self.steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
+        self.unscored = 0  # steps in a row where no reward scored any completion
+        self.completed, self.last_metrics = 0, None  # steps done (saved or to be saved), and the last one's metrics
+        self.snapshot: dict | None = None  # the state as the running step began (`Checkpointer.snapshot`)
+
+    def train(self) -> TrainResult:
+        try:
+            self.generator.start(
+                self.engine.policy
+            )  # vLLM's engine built, a server admitted: before output_dir changes
+            start = self.begin()
+            self.steps(start)
+            return self.finish()
         finally:
-            rollouts.close()  # a generator's queue is discarded; a resume samples it again
-            bar.close()
-            sinks.close()
-    checkpoints.save_final(out / "final")
-    world.barrier()
-    metrics = read_metrics(metrics_path)
-    summary = run_summary(c, metrics, held, parameters_held(e, reward_models))
-    if world.is_main:
-        write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    return TrainResult(out, out / "final", metrics, held, summary)
+            self.generator.close()
+
+    def begin(self) -> int:
+        """The folder becomes the run's (config.yaml written), a resume's state is restored and
+        its logs rewound, metrics.jsonl opened, the generator given its first requests; the
+        first step to run."""
+        c, world = self.c, self.world
+        if world.world_size > 1:
+            seed_everything(c.seed + 1_000_003 * world.rank)  # each process samples its own stream
+        if world.is_main:
+            self.folder.start()  # the models are built: --overwrite's earlier run goes
+            write_atomic(self.out / "config.yaml", yaml.safe_dump(config_to_dict(c), sort_keys=False))
+        start = 0
+        if self.state is not None:
+            start = self.checkpoints.restore(self.state)
+            if world.is_main:  # what the stopped run logged after its checkpoint is redone
+                rewind_logs(self.out, start, self.state.get("metrics"))
+        self.completed = start
+        self.sinks = Sinks([JsonlSink(self.out / "metrics.jsonl"), self.dashboards] if world.is_main else [])
+        self.rollouts.start(self.engine, start)  # from the weights and the stream's position just restored
+        return start
+
+    def steps(self, start: int) -> None:
+        """Steps `start` to train.steps. On a terminal a progress bar; redirected to a file or a
+        cluster's log, one plain line every train.log_every steps (a bar there is one
+        ever-growing line)."""
+        c = self.c
+        enabled = self.progress and self.world.is_main
+        bar = Progress(c.train.steps, initial=start, desc=c.algorithm, every=c.train.log_every, enabled=enabled)
+        with Signals() as signals:
+            try:
+                for step in range(start, c.train.steps):
+                    metrics = self.step(step)
+                    bar.update(1, **_progress_fields(metrics))
+                    self.after(metrics, signals)
+            except (Stopped, KeyboardInterrupt):
+                raise
+            except Exception as err:
+                self.failed(err)
+                raise
+            finally:
+                self.rollouts.close()  # a generator's queue is discarded; a resume samples it again
+                bar.close()
+                self.sinks.close()
+
+    def step(self, step: int) -> dict:
+        """Step `step` (0-based): between iterations, the reward model's update and the
+        reference's reset; the batch taken, scored and learnt from; its metrics logged."""
+        e, iteration = self.engine, step // self.steps_per_iteration
+        # What a checkpoint of the steps completed so far needs, should this step fail before
+        # it changes any weight.
+        self.snapshot = self.checkpoints.snapshot()
+        if step > 0 and step % self.steps_per_iteration == 0:
+            self.next_iteration(step, iteration)
+        began = time.perf_counter()
+        sampled, taken = self.rollouts.take(e, step)  # this process's share of the step's prompts
+        result = train_step(e, sampled, step, taken["time/generate"])
+        result.metrics.update(taken)
+        result.metrics.update(self.rollouts.after_update(e))  # the new weights to the generator, when due
+        if self.rollouts.asynchronous:
+            result.metrics["time/step"] = time.perf_counter() - began
+        number = self.completed = step + 1
+        self.snapshot = None
+        metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": self.held}
+        self.last_metrics = metrics
+        self.sinks.log(number, metrics)
+        if self.world.is_main and self.c.train.sample_every and number % self.c.train.sample_every == 0:
+            write_samples(self.out / "samples.jsonl", number, result, self.c.data.prompt_column)
+        return metrics
+
+    def next_iteration(self, step: int, iteration: int) -> None:
+        """Algorithm 1, between iterations: the reward model learns from the policy's new
+        samples (iterative RL), then the reference becomes the policy."""
+        e = self.engine
+        update = self.updater.update(e.policy, e.version, self.rollouts.generator)
+        if update is not None:
+            self.snapshot["updates"] = None  # the reward model moved: this step cannot be undone
+            if self.world.is_main:  # every process's replica is the same
+                record_update(self.out, step + 1, iteration, update, self.updater, self.c.reward_model_update.save)
+        e.reference.reset_to(e.policy)
+
+    def after(self, metrics: dict, signals: Signals) -> None:
+        """After a step: the warning for a step no reward scored, and the checkpoint when due,
+        on a stop (Ctrl-C, SIGTERM) or when train.max_unscored_steps gives up. Saving and
+        stopping are collective: every process does both at the same step."""
+        c, number = self.c, metrics["step"]
+        self.unscored = self.unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
+        give_up = bool(c.train.max_unscored_steps) and self.unscored >= c.train.max_unscored_steps
+        if self.unscored and self.world.is_main:
+            print(
+                f"grpo: warning: step {number}: no reward scored any completion (every reward returned None)",
+                file=sys.stderr,
+            )
+        due = self.checkpoints.due(number)
+        stop, due = self.world.max(torch.tensor([signals.received or 0, int(due)])).tolist()
+        if due or stop or give_up:
+            self.checkpoints.save(number, (number - 1) // self.steps_per_iteration, metrics=metrics)
+        if stop:
+            raise Stopped(
+                f"stopped by {Signals.name(stop)} after step {number}; "
+                f"checkpoint saved: continue with `grpo train CONFIG --resume`",
+                128 + stop,
+            )
+        if give_up:
+            raise UserError(
+                f"no reward scored any completion in {self.unscored} steps in a row "
+                f"(steps {number - self.unscored + 1}-{number}): "
+                "check the reward functions and the data's columns (train.max_unscored_steps sets the limit)"
+            )
+
+    def failed(self, err: Exception) -> None:
+        """After an error in a step: a checkpoint of the last completed step where it can be
+        saved, and the error told with what to do (raises a UserError, or returns for the
+        caller to raise `err`). One process alone cannot save a sharded checkpoint. Over
+        several, a UserError (bad input, a failing reward) was agreed by all (world.checked):
+        they save together; any other error may be one process's, and the periodic
+        checkpoints and signal stops (both collective) are what survives it."""
+        agreed = self.world.world_size == 1 or isinstance(err, UserError)
+        full = no_space(err)  # a write failed for lack of space (a log's, a checkpoint's)
+        fix = "free space" if full is not None else "fix the cause"
+        iteration = max(self.completed - 1, 0) // self.steps_per_iteration  # that of the last completed step
+        saved = None
+        if agreed:
+            saved = self.checkpoints.save_after_failure(
+                self.completed, iteration, self.snapshot, self.last_metrics, fix=fix
+            )
+        if full is not None:
+            raise UserError(f"{full} [{saved or kept(self.out, fix)}]") from err
+        if isinstance(err, UserError) and saved is not None:
+            raise UserError(f"{err} [{saved}]") from err
+        if saved is not None and self.world.is_main:
+            print(f"grpo: {saved}", file=sys.stderr)
+
+    def finish(self) -> TrainResult:
+        """The final model, and summary.json: what the run cost and what it reached."""
+        out = self.out
+        self.checkpoints.save_final(out / "final")
+        self.world.barrier()
+        metrics = read_metrics(out / "metrics.jsonl")
+        summary = run_summary(self.c, metrics, self.held, parameters_held(self.engine, self.reward_models))
+        if self.world.is_main:
+            write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return TrainResult(out, out / "final", metrics, self.held, summary)
