@@ -8,7 +8,7 @@ for iteration in 1..I:              reference <- policy
 Everything is validated before any model is loaded and before output_dir is touched
 (`check_inputs`): the config, the reward functions, tools and environment, the data, the
 models' configs. Then a `Run` is built once from the config: the processes, the output
-folder, the engine (`grpo.train.engine`), the generator and the rollouts over the run's one
+folder, the engine (`grpo.train.assembly`), the generator and the rollouts over the run's one
 prompt stream (`grpo.train.rollouts`), the checkpointer and the sinks; its methods are the
 loop. A run writes config.yaml, metrics.jsonl, samples.jsonl, checkpoints/ and final/ into
 `output_dir`, and `resume=True` continues from the newest checkpoint so that the metrics are
@@ -54,7 +54,7 @@ from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
 from grpo.train.signals import Signals
-from grpo.train.engine import build_engine, build_run_generator, load_reward_models, models_held, parameters_held
+from grpo.train.assembly import build_engine, build_run_generator, load_reward_models, models_held, parameters_held
 from grpo.train.step import train_step
 from grpo.train.rollouts import Rollouts
 from grpo.train.rollouts import summary as async_summary

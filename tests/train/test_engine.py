@@ -249,16 +249,16 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
 def test_checkpointing_is_on_by_default_and_a_model_without_support_trains_without(make_config, monkeypatch, capsys):
     e, c, _ = engine_for(make_config())
     assert c.train.gradient_checkpointing and e.policy.is_gradient_checkpointing  # TRL's default
-    import grpo.train.engine as engine
+    import grpo.train.assembly as assembly
 
-    load = engine.load_causal_lm
+    load = assembly.load_causal_lm
 
     def unsupported(*args, **kwargs):
         model = load(*args, **kwargs)
         model.supports_gradient_checkpointing = False
         return model
 
-    monkeypatch.setattr(engine, "load_causal_lm", unsupported)
+    monkeypatch.setattr(assembly, "load_causal_lm", unsupported)
     e, c, stream = engine_for(make_config())
     assert not e.policy.is_gradient_checkpointing and not e.decisions.checkpointing
     assert c.train.gradient_checkpointing  # the config keeps what was asked
@@ -292,13 +292,13 @@ def test_the_fast_loops_room_is_the_gradients_the_update_holds(make_config, monk
     """What the run's samplers may spend on packed weights (`sampling_room`): the bytes of the
     policy's gradients where the update holds them all and the sampling runs between updates
     in this process; else nothing."""
-    import grpo.train.engine as engine
+    import grpo.train.assembly as assembly
 
     specs = []
-    monkeypatch.setattr(engine, "build_generator", lambda spec, *a, **k: specs.append(spec))
+    monkeypatch.setattr(assembly, "build_generator", lambda spec, *a, **k: specs.append(spec))
     c = config_from_dict(make_config(**settings))
     e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
-    engine.build_run_generator(c, e)
+    assembly.build_run_generator(c, e)
     gradients = sum(p.numel() * 4 for p in e.policy.parameters() if p.requires_grad)
     assert specs[0].spare_bytes == (gradients if held else 0)
     if held:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo
-import grpo.train.engine as engine
+import grpo.train.assembly as assembly
 from grpo.train.layouts import PACKED, decide_layouts, layout_of
 from grpo.train.networks import AdapterOff, FrozenCopy, NoReference
 from grpo.train.seams import KLInLoss
@@ -43,7 +43,7 @@ def test_with_beta_zero_the_engine_holds_no_reference(make_config, tiny_model):
     assert isinstance(e.reference, NoReference) and e.reference.networks == []
     assert not any(isinstance(v, FrozenCopy) for v in vars(e).values())
     policy = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model).parameters())
-    assert engine.parameters_held(e, {}) == policy  # the policy's weights, held once
+    assert assembly.parameters_held(e, {}) == policy  # the policy's weights, held once
 
 
 def test_a_beta_zero_run_equals_one_that_holds_a_reference_and_weighs_its_kl_by_zero(
@@ -58,8 +58,8 @@ def test_a_beta_zero_run_equals_one_that_holds_a_reference_and_weighs_its_kl_by_
     def held_reference(policy, *, beta, lora, dtype, full_state_dict=None, chunked_head=True, stored=None):
         return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored)
 
-    monkeypatch.setattr(engine, "build_reference", held_reference)
-    monkeypatch.setattr(engine, "build_kl", lambda c: KLInLoss(0.0, "k3"))
+    monkeypatch.setattr(assembly, "build_reference", held_reference)
+    monkeypatch.setattr(assembly, "build_kl", lambda c: KLInLoss(0.0, "k3"))
     held = grpo.train(make_config(output_dir=str(tmp_path / "held"), **settings), progress=False)
 
     assert all(m["kl"] is None for m in without.metrics)  # no reference: no KL to report
