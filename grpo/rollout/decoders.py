@@ -43,7 +43,7 @@ class DecoderSettings:
 
     rollout: object | None = None  # a grpo.config.RolloutConfig; None: every decoder's defaults
     seed: int | None = None  # the run's seed (None: none)
-    spare_bytes: int = 0  # memory sampling may hold beyond its own (grpo.train.loop.sampling_room)
+    spare_bytes: int = 0  # memory sampling may hold beyond its own (grpo.train.assembly.sampling_room)
 
 
 class Decoder(Protocol):

@@ -60,7 +60,7 @@ class GeneratorSpec:
     threads: int = 1  # a worker's torch threads
     folder: str = ""  # a worker's private folder (weights and batches travel as its files)
     # Memory the fast loop may spend on packed weights: the gradients the update holds and a
-    # sampling between updates does not (`grpo.train.loop.sampling_room`); 0 in a worker.
+    # sampling between updates does not (`grpo.train.assembly.sampling_room`); 0 in a worker.
     spare_bytes: int = 0
 
     @classmethod
