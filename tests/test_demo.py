@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo.demo.default import QUICK, DemoConfig, _over_seeds, demo
+from grpo.demo.default import QUICK, DemoConfig, demo
+from grpo.demo.summary import arm_entry
 from grpo.errors import UserError
 from grpo.demo.report import fig5_sentence, fig6_sentence, findings, write_report
 from grpo.eval.runner import mean_ci
@@ -42,7 +43,7 @@ def run(models, parameters, memory, tokens, pass_at, maj_at, prompts=1600):
 
 
 def arm(seeds: list[dict]) -> dict:
-    """An arm's entry as _over_seeds writes it, from per-seed entries (means and ranges)."""
+    """An arm's entry as arm_entry writes it, from per-seed entries (means and ranges)."""
     entry = dict(seeds[0])
     for metric in ("pass@k", "maj@k"):
         entry[metric] = {k: sum(s[metric][k] for s in seeds) / len(seeds) for k in seeds[0][metric]}
@@ -280,7 +281,7 @@ def test_over_seeds_means_ranges_and_intervals_over_problems():
             ],
         }
 
-    entry = _over_seeds(
+    entry = arm_entry(
         [(0, trained(100.0, [0.1, 0.3]), result([0.6, 0.4])), (1, trained(200.0, [0.3, 0.5]), result([0.4, 0.2]))], rows
     )
     assert entry["pass@k"]["1"] == pytest.approx(0.4) and entry["pass@k_range"]["1"] == pytest.approx([0.3, 0.5])

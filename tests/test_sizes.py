@@ -11,10 +11,9 @@ PACKAGE = Path(grpo.__file__).parent
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 120
 
-# "path" for a module, "path:qualified.name" for a function; paths relative to grpo/.
-ALLOWED = {
-    "demo/default.py:demo",
-}
+# "path" for a module, "path:qualified.name" for a function; paths relative to grpo/. Empty: every
+# offender has been split; an entry added here must come with the split that strikes it off.
+ALLOWED: set[str] = set()
 
 
 def oversized(root, max_module=MAX_MODULE_LINES, max_function=MAX_FUNCTION_LINES):

@@ -32,6 +32,7 @@ from grpo.errors import UserError
 from grpo.infra.child import run_starter, train_in_child
 from grpo.infra.contain import run_workers
 from grpo.infra.host import describe_host
+from grpo.demo.summary import arm_entry, by_digits, model_entry
 from grpo.demo.findings import ARM_LABELS, ARM_NAMES, OUTCOME, PROCESS, findings, rm_arm, rm_arms, rm_label
 from grpo.tasks import arithmetic, load_task
 
@@ -379,21 +380,8 @@ def fresh_output(output: str | Path, overwrite: bool, command: str) -> Path:
     return out
 
 
-@run_workers()  # any worker it starts here stops with it (each training run, in a process of its own, stops its own)
-def demo(
-    output: str | Path = "runs/demo",
-    config: DemoConfig | None = None,
-    *,
-    progress: bool = True,
-    overwrite: bool = False,
-) -> dict:
-    """Run the whole demo; return what summary.json holds. `overwrite` replaces an earlier
-    demo's output (a directory holding its data/ and base/), never anything else."""
-    from grpo.eval.plots import plot_curves, plot_rewards
-    from grpo.eval.runner import task_verifier
-    from grpo.train.sft import SFTConfig, sft
-
-    c = config or DemoConfig()
+def _check(c: DemoConfig) -> None:
+    """The demo's own settings that cannot run, in one line each, before anything is written."""
     if c.seeds < 1 or c.full_seeds < 1:
         raise UserError(f"demo: seeds and full_seeds must be at least 1, got {c.seeds} and {c.full_seeds}")
     if c.full and (
@@ -404,118 +392,231 @@ def demo(
         raise UserError(
             f"demo: rm_iterations must be distinct counts between 1 and steps ({c.steps}), got {c.rm_iterations}"
         )
-    out = fresh_output(output, overwrite, "demo")
-    started = time.perf_counter()
-    say = print if progress else (lambda *a, **k: None)
-    stages = 5 + (1 if c.neural_rm or c.full else 0)
 
+
+@dataclass
+class _DemoRun:
+    """One demo as its stages see it: the settings and the output folder, and what each stage
+    leaves for the next (the problems, the base, the runs to train, what they measured)."""
+
+    c: DemoConfig
+    out: Path
+    say: Callable[..., None]
+    progress: bool
+    stages: int  # the progress lines' count: [i/stages]
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    verifier: Verifier | None = None
+    eval_rows: list[dict] = dataclasses.field(default_factory=list)
+    train_data: str = ""
+    base: str = ""
+    base_info: dict = dataclasses.field(default_factory=dict)
+    base_results: dict = dataclasses.field(default_factory=dict)
+    main_arms: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    jobs: list[Job] = dataclasses.field(default_factory=list)
+    skipped_rm: str | None = None
+    rm_info: dict | str | None = None
+    # The arms beside the main ones, each over its own seeds: name -> (label, config of a seed's run).
+    extra: dict[str, tuple[str, Callable[[Path, int], dict]]] = dataclasses.field(default_factory=dict)
+    iterations: dict[str, int] = dataclasses.field(default_factory=dict)  # a reward-model arm -> its iterations
+    extra_seeds: list[int] = dataclasses.field(default_factory=list)
+    runs: dict[str, dict] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    evaluated: dict[str, dict] = dataclasses.field(default_factory=dict)
+    summary: dict = dataclasses.field(default_factory=dict)
+
+
+def _write_data(d: _DemoRun) -> None:
+    """The task's verifier, and the problems under data/: the evaluation's and the RL prompt pool."""
+    from grpo.eval.runner import task_verifier
+
+    c = d.c
     task = load_task(TASK)
-    verifier = task_verifier(task)
-    eval_rows = arithmetic.make_rows(c.eval_prompts, seed=c.seed + 1000, digits=c.digits)
+    d.verifier = task_verifier(task)
+    d.eval_rows = arithmetic.make_rows(c.eval_prompts, seed=c.seed + 1000, digits=c.digits)
     train_rows = arithmetic.make_rows(c.train_prompts, seed=c.seed + 2000, digits=c.digits)
-    data = out / "data"
+    data = d.out / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
-    (data / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
+    (data / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in d.eval_rows))
+    d.train_data = str(data / "train.jsonl")
 
-    lengths = " and ".join(f"{d}-digit" for d in c.digits)
-    say(f"[1/{stages}] SFT warm-up of a tiny Llama on {lengths} addition (the base model)")
-    base_info = sft(out / "base", SFTConfig(seed=c.seed, steps=c.sft_steps, digits=list(c.digits)), progress=progress)
-    base = str(out / "base")
 
-    say(f"[2/{stages}] Evaluating the base model: {c.n} samples x {c.eval_prompts} problems")
-    results = {"base": _evaluate(base, eval_rows, verifier, c, progress)}
+def _warm_up(d: _DemoRun) -> None:
+    """The base model: a tiny Llama warmed up on addition by SFT."""
+    from grpo.train.sft import SFTConfig, sft
 
-    train_data, rule = str(data / "train.jsonl"), [{"function": "arithmetic_correct", "weight": 1.0}]
-    jobs = []
-    main_arms = _arm_seeds(c)
-    for arm, seeds in main_arms.items():
+    c = d.c
+    lengths = " and ".join(f"{digits}-digit" for digits in c.digits)
+    d.say(f"[1/{d.stages}] SFT warm-up of a tiny Llama on {lengths} addition (the base model)")
+    d.base_info = sft(
+        d.out / "base", SFTConfig(seed=c.seed, steps=c.sft_steps, digits=list(c.digits)), progress=d.progress
+    )
+    d.base = str(d.out / "base")
+
+
+def _evaluate_base(d: _DemoRun) -> None:
+    """pass@k and maj@k of the base, the point every arm starts from."""
+    d.say(f"[2/{d.stages}] Evaluating the base model: {d.c.n} samples x {d.c.eval_prompts} problems")
+    d.base_results = _evaluate(d.base, d.eval_rows, d.verifier, d.c, d.progress)
+
+
+def _plan_main_arms(d: _DemoRun) -> None:
+    """A run per seed of each main arm: GRPO and PPO on the rule's reward."""
+    c, rule = d.c, [{"function": "arithmetic_correct", "weight": 1.0}]
+    d.main_arms = _arm_seeds(c)
+    for arm, seeds in d.main_arms.items():
         label = ARMS[arm]
         for seed in seeds:
-            config = _train_config(c, out / arm / f"seed-{seed}", base, train_data, arm, rule, seed)
-            jobs.append(Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
-    skipped_rm, rm_info = None if c.neural_rm or c.full else "not asked (--neural-rm or --full)", None
-    if skipped_rm is None:  # full needs it: iterative RL's arms run on it
-        say(f"[3/{stages}] A neural reward model from the base's own samples (for GRPO driven by it alone)")
-        rm_info = _train_reward_model(c, out, base, verifier, progress)
-        if isinstance(rm_info, str):
-            skipped_rm = rm_info
-            say(f"      skipped: {rm_info}")
-    # The arms beside the main ones, each over its own seeds: name -> (label, config of a seed's run).
-    extra: dict[str, tuple[str, Callable[[Path, int], dict]]] = {}
+            config = _train_config(c, d.out / arm / f"seed-{seed}", d.base, d.train_data, arm, rule, seed)
+            d.jobs.append(Job(f"{arm}/seed-{seed}", f"{label}, seed {seed}", config))
+
+
+def _reward_model(d: _DemoRun) -> None:
+    """With --neural-rm or --full, a reward model from the base's own samples (or why none)."""
+    c = d.c
+    d.skipped_rm = None if c.neural_rm or c.full else "not asked (--neural-rm or --full)"
+    if d.skipped_rm is None:  # full needs it: iterative RL's arms run on it
+        d.say(f"[3/{d.stages}] A neural reward model from the base's own samples (for GRPO driven by it alone)")
+        d.rm_info = _train_reward_model(c, d.out, d.base, d.verifier, d.progress)
+        if isinstance(d.rm_info, str):
+            d.skipped_rm = d.rm_info
+            d.say(f"      skipped: {d.rm_info}")
+
+
+def _plan_extra_arms(d: _DemoRun) -> None:
+    """A run per seed of the arms beside the main ones: process supervision (--full) and GRPO
+    on the reward model (one arm per iteration count with --full), when it was trained."""
+    c, out, base, train_data = d.c, d.out, d.base, d.train_data
     if c.full:
-        extra[PROCESS] = (ARM_LABELS[PROCESS], lambda d, seed: _process_config(c, d, base, train_data, seed))
-    iterations = {rm_arm(i): i for i in (c.rm_iterations if c.full else [1])} if isinstance(rm_info, dict) else {}
-    for name, i in iterations.items():
-        extra[name] = (rm_label(i), lambda d, seed, i=i: _rm_config(c, d, base, train_data, out, seed, i))
-    extra_seeds = _seeds(c.seed, min(c.full_seeds, c.seeds) if c.full else 1)
-    for name, (label, make) in extra.items():
-        for seed in extra_seeds:
-            jobs.append(Job(f"{name}/seed-{seed}", f"{label}, seed {seed}", make(out / name / f"seed-{seed}", seed)))
+        d.extra[PROCESS] = (
+            ARM_LABELS[PROCESS],
+            lambda folder, seed: _process_config(c, folder, base, train_data, seed),
+        )
+    if isinstance(d.rm_info, dict):
+        d.iterations = {rm_arm(i): i for i in (c.rm_iterations if c.full else [1])}
+    for name, i in d.iterations.items():
+        d.extra[name] = (
+            rm_label(i),
+            lambda folder, seed, i=i: _rm_config(c, folder, base, train_data, out, seed, i),
+        )
+    d.extra_seeds = _seeds(c.seed, min(c.full_seeds, c.seeds) if c.full else 1)
+    for name, (label, make) in d.extra.items():
+        for seed in d.extra_seeds:
+            d.jobs.append(Job(f"{name}/seed-{seed}", f"{label}, seed {seed}", make(out / name / f"seed-{seed}", seed)))
+
+
+def _train_runs(d: _DemoRun) -> None:
+    """Every run, in processes of their own; a failed run of a main arm stops the demo, one of
+    an extra arm leaves that arm out (the report says why)."""
+    c = d.c
     # Longest first, so that runs side by side finish together: PPO with equal tokens (its
     # critic and its G times the prompts), the reward model's arms (its scoring, and the
     # updates of iterative RL), GRPO, process supervision, PPO with equal prompts.
     order = ("ppo_equal_tokens/", "grpo-rm", "grpo/", "grpo-", "ppo/")
-    jobs.sort(key=lambda job: next(i for i, prefix in enumerate(order) if job.name.startswith(prefix)))
+    d.jobs.sort(key=lambda job: next(i for i, prefix in enumerate(order) if job.name.startswith(prefix)))
     at_once = f"{c.parallel} at a time, one thread each" if c.parallel > 1 else "one at a time"
-    say(
-        f"[{stages - 2}/{stages}] Training {len(jobs)} runs ({at_once}), {c.steps} steps each: "
+    d.say(
+        f"[{d.stages - 2}/{d.stages}] Training {len(d.jobs)} runs ({at_once}), {c.steps} steps each: "
         + "; ".join(
             f"{ARMS[arm]} {len(seeds)} seed(s) x {_prompts_per_step(c, arm)} prompts"
-            for arm, seeds in main_arms.items()
+            for arm, seeds in d.main_arms.items()
         )
-        + "".join(f"; {label} {len(extra_seeds)} seed(s)" for label, _ in extra.values())
+        + "".join(f"; {label} {len(d.extra_seeds)} seed(s)" for label, _ in d.extra.values())
     )
-    runs, failed = train_all(jobs, out, c.parallel, say)
-    lost = [name for name in failed if name.split("/")[0] in ARMS]  # the main comparison cannot be made without it
+    d.runs, d.failed = train_all(d.jobs, d.out, c.parallel, d.say)
+    lost = [name for name in d.failed if name.split("/")[0] in ARMS]  # the main comparison cannot be made without it
     if lost:
         raise UserError(
-            f"demo: {len(lost)} run(s) failed, first {lost[0]}: {failed[lost[0]]} (the other runs are in {out})"
+            f"demo: {len(lost)} run(s) failed, first {lost[0]}: {d.failed[lost[0]]} (the other runs are in {d.out})"
         )
     # An extra arm with a failed seed is left out whole (the report says why): its seeds are the others'.
-    extra = {name: entry for name, entry in extra.items() if not any(f.startswith(f"{name}/") for f in failed)}
+    d.extra = {name: entry for name, entry in d.extra.items() if not any(f.startswith(f"{name}/") for f in d.failed)}
 
-    say(f"[{stages - 1}/{stages}] Evaluating the {len(runs)} trained models")
-    evaluated = {name: _evaluate(str(out / name / "final"), eval_rows, verifier, c, progress) for name in runs}
-    for name, run in runs.items():
-        updates = out / name / "reward_model_updates.jsonl"
+
+def _evaluate_runs(d: _DemoRun) -> None:
+    """Every trained model on the evaluation's problems; the reward model's updates of each run."""
+    d.say(f"[{d.stages - 1}/{d.stages}] Evaluating the {len(d.runs)} trained models")
+    d.evaluated = {
+        name: _evaluate(str(d.out / name / "final"), d.eval_rows, d.verifier, d.c, d.progress) for name in d.runs
+    }
+    for name, run in d.runs.items():
+        updates = d.out / name / "reward_model_updates.jsonl"
         if updates.exists():
             run["rm_updates"] = [json.loads(line) for line in updates.read_text().splitlines()]
 
+
+def _report(d: _DemoRun) -> None:
+    """summary.json (each arm over its seeds, the findings), the plots and report.md."""
+    from grpo.demo.report import write_report
+    from grpo.eval.plots import plot_curves, plot_rewards
+
+    c, out, runs, evaluated = d.c, d.out, d.runs, d.evaluated
+
     def over(arm: str, seeds: list[int]) -> dict:
-        return _over_seeds(
-            [(seed, runs[f"{arm}/seed-{seed}"], evaluated[f"{arm}/seed-{seed}"]) for seed in seeds], eval_rows
+        return arm_entry(
+            [(seed, runs[f"{arm}/seed-{seed}"], evaluated[f"{arm}/seed-{seed}"]) for seed in seeds], d.eval_rows
         )
 
-    say(f"[{stages}/{stages}] Writing the report")
-    summary = {
+    d.say(f"[{d.stages}/{d.stages}] Writing the report")
+    summary = d.summary = {
         "config": asdict(c),
         "host": describe_host(),  # hosts differ in speed and in float results: say which this was
-        "sft": base_info,
+        "sft": d.base_info,
         "time_s": None,
-        "neural_rm_skipped": skipped_rm,
-        "reward_model": rm_info if isinstance(rm_info, dict) else None,
-        "failed": failed,
-        "base": _public(results["base"], None),
+        "neural_rm_skipped": d.skipped_rm,
+        "reward_model": d.rm_info if isinstance(d.rm_info, dict) else None,
+        "failed": d.failed,
+        "base": model_entry(d.base_results, None),
     }
-    summary["base"]["by_digits"] = _by_digits(results["base"], eval_rows)
-    for arm, seeds in main_arms.items():
+    summary["base"]["by_digits"] = by_digits(d.base_results, d.eval_rows)
+    for arm, seeds in d.main_arms.items():
         summary[arm] = over(arm, seeds)
     if c.full:  # outcome supervision: the GRPO arm's own runs of the extra arms' seeds
-        summary[OUTCOME] = over("grpo", extra_seeds)
-    for name in extra:
-        summary[name] = over(name, extra_seeds)
-        if name in iterations:
-            summary[name]["iterations"] = iterations[name]
+        summary[OUTCOME] = over("grpo", d.extra_seeds)
+    for name in d.extra:
+        summary[name] = over(name, d.extra_seeds)
+        if name in d.iterations:
+            summary[name]["iterations"] = d.iterations[name]
     summary["findings"] = findings(summary)
     _plots(out, summary, plot_curves, plot_rewards)
-    summary["time_s"] = time.perf_counter() - started
+    summary["time_s"] = time.perf_counter() - d.started
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from grpo.demo.report import write_report
-
     write_report(out / "report.md", summary)
-    say(f"Done in {summary['time_s'] / 60:.1f} min: {out / 'report.md'}")
-    return summary
+    d.say(f"Done in {summary['time_s'] / 60:.1f} min: {out / 'report.md'}")
+
+
+# The demo, stage by stage; each reads what the ones before it left in the _DemoRun.
+STAGES = (
+    _write_data,
+    _warm_up,
+    _evaluate_base,
+    _plan_main_arms,
+    _reward_model,
+    _plan_extra_arms,
+    _train_runs,
+    _evaluate_runs,
+    _report,
+)
+
+
+@run_workers()  # any worker it starts here stops with it (each training run, in a process of its own, stops its own)
+def demo(
+    output: str | Path = "runs/demo",
+    config: DemoConfig | None = None,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """Run the whole demo, its `STAGES` in turn; return what summary.json holds. `overwrite`
+    replaces an earlier demo's output (a directory holding its data/ and base/), never anything else."""
+    c = config or DemoConfig()
+    _check(c)
+    out = fresh_output(output, overwrite, "demo")
+    say = print if progress else (lambda *a, **k: None)
+    d = _DemoRun(c, out, say, progress, stages=5 + (1 if c.neural_rm or c.full else 0))
+    for stage in STAGES:
+        stage(d)
+    return d.summary
 
 
 def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
@@ -554,82 +655,3 @@ def _plots(out: Path, s: dict, plot_curves, plot_rewards) -> None:
             out / "iterative.png",
             ylabel="true accuracy of the samples, mean over seeds",
         )
-
-
-def _true_accuracy(run: dict) -> list[float]:
-    key = "reward/arithmetic_correct" if "reward/arithmetic_correct" in run["metrics"][0] else "reward/mean"
-    return [m[key] for m in run["metrics"]]
-
-
-def _public(result: dict, run: dict | None) -> dict:
-    """One model's entry in summary.json: its curves, and for trained ones what it cost."""
-    entry = {
-        "pass@k": result["pass@k"],
-        "maj@k": result["maj@k"],
-        "pass@k_ci": result["pass@k_ci"],
-        "maj@k_ci": result["maj@k_ci"],
-        "no_answer": result["no_answer"],
-    }
-    if run is not None:
-        entry.update(
-            {
-                key: run[key]
-                for key in (
-                    "models",
-                    "parameters",
-                    "peak_memory_mb",
-                    "time_s",
-                    "generated_tokens",
-                    "steps",
-                    "prompts",
-                    "time_per_step_s",
-                )
-            }
-        )
-        entry["reward"] = [m["reward/mean"] for m in run["metrics"]]
-        entry["true_accuracy"] = _true_accuracy(run)
-        entry["completion_length"] = [m["completion_length/mean"] for m in run["metrics"]]
-        scored = [k for k in run["metrics"][0] if k.startswith("reward/model:")]
-        if scored:  # a reward model's mean score per step (beside the true accuracy: hacking shows)
-            entry["rm_score"] = [m[scored[0]] for m in run["metrics"]]
-        if "rm_updates" in run:  # iterative RL: each update of the reward model
-            entry["rm_updates"] = run["rm_updates"]
-    return entry
-
-
-def _by_digits(result: dict, rows: list[dict]) -> dict:
-    """pass@k and maj@k per operand length, from the per-problem values."""
-    groups: dict[int, list[dict]] = {}
-    for row, prompt in zip(rows, result["per_prompt"]):
-        groups.setdefault(row["digits"], []).append(prompt)
-    return {
-        str(d): {
-            metric: {k: sum(p[metric][k] for p in ps) / len(ps) for k in ps[0][metric]}
-            for metric in ("pass@k", "maj@k")
-        }
-        for d, ps in sorted(groups.items())
-    }
-
-
-def _over_seeds(done: list[tuple[int, dict, dict]], rows: list[dict]) -> dict:
-    """An arm's entry: each number the mean over seeds; the intervals over problems, of each
-    problem's value averaged over seeds; the spread (lowest and highest seed) beside it; and
-    every seed's own numbers under per_seed."""
-    from grpo.eval.metrics import over_seeds
-
-    per_seed = [
-        {"seed": seed, **_public(result, run), "by_digits": _by_digits(result, rows)} for seed, run, result in done
-    ]
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
-    entry = over_seeds([result for _, _, result in done])
-    averaged = {"per_prompt": entry.pop("per_prompt")}  # each problem's values averaged over seeds
-    for key in ("no_answer", "peak_memory_mb", "time_s", "generated_tokens", "time_per_step_s"):
-        entry[key] = mean([s[key] for s in per_seed])
-    for key in ("models", "parameters", "steps", "prompts"):
-        entry[key] = per_seed[0][key]
-    for key in ("reward", "true_accuracy", "completion_length", "rm_score"):
-        if key in per_seed[0]:
-            entry[key] = [mean(values) for values in zip(*(s[key] for s in per_seed))]
-    entry["by_digits"] = _by_digits(averaged, rows)
-    entry["per_seed"] = per_seed
-    return entry
