@@ -17,6 +17,7 @@ from grpo.errors import UserError
 from grpo.eval.command import no_answer_warning
 from grpo.infra.child import train_in_child
 from grpo.tasks import Task, load_task
+from grpo.train.preflight import check_sampler
 
 # What the second run takes from the first: the same data and budget.
 ALIGNED = [
@@ -169,7 +170,7 @@ def compare(
     runs, warnings = [], []
     for name, (label, config) in zip(names, (("a", a), ("b", b))):
         config["output_dir"] = str(out / label)
-        config_from_dict(config)  # validated as it will run
+        check_sampler(config_from_dict(config))  # validated as it will run
         run = train_in_child(config, out / f"{label}.yaml", progress=progress)
         run.update(_evaluate(out / label / "final", verifier, eval_rows, n, config["seed"], progress))
         warning = no_answer_warning("compare", run.get("no_answer") or 0.0, f"{name}: ")

@@ -4,7 +4,8 @@ that cannot run (a plain range check, "must be >= 1", is not one), worded once, 
 A row names the refusal, the config key its one-line message starts with, what is refused,
 the reason (str.format fields filled in by the check) and the limit behind it: an engine's,
 the math's, or this design's (not built yet). The config check (`grpo.config.checks`), the
-launch check (`grpo.infra.distributed.check_launch`) and the decoders raise a row by name;
+checks that need an engine's facts (`grpo.train.preflight`: the sampler's, the launch's) and
+the decoders raise a row by name;
 docs/refusals.md lists the rows and their limits (tests/test_refusals.py keeps the two
 alike). A row that goes goes with the one `if` that raises it.
 

@@ -2,7 +2,8 @@
 keyword argument is swallowed silently, and rewards and evaluation know no task; and (issues 22,
 37) the import graph of grpo/ has no cycle, counting the imports inside functions: a lazy import
 defers loading a heavy third-party module (torch, transformers, vLLM), it does not make a cycle
-among our own modules acceptable; and (issue 57) no two modules share a file name."""
+among our own modules acceptable; and (issue 57) the floors stand in order: the config package
+imports only errors, refusals and infra, and no two modules share a file name."""
 
 import ast
 import re
@@ -249,6 +250,55 @@ def test_a_cycle_through_an_import_inside_a_function_fails_the_check(tmp_path):
     assert import_cycle(root) == ["pkg.a", "pkg.b", "pkg.a"]
     (root / "b.py").write_text("def g():\n    return None\n")  # the lazy import gone: no cycle
     assert import_cycle(root) is None
+
+
+# ---- the floors: the config stands on errors, refusals and infra alone --------------------------
+
+# What grpo/config/ may import (each a module, or a package with everything below it): the
+# schema is read by every floor above it, so it knows no decoder, engine or training code.
+CONFIG_MAY_IMPORT = ("grpo.config", "grpo.errors", "grpo.refusals", "grpo.infra")
+
+
+def _within(module, allowed):
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def imports_outside(graph, package, allowed):
+    """'a -> b' for each module `a` of `package` (the package and all below it) that needs a
+    module `b` of the graph outside `allowed` (lazy imports included, as `import_graph` counts)."""
+    return [
+        f"{module} -> {needed}"
+        for module, needs in sorted(graph.items())
+        if _within(module, [package])
+        for needed in needs
+        if not _within(needed, allowed)
+    ]
+
+
+def test_the_config_imports_only_errors_refusals_and_infra():
+    assert imports_outside(import_graph(PACKAGE), "grpo.config", CONFIG_MAY_IMPORT) == []
+
+
+def test_the_floor_check_sees_an_import_from_above(tmp_path):
+    """A planted package: its config takes a name of the rollout package inside a function."""
+    root = write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/errors.py": "",
+            "pkg/config/__init__.py": "from pkg.config.a import f\n",
+            "pkg/config/a.py": "from pkg.errors import E\n\ndef f():\n    from pkg.rollout.x import g\n",
+            "pkg/rollout/__init__.py": "",
+            "pkg/rollout/x.py": "",
+        },
+    )
+    allowed = ("pkg.config", "pkg.errors")
+    assert imports_outside(import_graph(root), "pkg.config", allowed) == [
+        "pkg.config.a -> pkg.rollout",
+        "pkg.config.a -> pkg.rollout.x",
+    ]
+    (root / "config" / "a.py").write_text("from pkg.errors import E\n")
+    assert imports_outside(import_graph(root), "pkg.config", allowed) == []
 
 
 # ---- no two modules share a file name -------------------------------------------------------------

@@ -13,10 +13,10 @@ import torch
 import grpo
 from grpo.config import config_from_dict
 from grpo.errors import UserError
-from grpo.infra.distributed import check_launch
 from grpo.refusals import REFUSALS, refusal, refuse
 from grpo.rollout import decoders
 from grpo.rollout.worker import refuse_auto_generate
+from grpo.train.preflight import preflight
 
 ROOT = Path(__file__).parents[1]
 PACKAGE = Path(grpo.__file__).parent
@@ -112,7 +112,9 @@ def minimal(**sections) -> dict:
 
 
 def launch(world_size, **sections):
-    return lambda: check_launch(world_size, config_from_dict(minimal(**sections)), torch.device("cpu"))
+    """The checks a launch of `world_size` processes makes before any model loads (those that
+    need an engine's facts, then the launch's own)."""
+    return lambda: preflight(config_from_dict(minimal(**sections)), world_size, torch.device("cpu"))
 
 
 GPT2 = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))  # no Llama: fast cannot run it
@@ -135,10 +137,10 @@ TRIGGERS = {
     "process+critic": minimal(algorithm="ppo", loss={"supervision": "process"}),
     "multi-turn+process": minimal(rollout={"tools": TOOLS}, loss={"supervision": "process"}),
     "sampler-logprobs+hf": minimal(rollout={"sampler": "hf"}, train={"old_logprobs": "sampler"}),
-    "fast-only": minimal(rollout={"sampler": "hf", "draw": "fast"}),
-    "lora+sampler": minimal(rollout={"sampler": "fast"}, lora={"r": 4}),
+    "fast-only": launch(1, rollout={"sampler": "hf", "draw": "fast"}),
+    "lora+sampler": launch(1, rollout={"sampler": "fast"}, lora={"r": 4}),
     "sampler+model": sample_with("fast"),
-    "vllm+top_p+min_p": minimal(rollout={"sampler": "vllm", "top_p": 0.9, "min_p": 0.1}),
+    "vllm+top_p+min_p": launch(1, rollout={"sampler": "vllm", "top_p": 0.9, "min_p": 0.1}),
     "server+not-vllm": minimal(rollout={"vllm": {"server": "127.0.0.1:8000"}}),
     "transport-nccl": minimal(rollout={**SERVER, "vllm": {"server": "127.0.0.1:8000", "transport": "nccl"}}),
     "async+hf": minimal(rollout={**ASYNC, "sampler": "hf"}),

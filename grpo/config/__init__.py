@@ -7,7 +7,11 @@
   the algorithm presets;
 - `grpo.config.reading`: YAML or a mapping plus overrides -> `Config`, and back to plain data;
 - `grpo.config.checks`: `validate`, every impossible value and refused combination as one
-  line that names its key, before any model is loaded.
+  line that names its key, before any model is loaded (those that need an engine's facts:
+  `grpo.train.preflight`).
+
+The package imports nothing of grpo but `grpo.errors`, `grpo.refusals` and `grpo.infra`
+(tests/test_architecture.py): every floor above reads the schema.
 
 The names below are the package's: import them from `grpo.config`.
 """

@@ -1,5 +1,7 @@
 """Checking a config before anything is loaded: every impossible value, and every combination
-that cannot run, raised as `UserError` with one line that starts with its key.
+of its own that cannot run, raised as `UserError` with one line that starts with its key.
+What needs an engine's facts (a decoder's, vLLM's, the launch's) is `grpo.train.preflight`'s:
+the config imports no engine.
 
 A range check is a `_require` here; a refused combination or value is a row of
 `grpo.refusals`, raised by name from one `if` (`refuse`), so that lifting one is deleting
@@ -14,8 +16,6 @@ import re
 from grpo.config.schema import Config, TrainConfig
 from grpo.errors import UserError
 from grpo.refusals import refuse
-from grpo.rollout.decoders import fast_only_refusal, lora_refusal
-from grpo.vllm import unsupported
 
 
 REPORTERS = ("tensorboard", "wandb", "trackio")
@@ -95,7 +95,8 @@ def _check_rewards(c: Config) -> None:
 
 
 def _check_rollout(c: Config) -> None:
-    """rollout: the group, the turns, the sampling options, and what the chosen sampler can do."""
+    """rollout: the group, the turns and the sampling options (what the chosen sampler can do
+    with them: `grpo.train.preflight`)."""
     ro, lo = c.rollout, c.loss
     if lo.baseline == "group" and ro.group_size < 2:
         refuse("group+one-sample", group_size=ro.group_size)
@@ -131,11 +132,6 @@ def _check_rollout(c: Config) -> None:
         ro.generation_batch_size >= 0, f"rollout.generation_batch_size: must be >= 0, got {ro.generation_batch_size}"
     )
     _require(ro.max_prompt_length >= 0, f"rollout.max_prompt_length: must be >= 0, got {ro.max_prompt_length}")
-    refused = fast_only_refusal(ro, ro.sampler)  # auto: known once the model is (the Sampler says then)
-    _require(refused is None, refused)
-    if ro.sampler == "vllm":
-        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
-        _require(refused is None, refused)
 
 
 def _check_vllm(c: Config) -> None:
@@ -242,10 +238,8 @@ def _check_reward_model_update(c: Config) -> None:
 
 
 def _check_lora(c: Config) -> None:
-    """lora: its rank, and whether the sampler can sample an adapter."""
+    """lora: its rank (whether the sampler decodes an adapter: `grpo.train.preflight`)."""
     _require(c.lora.r >= 0, "lora.r: must be >= 0")
-    refused = lora_refusal(c.rollout.sampler)
-    _require(c.lora.r == 0 or refused is None, refused)
 
 
 def lookahead(c: Config) -> int:

@@ -283,23 +283,34 @@ def part(n: int, rank: int, world_size: int) -> slice:
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
 
-def check_launch(world_size: int, c, device: torch.device) -> str:
-    """The backend for this launch (train.backend; auto: NCCL on GPUs, gloo on CPUs); a
-    UserError for a launch that cannot work (a row of `grpo.refusals`). Runs before the
-    process group exists, from the config (a grpo.config.Config) and the environment alone,
-    so every process reaches the same verdict and none waits for another."""
-    backend = c.train.backend
+def check_launch(
+    world_size: int,
+    device: torch.device,
+    *,
+    backend: str,
+    device_setting: str,
+    prompts_per_step: int,
+    optimizer: str,
+    optimizer_in_backward: bool,
+    server_and_async: bool,
+) -> str:
+    """The backend for this launch (`backend`, train.backend; auto: NCCL on GPUs, gloo on
+    CPUs); a UserError for a launch that cannot work (a row of `grpo.refusals`), from the
+    run's train.device (`device_setting`), prompts per step, optimizer (and whether it steps
+    in the backward), and whether a vLLM server samples ahead of the trainer. Runs before the
+    process group exists, from these values and the environment alone, so every process
+    reaches the same verdict and none waits for another (`grpo.train.preflight`)."""
     if backend == "nccl" and device.type != "cuda":
-        refuse("nccl+cpu", device=device.type, setting=c.train.device)
+        refuse("nccl+cpu", device=device.type, setting=device_setting)
     if world_size == 1:
         return backend
-    if c.rollout.prompts_per_step % world_size:
-        refuse("torchrun+uneven-prompts", prompts=c.rollout.prompts_per_step, world_size=world_size)
-    if c.train.optimizer == "adamw_8bit":
+    if prompts_per_step % world_size:
+        refuse("torchrun+uneven-prompts", prompts=prompts_per_step, world_size=world_size)
+    if optimizer == "adamw_8bit":
         refuse("adamw_8bit+torchrun", world_size=world_size)
-    if c.train.optimizer_in_backward:
+    if optimizer_in_backward:
         refuse("in-backward+torchrun", world_size=world_size)
-    if c.rollout.vllm.server and c.rollout.async_.max_staleness > 0:
+    if server_and_async:
         refuse("async+server+torchrun", world_size=world_size)
     return BACKENDS[device.type] if backend == "auto" else backend
 

@@ -1,7 +1,8 @@
 """Sampling G completions per prompt, and the batch type that carries them through a step.
 
-The names below are imported on first use, so that `grpo.config` can read the decoder
-registry's names (`grpo.rollout.decoders`) without loading torch."""
+The names below are imported on first use, so that the decoder registry
+(`grpo.rollout.decoders`) and the plain sampling options (`grpo.rollout.params`) are read
+without loading torch."""
 
 import importlib
 

@@ -14,9 +14,10 @@ first sample would, `extends` says whether `extend` continues rows from a kept c
 defaults build nothing and refuse to extend) and builds its own options from what a Sampler
 knows (`DecoderSettings`: the rollout config, the seed, spare memory; `options_of`).
 
-The registry holds import paths ('module:Class', `decoder_class`), so `grpo.config` reads
-the names without importing torch or vLLM, and config -> decoders -> a decoder's module
-runs one way. Refusals are rows of `grpo.refusals`.
+The registry holds import paths ('module:Class', `decoder_class`), so that the names are read
+without importing torch or vLLM, and decoders -> a decoder's module runs one way. The config
+writes the same names (`grpo.config.schema.SAMPLERS`, held equal by a test) and imports no
+decoder; `grpo.train.preflight` asks them what they refuse before any model loads. Refusals are rows of `grpo.refusals`.
 """
 
 from __future__ import annotations

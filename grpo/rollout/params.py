@@ -4,7 +4,7 @@ Every decoder (`grpo.rollout.decoders`) is handed the same object; the rollout c
 fields of the same names document each option (`grpo.config.RolloutConfig`). An option is
 added here and there, and mapped to `generate` in `decoders.generation_config`: nowhere else
 (except the fast loop's own, `FAST_ONLY`).
-Plain data, no torch: `grpo.config` reads this package without loading it.
+Plain data, no torch: the decoder registry and the run's preflight read it without loading torch.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from grpo.data import PromptStream, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
 from grpo.infra.contain import run_workers
-from grpo.infra.distributed import SingleProcess, World, check_launch, init_world, launched_world_size
+from grpo.infra.distributed import SingleProcess, World, init_world, launched_world_size
 from grpo.infra.logging import JsonlSink, Sinks, open_dashboards, read_metrics, write_atomic
 from grpo.infra.progress import Progress
 from grpo.infra.space import no_space
@@ -53,6 +53,7 @@ from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
+from grpo.train.preflight import preflight
 from grpo.train.signals import Signals
 from grpo.train.assembly import build_engine, build_run_generator, load_reward_models, models_held, parameters_held
 from grpo.train.step import train_step
@@ -217,7 +218,7 @@ def train(
         given["environment"] = environment_factory
     c = as_config(config, overrides, given)
     device = resolve_device(c.train.device)
-    backend = check_launch(launched_world_size(), c, device)
+    backend = preflight(c, launched_world_size(), device)  # refusals that need an engine's facts
     world = init_world(device, backend)
     try:
         return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite)

@@ -10,8 +10,8 @@
 - `grpo.vllm.server`: `grpo vllm-serve`, one engine in its own process behind a JSON API;
   `grpo.vllm.client`: the trainer's side, `RemoteEngine` (LocalEngine's methods over HTTP).
 
-Nothing here imports torch or vLLM until an engine is built: the decoder registry, which
-`grpo.config` reads, names this package.
+Nothing here imports torch or vLLM until an engine is built: the decoder registry and the
+run's preflight (`grpo.train.preflight`) read this package before any model loads.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from grpo.config import config_from_dict
 from grpo.errors import UserError
 from grpo.rollout import Sampler, fast
 from grpo.train.layouts import policy_logprobs
+from grpo.train.preflight import check_sampler
 from tests.helpers import assert_close_scaled
 from tests.rollout.test_fast import EOS, ROWS, TOKENIZER, model_of
 
@@ -178,11 +179,13 @@ def test_only_the_fast_loop_draws_this_way(tmp_path, tiny_model):
     config["rewards"] = [{"function": "tests.train.rewards_for_tests:sevens"}]
     for sampler_name in ("hf", "vllm"):
         with pytest.raises(UserError, match="rollout.draw: fast is the fast loop's draw"):
-            config_from_dict({**config, "rollout": {"draw": "fast", "sampler": sampler_name}})
+            check_sampler(config_from_dict({**config, "rollout": {"draw": "fast", "sampler": sampler_name}}))
     # generate's bits: generate draws them itself, vLLM cannot.
     with pytest.raises(UserError, match="rollout.draw: generate is the fast loop's draw; rollout.sampler: vllm"):
-        config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "vllm"}})
-    assert config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "hf"}}).rollout.draw == "generate"
+        check_sampler(config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "vllm"}}))
+    c = config_from_dict({**config, "rollout": {"draw": "generate", "sampler": "hf"}})
+    check_sampler(c)
+    assert c.rollout.draw == "generate"
     for sampler_name in ("hf", "vllm", "fast", "auto"):  # the default: each sampler's own
         assert config_from_dict({**config, "rollout": {"sampler": sampler_name}}).rollout.draw == "auto"
     with pytest.raises(UserError, match="rollout.draw"):

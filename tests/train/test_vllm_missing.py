@@ -9,6 +9,7 @@ import grpo
 import grpo.train.assembly
 from grpo.config import config_from_dict
 from grpo.errors import UserError
+from grpo.train.preflight import check_sampler
 
 
 @pytest.fixture
@@ -78,5 +79,5 @@ def test_auto_never_chooses_vllm_and_the_config_takes_its_section(make_config):
 )
 def test_what_the_engine_cannot_take_is_one_line_from_the_config(make_config, override, message):
     with pytest.raises(UserError, match=None) as err:
-        config_from_dict(make_config(rollout={"sampler": "vllm", "min_p": 0.1}), [override])
+        check_sampler(config_from_dict(make_config(rollout={"sampler": "vllm", "min_p": 0.1}), [override]))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)

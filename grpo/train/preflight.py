@@ -1,0 +1,51 @@
+"""The checks of a run that need what the engines can do, made once its config is read and
+before the process group or any model: what the decoder rollout.sampler names cannot sample
+(`grpo.rollout.decoders`: the fast loop's own options, a LoRA policy; `grpo.vllm`: its order
+of the sampling filters), then the launch (`grpo.infra.distributed.check_launch`).
+
+`grpo.config` checks every value and combination of the config's own and imports no engine
+(it stands below them); the checks that ask an engine are here, each a row of
+`grpo.refusals` raised as its one line."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grpo.config import Config
+from grpo.errors import UserError
+from grpo.infra.distributed import check_launch
+from grpo.rollout.decoders import fast_only_refusal, lora_refusal
+from grpo.vllm import unsupported
+
+if TYPE_CHECKING:
+    import torch
+
+
+def check_sampler(c: Config) -> None:
+    """What the decoder rollout.sampler names cannot do with `c` (auto's choice is known once
+    the model is: the Sampler says then), as one line."""
+    ro = c.rollout
+    refused = fast_only_refusal(ro, ro.sampler)
+    if refused is None and ro.sampler == "vllm":
+        refused = unsupported(ro)  # an option vLLM cannot sample as the other decoders do
+    if refused is None and c.lora.r > 0:
+        refused = lora_refusal(ro.sampler)
+    if refused is not None:
+        raise UserError(refused)
+
+
+def preflight(c: Config, world_size: int, device: torch.device) -> str:
+    """Every check of `c` that needs an engine's facts, then the launch's; returns the
+    process group's backend. Runs in every process from the config and the environment alone,
+    so that all reach the same verdict before any waits for another or loads a model."""
+    check_sampler(c)
+    return check_launch(
+        world_size,
+        device,
+        backend=c.train.backend,
+        device_setting=c.train.device,
+        prompts_per_step=c.rollout.prompts_per_step,
+        optimizer=c.train.optimizer,
+        optimizer_in_backward=c.train.optimizer_in_backward,
+        server_and_async=bool(c.rollout.vllm.server) and c.rollout.async_.max_staleness > 0,
+    )
