@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from grpo.config import opt
+from grpo.config.fields import opt
 from grpo.errors import UserError
 from grpo.infra.child import run_starter, train_in_child
 from grpo.infra.contain import run_workers

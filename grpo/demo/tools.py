@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grpo.config import opt
+from grpo.config.fields import opt
 from grpo.demo.default import Job, fresh_output, train_all
 from grpo.errors import UserError
 from grpo.infra.contain import run_workers

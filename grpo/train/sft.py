@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from grpo.config import REQUIRED, opt
+from grpo.config.fields import REQUIRED, opt
 from grpo.errors import UserError
 from grpo.infra.contain import run_workers
 from grpo.train.sft_data import (
