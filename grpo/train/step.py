@@ -32,8 +32,8 @@ from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
 from grpo.train.layouts import Layout, micro_batches, no_grad_pass, policy_logprobs, update_layout
 from grpo.train.networks import Reference
-from grpo.train.correction import METRICS as MISMATCH_METRICS
-from grpo.train.correction import Mismatch
+from grpo.train.engine_correction import METRICS as MISMATCH_METRICS
+from grpo.train.engine_correction import Mismatch
 from grpo.train.scoring import Scorer
 from grpo.train.optimizers import Optimizer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets
@@ -413,7 +413,7 @@ def _update(e: Engine, batch: Rollout, targets: Targets, passes: Passes, live: T
     all processes), so the processes' gradients sum to the whole batch's gradient. Every
     loss, count and statistic of the policy is over the loss mask's tokens (its actions).
     Where the rollout carries the sampler's log-probs, loss.engine_correction weighs each
-    token's policy-gradient term against the old policy (grpo.train.correction)."""
+    token's policy-gradient term against the old policy (grpo.train.engine_correction)."""
     n, world = len(batch), e.world
     mask = batch.loss_mask
     lo, tr = e.loss, e.train
