@@ -9,8 +9,8 @@ G=8 completions, up to 256 new tokens, temperature 1, from the same seed, with:
 1. `generate` (rollout.sampler: hf);
 2. our decoding loop with every row decoded to the end and the draw over every row as
    `generate` makes it (torch.multinomial over all 32 rows each step,
-   `fast.loop.SKIP_FINISHED_DRAWS` off): the loop before the levers below;
-3. + finished rows leave the LM head at once and the KV cache in batches (`fast.loop.COMPACT_AT`);
+   `fast.decoding.SKIP_FINISHED_DRAWS` off): the loop before the levers below;
+3. + finished rows leave the LM head at once and the KV cache in batches (`fast.decoding.COMPACT_AT`);
 4. + the finished rows' share of each step's draw is skipped, not drawn (`fast.draws._draw`): today;
 5. today's loop with `rollout.draw: fast` (one uniform per row looked up in the
    distribution's cumulative sum in place of multinomial's exponential per vocabulary entry,
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(built["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(built["model_dir"]).eval()
     rows = [json.loads(line) for line in Path(built["prompts"]).read_text().splitlines()[:4]]
-    today = fast.loop.COMPACT_AT, fast.loop.SKIP_FINISHED_DRAWS
-    variants = [  # name, backend, fast.loop.COMPACT_AT, fast.loop.SKIP_FINISHED_DRAWS, rollout.draw
+    today = fast.decoding.COMPACT_AT, fast.decoding.SKIP_FINISHED_DRAWS
+    variants = [  # name, backend, fast.decoding.COMPACT_AT, fast.decoding.SKIP_FINISHED_DRAWS, rollout.draw
         ("generate (rollout.sampler: hf)", "hf", *today, "generate"),
         ("our loop, every row to the end, draw over every row", "fast", None, False, "generate"),
         ("+ finished rows leave the head and the KV cache", "fast", today[0], False, "generate"),
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(args.repeats):
             for name, backend, compact_at, skip, draw in variants:
-                fast.loop.COMPACT_AT, fast.loop.SKIP_FINISHED_DRAWS = compact_at, skip
+                fast.decoding.COMPACT_AT, fast.decoding.SKIP_FINISHED_DRAWS = compact_at, skip
                 sampler = Sampler(
                     tokenizer, prompt_column="prompt", group_size=8, max_new_tokens=256, backend=backend, draw=draw
                 )
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 counts[name] = (int(lengths.sum()), float(lengths.mean()), int(lengths.max()))
                 print(f"{name}: {times[name][-1]:.2f} s", flush=True)
     finally:
-        fast.loop.COMPACT_AT, fast.loop.SKIP_FINISHED_DRAWS = today
+        fast.decoding.COMPACT_AT, fast.decoding.SKIP_FINISHED_DRAWS = today
     reference = tokens[variants[0][0]]
     same = all(torch.equal(tokens[name], reference) for name, *_, draw in variants if draw == "generate")
     total, mean, longest = counts[variants[0][0]]

@@ -7,7 +7,7 @@ output projections packed too, as a training run with room packs them) samples 2
 N random tokens x G rows, 128 new tokens each (no row stops early), with the rows' attention
 reading one copy of their prompt's cache (`_Cache.share`) and with a copy a row
 (`_Cache.repeat`), alternately, --repeats times each after a warm-up; whatever
-`fast.loop.SHARE_FROM` would choose. Prints the median seconds of each and the size of the
+`fast.decoding.SHARE_FROM` would choose. Prints the median seconds of each and the size of the
 copies a layer (what `SHARE_FROM` is compared with). Measure on an idle machine.
 """
 
@@ -33,7 +33,7 @@ def main() -> None:
 
     from benchmarks import smollm2
     from grpo.rollout import fast
-    from grpo.rollout.fast import loop
+    from grpo.rollout.fast import decoding
     from grpo.rollout.params import SamplingParams
 
     directory = smollm2.cached(args.cache_dir, log=lambda line: print(line, flush=True))
@@ -42,7 +42,7 @@ def main() -> None:
     p = SamplingParams.of(tokenizer, max_new_tokens=128, min_new_tokens=128, temperature=1.0)
     w = fast.fuse_weights(model, torch.float32, pack=True)
     fast.pack_single_matrices(w, 1 << 40)
-    share_from = loop.SHARE_FROM
+    share_from = decoding.SHARE_FROM
     print(f"torch threads {torch.get_num_threads()}; SHARE_FROM {share_from / 2**20:.1f} MiB a layer")
     for shape in args.shapes.split(","):
         length, group = (int(x) for x in shape.split("x"))
@@ -51,13 +51,13 @@ def main() -> None:
         copies = fast.forward.cache_bytes(w, 2 * (group - 1) * length)  # a layer's, as SHARE_FROM counts them
         times: dict[bool, list[float]] = {False: [], True: []}
         for shared in [False, True] * (args.repeats + 1):
-            loop.SHARE_FROM = 0 if shared else 1 << 62
+            decoding.SHARE_FROM = 0 if shared else 1 << 62
             start = time.perf_counter()
             fast.decode(
                 model, ids, torch.ones_like(ids), counts, p, weights=w, generators=[torch.Generator().manual_seed(1)]
             )
             times[shared].append(time.perf_counter() - start)
-        loop.SHARE_FROM = share_from
+        decoding.SHARE_FROM = share_from
         one, each = statistics.median(times[True][1:]), statistics.median(times[False][1:])
         chosen = "one copy" if copies >= share_from else "a copy a row"
         print(

@@ -182,7 +182,7 @@ def test_with_truncation_the_log_probs_are_of_the_truncated_distribution(monkeyp
     loop drew it from (renormalised after truncation), not the model's."""
     model = model_of(eos_bias=1.0)
     steps = []  # (N, V) log of each step's distribution
-    monkeypatch.setattr(fast.loop, "_draw", recording_draws(steps, fill=1.0, log=True))
+    monkeypatch.setattr(fast.decoding, "_draw", recording_draws(steps, fill=1.0, log=True))
     options = dict(temperature=1.4, top_k=4, top_p=0.9, min_p=0.2, repetition_penalty=1.5, min_new_tokens=3)
     torch.manual_seed(1)
     rollout = sampler(**options).sample(model, ROWS)

@@ -383,7 +383,7 @@ def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(
     monkeypatch.setattr(fast.forward._Cache, "share", lambda self, *a: shared.append(a) or share(self, *a))
 
     def draw(shares):
-        monkeypatch.setattr(fast.loop, "SHARE_FROM", 1 if shares else 1 << 60)
+        monkeypatch.setattr(fast.decoding, "SHARE_FROM", 1 if shares else 1 << 60)
         sampler = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend="fast", **options)
         return sampler.sample(model, ROWS, generator=torch.Generator().manual_seed(5))
 
@@ -399,7 +399,7 @@ def test_the_fast_draw_reads_each_prompt_once_and_draws_what_a_copy_a_row_draws(
     w = fast.fuse_weights(model_of(kv_heads=2), torch.float32)
     fast_draw = Sampler(TOKENIZER, prompt_column="prompt", group_size=4, max_new_tokens=12, backend="fast").params
     per_position = 2 * 2 * 16 * 4  # keys and values, 2 heads of 16, float32
-    at = -(-fast.loop.SHARE_FROM // (6 * per_position))  # positions for 6 copies to reach it
+    at = -(-fast.decoding.SHARE_FROM // (6 * per_position))  # positions for 6 copies to reach it
     assert fast_draw.fast_draw and fast.shares_prompts(w, fast_draw, torch.tensor([4, 4]), at)
     assert not fast.shares_prompts(w, fast_draw, torch.tensor([4, 4]), at - 1)
     assert not fast.shares_prompts(w, fast_draw, torch.tensor([4, 3, 0]), at)  # 5 copies
@@ -477,7 +477,7 @@ def test_the_loss_scores_the_distribution_each_token_was_drawn_from(backend, pen
     model = model_of(eos_bias=1.0)  # rows end at different steps
     steps = []  # (N, V) processed scores (or their log-softmax) per decoding step
     if backend == "fast":  # the unfinished rows' probabilities at each draw (finished rows get ones, masked out below)
-        monkeypatch.setattr(fast.loop, "_draw", recording_draws(steps, fill=1.0, log=True))
+        monkeypatch.setattr(fast.decoding, "_draw", recording_draws(steps, fill=1.0, log=True))
     else:
         generate = model.generate
 
@@ -553,13 +553,13 @@ def recording_draws(into: list, fill: float, log: bool = False):
 
 
 def sample_compacting(model, backend="fast", compact_at=None, seeds=None, stream="global", **options):
-    """Sample ROWS (G = 4, up to 24 new tokens) with fast.loop.COMPACT_AT = `compact_at` (None: every row decoded to the end).
+    """Sample ROWS (G = 4, up to 24 new tokens) with fast.decoding.COMPACT_AT = `compact_at` (None: every row decoded to the end).
     Returns the rollout, the probabilities of each full-batch draw (N, V) per step (fast only),
     and a draw from the stream after (the global one, or with stream "generator" the sample's own)."""
     draws = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fast.loop, "COMPACT_AT", compact_at)
-        mp.setattr(fast.loop, "_draw", recording_draws(draws, fill=0.0))
+        mp.setattr(fast.decoding, "COMPACT_AT", compact_at)
+        mp.setattr(fast.decoding, "_draw", recording_draws(draws, fill=0.0))
         sampler = Sampler(
             TOKENIZER,
             prompt_column="prompt",
@@ -601,7 +601,7 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
     assert lengths.max() >= 3 * lengths.min()  # rows end at very different lengths
     assert (lengths <= lengths.max() / 2).sum() >= len(lengths) // 4
     assert len(set(hf[0].completions)) > len(ROWS)
-    for compact_at in (0.0, fast.loop.COMPACT_AT, 1.0):
+    for compact_at in (0.0, fast.decoding.COMPACT_AT, 1.0):
         assert_same_samples(
             sample_compacting(model, compact_at=compact_at, **options),
             every_row,
@@ -611,13 +611,13 @@ def test_finished_rows_leave_the_loop_and_the_tokens_stay_the_same(kind, kv_head
 
 @pytest.mark.parametrize("seeds,stream", [(None, "global"), (None, "generator"), ([11, 22, 33, 44], "global")])
 def test_the_full_batch_draw_off_the_cpu_draws_the_same_tokens(seeds, stream, monkeypatch):
-    """The path GPUs take (fast.loop.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
+    """The path GPUs take (fast.decoding.SKIP_FINISHED_DRAWS off: one multinomial over every row, the
     finished rows from their last distribution), run on the CPU: generate's tokens, with rows
     leaving the loop at the default fraction."""
     model = model_of("qwen2", 2, eos_bias=SPREAD["qwen2", 2])
     hf = sample_compacting(model, "hf", seeds=seeds, stream=stream)
-    monkeypatch.setattr(fast.loop, "SKIP_FINISHED_DRAWS", False)
-    ours = sample_compacting(model, compact_at=fast.loop.COMPACT_AT, seeds=seeds, stream=stream)
+    monkeypatch.setattr(fast.decoding, "SKIP_FINISHED_DRAWS", False)
+    ours = sample_compacting(model, compact_at=fast.decoding.COMPACT_AT, seeds=seeds, stream=stream)
     assert_same_samples(ours, hf, compare_draws=False)
     lengths = hf[0].completion_mask.sum(1)
     assert lengths.max() >= 3 * lengths.min()  # rows finish at very different steps
@@ -652,7 +652,7 @@ def test_the_layers_and_the_lm_head_see_fewer_rows_as_rows_finish(compact_at, mo
         calls.append((ids.shape[0], ids.shape[0] if heads is None else len(heads)))
         return forward(w, ids, *args, heads=heads, **options)
 
-    monkeypatch.setattr(fast.loop, "_forward", counting)
+    monkeypatch.setattr(fast.decoding, "_forward", counting)
     rollout, _, _ = sample_compacting(model, compact_at=compact_at)
     lengths = rollout.completion_mask.sum(1).long()
     n, steps = rollout.completion_mask.shape
@@ -746,7 +746,7 @@ def test_a_kept_cache_goes_on_as_decoding_the_whole_context_does(kind, kv_heads,
     from grpo.rollout.params import SamplingParams
     from grpo.rollout.padding import left_pad
 
-    monkeypatch.setattr(fast.loop, "COMPACT_AT", compact_at)
+    monkeypatch.setattr(fast.decoding, "COMPACT_AT", compact_at)
     model = model_of(kind, kv_heads, eos_bias=SPREAD[kind, kv_heads])
     weights = fast.fuse_weights(model, torch.float32)
     p = SamplingParams.of(TOKENIZER, max_new_tokens=16, temperature=1.2)

@@ -6,12 +6,12 @@ each; finished rows leave the loop. `decode(keep=True)` and `extend` go on from 
 (multi-turn rollouts). From the same random numbers it draws the same tokens as `generate`
 (tests/rollout/test_fast.py), and returns each token's log-prob. A model it cannot run
 (`supported` says why) samples with `generate`. forward.py holds the pass, draws.py the
-processors and draws, loop.py the loops; the options: docs/sampling.md.
+processors and draws, decoding.py the loops; the options: docs/sampling.md.
 """
 
 from grpo.rollout.fast.draws import process
 from grpo.rollout.fast.forward import cache_dtype, fuse_weights, pack_single_matrices
-from grpo.rollout.fast.loop import ARCHITECTURES, Kept, decode, extend, sampling_bytes, shares_prompts, supported
+from grpo.rollout.fast.decoding import ARCHITECTURES, Kept, decode, extend, sampling_bytes, shares_prompts, supported
 
 __all__ = [
     "ARCHITECTURES",
