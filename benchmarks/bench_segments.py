@@ -100,7 +100,7 @@ def child(shape: str, mode: str, reps: int, every_bin: bool) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from grpo.infra import attention
-    from grpo.train import packing
+    from grpo.train import packed_layout
     from grpo.train.layouts import PACKED, completion_logprobs, decide_layouts
 
     model_type, sizes, batch_shape = SHAPES[shape]
@@ -113,7 +113,7 @@ def child(shape: str, mode: str, reps: int, every_bin: bool) -> dict:
     elif every_bin:
         attention.SEGMENTED_FROM = 0
     batch = micro_batch(sizes["vocab_size"], **batch_shape)
-    bins = packing.pack(batch, packing.prompt_groups(batch)[1]).input_ids.shape
+    bins = packed_layout.pack(batch, packed_layout.prompt_groups(batch)[1]).input_ids.shape
     times, before = [], attention._segmented_calls[0]
     for _ in range(reps):
         model.zero_grad(set_to_none=True)

@@ -1,7 +1,7 @@
 """Packing whole sequences end to end, the model-side pieces every packed pass shares: the
 `Packed` layout and its 4-D mask, first-fit binning, SFT's and the reward model's packing of
 right-padded sequences (`pack_sequences`), the mask's dtype, and which models the packed mask
-does not serve (`windowed`). grpo.train.packing packs a rollout's prompts and completions
+does not serve (`windowed`). grpo.train.packed_layout packs a rollout's prompts and completions
 with them; grpo.train.sft and grpo.rewards.model pack plain sequences.
 """
 

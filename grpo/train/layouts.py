@@ -3,7 +3,7 @@ serve a model.
 
 A layout is how a pass lays out its rows (train.layout), one object behind the `Layout`
 protocol: `Packed` (the real tokens end to end, a group's prompt once, no padding:
-grpo.train.packing), `SharedPrompt` (a group's prompt in a pass of its own, its KV cache
+grpo.train.packed_layout), `SharedPrompt` (a group's prompt in a pass of its own, its KV cache
 indexed out to the group's rows), or `Padded` (every row in full); with or without
 activation checkpointing; through the full logits or the LM head chunk by chunk
 (train.chunked_head, `grpo.algo.head_logprobs`: the hidden states taken by a hook where the
@@ -31,7 +31,7 @@ from grpo.infra.packing import mask_dtype, windowed
 from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, disable_checkpointing
-from grpo.train.packing import packed_positions, prompt_groups, real_lengths
+from grpo.train.packed_layout import packed_positions, prompt_groups, real_lengths
 from grpo.train.shared_prompt import checkpointed_layers
 from grpo.train.shared_prompt import shared_prompt_positions as _shared_prompt_positions
 
@@ -161,7 +161,7 @@ class SharedPrompt(Layout):
 
 @dataclass(frozen=True)
 class Packed(Layout):
-    """The real tokens end to end in one pass, no padding (grpo.train.packing); with
+    """The real tokens end to end in one pass, no padding (grpo.train.packed_layout); with
     `shares_prompts`, a group's prompt packed once, inside that one pass."""
 
     shares_prompts: bool = True

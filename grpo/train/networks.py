@@ -22,7 +22,7 @@ from grpo.infra.packing import mask_dtype
 from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
 from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
-from grpo.train.packing import packed_positions
+from grpo.train.packed_layout import packed_positions
 
 
 # ---- the reference ----------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def build_reference(
 class ValueModel(nn.Module):
     """PPO's critic: a causal LM's backbone with a scalar head, V(prefix) per position. With
     `packed` (train.layout, where its backbone serves it: `backbone_packs`), its passes run in
-    the packed layout (grpo.train.packing), a group's prompt once."""
+    the packed layout (grpo.train.packed_layout), a group's prompt once."""
 
     def __init__(self, backbone, hidden_size: int, packed: bool = False):
         super().__init__()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo.infra import attention
-from grpo.train import packing
+from grpo.train import packed_layout
 from grpo.train.layouts import prompt_groups
 from grpo.train.models import enable_checkpointing
 from grpo.train.sft import packed_batch
@@ -61,7 +61,7 @@ def test_segments_give_the_padded_log_probs_entropies_and_gradients(always, name
 
 def test_the_plan_covers_each_sequence_and_sees_what_the_mask_lets_it_see():
     batch = BATCHES["single-turn"]()
-    packed = packing.pack(batch, prompt_groups(batch)[1])
+    packed = packed_layout.pack(batch, prompt_groups(batch)[1])
     found = attention.plan(packed.units, packed.branches, smallest=0)
     allowed = packed.attention_mask(torch.float32)[:, 0] == 0  # (B, L, L)
     for b, segments in enumerate(found.bins):
@@ -90,16 +90,16 @@ def test_a_small_bin_keeps_the_mask_and_a_large_one_goes_by_segments():
     model = build("llama")  # 4 heads
     assert attention.enable(model)
     batch = BATCHES["single-turn"]()
-    assert 4 * packing.pack(batch).input_ids.shape[1] ** 2 < attention.SEGMENTED_FROM
+    assert 4 * packed_layout.pack(batch).input_ids.shape[1] ** 2 < attention.SEGMENTED_FROM
     assert segmented_calls(lambda: differences(model, batch, False)) == 0
     large = batch_of(VOCAB, prompts=1, group_size=80, p_len=5, t_len=10, seed=3)  # one prompt, 80 completions
-    assert 4 * packing.pack(large, prompt_groups(large)[1]).input_ids.shape[1] ** 2 >= attention.SEGMENTED_FROM
+    assert 4 * packed_layout.pack(large, prompt_groups(large)[1]).input_ids.shape[1] ** 2 >= attention.SEGMENTED_FROM
     found = []
     assert segmented_calls(lambda: found.append(differences(model, large, True))) >= 2
     logprobs, entropy, grads = found[0]
     assert logprobs < FORWARD and entropy < FORWARD and grads < BACKWARD, (logprobs, entropy, grads)
     unswitched = build("llama")
-    packed = packing.pack(batch)
+    packed = packed_layout.pack(batch)
     assert attention.arguments(unswitched, packed.units, packed.branches) == {}
 
 
@@ -247,7 +247,7 @@ def test_one_varlen_call_gives_what_a_call_per_segment_gives(turns, share):
     varlen_attn's arguments and semantics: the same output and gradients as a call per segment,
     grouped-query heads not repeated, zeros at unused slots."""
     batch = BATCHES[turns]()
-    packed = packing.pack(batch, prompt_groups(batch)[1] if share else None)
+    packed = packed_layout.pack(batch, prompt_groups(batch)[1] if share else None)
     found = attention.plan(packed.units, packed.branches, smallest=0)
     q, k, v = _gqa_qkv(found)
     got = attention._attend_varlen(q, k, v, found, 0.3, reference_varlen)
@@ -297,7 +297,7 @@ def test_a_planted_varlen_layout_bug_moves_the_outputs(monkeypatch):
     """A completion's keys laid own-first (its prompt after it): the end-aligned causal mask
     then shows it the wrong keys, and the outputs move by far more than rounding."""
     batch = BATCHES["single-turn"]()
-    packed = packing.pack(batch, prompt_groups(batch)[1])
+    packed = packed_layout.pack(batch, prompt_groups(batch)[1])
     found = attention.plan(packed.units, packed.branches, smallest=0)
     q, k, v = _gqa_qkv(found)
     want = attention._attend(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), found, None)

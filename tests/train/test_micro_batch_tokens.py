@@ -9,7 +9,7 @@ import torch
 import grpo.train.step as step
 from grpo.errors import UserError
 from grpo.train.layouts import micro_batches, token_budget_split
-from grpo.train.packing import prompt_groups, real_lengths
+from grpo.train.packed_layout import prompt_groups, real_lengths
 from tests.algo.test_chunked_head import batch_of
 from tests.train.test_engine import engine_for, train_step
 

@@ -1,4 +1,4 @@
-"""The packed layout (grpo.train.packing): the real tokens of a micro-batch end to end, no
+"""The packed layout (grpo.train.packed_layout): the real tokens of a micro-batch end to end, no
 padding. Its log-probs, entropies and gradients equal the padded layout's to float32
 rounding (tests/helpers.py: FORWARD and BACKWARD epsilons of the values' scale), single-turn and
 multi-turn (a tool's tokens attended to, out of the loss), with and without a group's prompt
@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo.rollout import Rollout
-from grpo.train import layouts, packing
+from grpo.train import layouts, packed_layout
 from grpo.train.layouts import PACKED, PADDED, completion_logprobs, prompt_groups
 from grpo.train.models import activation_checkpointing, enable_checkpointing
 from tests.algo.test_chunked_head import batch_of
@@ -110,7 +110,7 @@ def test_the_packed_slots_hold_each_row_s_tokens_at_its_positions():
     lengths = batch.completion_mask.sum(1).long().tolist()
     for share in (False, True):
         groups = prompt_groups(batch)[1] if share else None
-        packed = packing.pack(batch, groups)
+        packed = packed_layout.pack(batch, groups)
         flat_ids, flat_positions = packed.input_ids.flatten(), packed.position_ids.flatten()
         prompt_tokens = batch.attention_mask[:, :p_len].sum().item() // (3 if share else 1)
         assert packed.tokens == prompt_tokens + sum(lengths)  # each prompt once where shared
@@ -127,7 +127,7 @@ def test_the_packed_slots_hold_each_row_s_tokens_at_its_positions():
 
 def test_no_token_sees_another_sequence():
     batch = batch_of(VOCAB, prompts=2, group_size=2, p_len=4, t_len=5, seed=2)
-    packed = packing.pack(batch, prompt_groups(batch)[1])
+    packed = packed_layout.pack(batch, prompt_groups(batch)[1])
     allowed = packed.attention_mask(torch.float32)[:, 0] == 0  # (B, L, L)
     units, branches = packed.units, packed.branches
     for b in range(allowed.shape[0]):
@@ -156,14 +156,14 @@ def _planted_slots(batch, groups=None):
     return dataclasses.replace(packed, index=packed.index.roll(1, 0))
 
 
-REAL_PACK = packing.pack
+REAL_PACK = packed_layout.pack
 
 
 @pytest.mark.parametrize("planted", [_planted_positions, _planted_attention, _planted_slots])
 def test_each_planted_packing_bug_moves_the_log_probs(monkeypatch, planted):
     model = build("qwen2_tied")
     batch = BATCHES["single-turn"]()
-    monkeypatch.setattr(packing, "pack", planted)
+    monkeypatch.setattr(packed_layout, "pack", planted)
     logprobs, _, grads = differences(model, batch, share=True)
     assert logprobs > FAR * FORWARD and grads > FAR * BACKWARD
 
@@ -173,7 +173,7 @@ def test_decide_layouts_takes_the_packed_layout_where_it_serves_and_not_where_a_
     assert layouts.decide_layouts(model, False) is False
     assert layouts.layout_of(model, False) == PACKED
     model = build("llama")
-    monkeypatch.setattr(packing, "pack", _planted_slots)
+    monkeypatch.setattr(packed_layout, "pack", _planted_slots)
     layouts.decide_layouts(model, False)
     assert layouts.layout_of(model, False) != PACKED
 
@@ -207,5 +207,5 @@ def test_the_critic_s_packed_values_and_gradients_are_its_padded_ones():
         assert_close_scaled(got_grads[name], grad, BACKWARD, msg=name)
     assert backbone_packs(backbone)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(packing, "pack", _planted_positions)
+        m.setattr(packed_layout, "pack", _planted_positions)
         assert not backbone_packs(backbone)
