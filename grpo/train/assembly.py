@@ -30,7 +30,7 @@ from grpo.train.models import (
 )
 from grpo.train.networks import build_reference
 from grpo.train.optimizers import build_optimizer
-from grpo.train.scoring import build_scorer
+from grpo.train.scorers import build_scorer
 from grpo.train.seams import build_baseline, build_critic, build_kl
 from grpo.train.step import Decisions, Engine
 

@@ -44,7 +44,7 @@ from grpo.train.networks import ValueModel, load_value_model
 
 @dataclass
 class Scored:
-    """The rewards of a batch's completions, as a scorer (grpo.train.scoring) gives them."""
+    """The rewards of a batch's completions, as a scorer (grpo.train.scorers) gives them."""
 
     scores: Tensor  # (N,) float: each completion's total, NaN where no reward could score it
     steps: list[list[tuple[int, float]]] | None = None  # process supervision: (end character, reward) per step

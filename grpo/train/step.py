@@ -34,7 +34,7 @@ from grpo.train.layouts import Layout, micro_batches, no_grad_pass, policy_logpr
 from grpo.train.networks import Reference
 from grpo.train.engine_correction import METRICS as MISMATCH_METRICS
 from grpo.train.engine_correction import Mismatch
-from grpo.train.scoring import Scorer
+from grpo.train.scorers import Scorer
 from grpo.train.optimizers import Optimizer
 from grpo.train.seams import Baseline, Critic, KLPlacement, NoCritic, Passes, Scored, Targets
 

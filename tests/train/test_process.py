@@ -10,7 +10,7 @@ from grpo.rewards import WeightedReward, score_steps
 from grpo.tasks.arithmetic import ALPHABET, step_reward
 from grpo.tasks.tiny import char_tokenizer
 from grpo.rollout import Rollout
-from grpo.train.scoring import ProcessScorer
+from grpo.train.scorers import ProcessScorer
 from grpo.train.seams import ProcessBaseline
 
 

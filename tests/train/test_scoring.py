@@ -9,7 +9,7 @@ import torch
 import grpo.train
 from grpo.config import config_from_dict
 from grpo.rewards import WeightedReward, score, score_steps
-from grpo.train.scoring import OutcomeScorer, ProcessScorer, build_scorer
+from grpo.train.scorers import OutcomeScorer, ProcessScorer, build_scorer
 from grpo.train.seams import Scored
 
 PROMPTS, COMPLETIONS = ["a", "a", "b"], ["12;7", "9", ""]
