@@ -39,7 +39,7 @@ from grpo.cli_help import (
 )
 from grpo.config.fields import REQUIRED, field_default
 from grpo.demo.default import QUICK, DemoConfig
-from grpo.demo.tools import ToolsDemoConfig
+from grpo.demo.tool_use import ToolsDemoConfig
 from grpo.errors import Stopped, UserError
 from grpo.eval.command import EvalConfig
 from grpo.infra import allocator
@@ -311,9 +311,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _tools_demo(args: argparse.Namespace) -> int:
-    """`grpo demo --tools`: the multi-turn demo (grpo.demo.tools); --seed, --seeds, --steps
+    """`grpo demo --tools`: the multi-turn demo (grpo.demo.tool_use); --seed, --seeds, --steps
     and --quick apply, the main demo's other flags do not."""
-    from grpo.demo.tools import quick, tools_demo
+    from grpo.demo.tool_use import quick, tools_demo
 
     others = [name for name in ("full", "equal_tokens", "neural_rm") if getattr(args, name)]
     if others or args.full_seeds != DemoConfig.full_seeds:

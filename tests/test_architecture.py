@@ -303,9 +303,6 @@ def test_the_floor_check_sees_an_import_from_above(tmp_path):
 
 # ---- no two modules share a file name -------------------------------------------------------------
 
-# Names that two modules still share: a rename takes its name off, and nothing is added here.
-SHARED_NAMES_LEFT = {"tools.py"}
-
 
 def shared_names(root):
     """Each file name (but __init__.py) that two or more modules under `root` bear -> their paths:
@@ -318,5 +315,4 @@ def shared_names(root):
 
 
 def test_no_two_modules_share_a_file_name():
-    shared = shared_names(PACKAGE)
-    assert set(shared) <= SHARED_NAMES_LEFT, {name: shared[name] for name in set(shared) - SHARED_NAMES_LEFT}
+    assert shared_names(PACKAGE) == {}

@@ -11,7 +11,7 @@ import grpo.demo.default
 from grpo.cli import build_parser, main
 from grpo.config import REQUIRED, Config, field_default
 from grpo.demo.default import QUICK, DemoConfig
-from grpo.demo.tools import ToolsDemoConfig
+from grpo.demo.tool_use import ToolsDemoConfig
 from grpo.eval.command import EvalConfig
 from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.train.sft import FineTuneConfig, SFTConfig

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from grpo.demo.tools import QUICK, ToolsDemoConfig, _over_seeds, findings, quick, tools_demo, write_report
+from grpo.demo.tool_use import QUICK, ToolsDemoConfig, _over_seeds, findings, quick, tools_demo, write_report
 from grpo.errors import UserError
 
 
