@@ -137,8 +137,8 @@ def test_the_server_holds_the_directory_s_model_and_weights(server, policy):
 def test_pushed_weights_give_the_trainer_s_log_probs_after_two_updates(server, policy, monkeypatch):
     folders, make = [], client.weights_folder
 
-    def recorded():
-        folders.append(make())
+    def recorded(*args, **kwargs):
+        folders.append(make(*args, **kwargs))
         return folders[-1]
 
     monkeypatch.setattr(client, "weights_folder", recorded)
