@@ -273,10 +273,14 @@ def test_iterative_rl_on_two_processes_updates_one_reward_model_as_one_process_w
         assert stats == pytest.approx(zero["stats"], rel=1e-5) and stats["new_pairs"] >= 8, (stats, zero["stats"])
         after = one.model.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in after), update  # the reward model moved
-        for name in after:
-            torch.testing.assert_close(
-                zero["weights"][name], after[name], rtol=1e-5, atol=2e-5, msg=f"{update}: {name}"
-            )
+        # AdamW's first steps move a weight by about lr whatever its gradient's size, so a
+        # gradient that is float rounding in both runs may move either way: compare the whole
+        # update's norm, which a few such weights barely change and a wrong gradient does.
+        names = list(after)
+        two = torch.cat([(zero["weights"][k] - before[k]).flatten().double() for k in names])
+        alone = torch.cat([(after[k] - before[k]).flatten().double() for k in names])
+        gap = float((two - alone).norm() / alone.norm())
+        assert gap < 0.02, (update, gap)
         before = zero["weights"]
     out = Path(c.output_dir)
     assert len((out / "reward_model_updates.jsonl").read_text().splitlines()) == 2  # process 0 alone writes
