@@ -17,7 +17,6 @@ folder names its owner, and a run's start removes the folders of runs that are g
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from typing import Protocol
 import torch
 
 from grpo.errors import UserError
+from grpo.infra.space import no_space
 
 
 def base_model(policy):
@@ -234,11 +234,6 @@ def _reserve(path: str, size: int) -> None:
                 f.write(chunk[: size - start])
 
 
-def full(err: OSError) -> bool:
-    """Whether `err` says a file system has no room (for this user)."""
-    return err.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
 def write_weights(
     path: str, weights, wait: Callable[[OSError], None] | None = None
 ) -> tuple[list[tuple], dict[str, str]]:
@@ -266,7 +261,7 @@ def write_weights(
         except OSError as err:
             if os.path.exists(path):
                 os.unlink(path)
-            if wait is None or not full(err):
+            if wait is None or no_space(err) is None:
                 raise
             wait(err)
     mapped = torch.from_file(path, shared=True, size=max(size, 1), dtype=torch.uint8)

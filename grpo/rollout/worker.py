@@ -37,6 +37,7 @@ import torch
 from grpo.errors import UserError, first_line
 from grpo.refusals import refuse
 from grpo.infra.distributed import SingleProcess, World
+from grpo.infra.space import no_space
 from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
 from grpo.rollout.generator import TRAIN, Generator, GeneratorSpec, LocalGenerator, samplers_of
@@ -45,7 +46,6 @@ from grpo.rollout.weights import (
     ROOM,
     SharedFile,
     base_model,
-    full,
     load_weights,
     read_weights,
     weights_bytes,
@@ -144,7 +144,7 @@ def _put_rollout(folder: str, step: int, rollout: Rollout, asked: list[dict]) ->
     except OSError as err:
         if os.path.exists(path + ".part"):
             os.unlink(path + ".part")
-        if full(err):
+        if no_space(err) is not None:
             raise UserError(f"no room for a batch in {folder} ({err.strerror}): {ROOM}") from None
         raise
     os.replace(path + ".part", path)
