@@ -276,6 +276,32 @@ def _check_async(c: Config) -> None:
 
 
 # In order: train's batch checks come before rollout.async's, which divides by them.
+def _check_eval(c: Config) -> None:
+    """eval: the held-out evaluation's sampling and its cadence; train.keep_best names one of its metrics."""
+    ev, keep = c.eval, c.train.keep_best
+    if not ev.data:
+        _require(keep is None, f"train.keep_best: needs an eval section with eval.data (got {keep!r})")
+        _require(not ev.stop_when_diverging, "eval.stop_when_diverging: needs eval.data")
+        return
+    _require(ev.n >= 1, f"eval.n: must be >= 1, got {ev.n}")
+    for k in ev.k:
+        _require(1 <= k <= ev.n, f"eval.k: each k must be between 1 and eval.n ({ev.n}), got {k}")
+    for name in ("every", "prompts", "max_new_tokens", "seed"):
+        _require(getattr(ev, name) >= 0, f"eval.{name}: must be >= 0, got {getattr(ev, name)}")
+    _require(ev.batch_size >= 1, f"eval.batch_size: must be >= 1, got {ev.batch_size}")
+    _require(
+        ev.temperature > 0, f"eval.temperature: must be > 0 (pass@k and maj@k need sampling), got {ev.temperature}"
+    )
+    _require(0 < ev.top_p <= 1, f"eval.top_p: must be in (0, 1], got {ev.top_p}")
+    _require(ev.alarm_window >= 2, f"eval.alarm_window: must be >= 2 evaluations, got {ev.alarm_window}")
+    _require(ev.task is None or ev.verifier is None, "eval.task and eval.verifier: give one, not both")
+    if keep is not None:
+        _require(
+            re.fullmatch(r"eval/(pass|maj)@\d+", keep) is not None,
+            f"train.keep_best: expected eval/pass@K or eval/maj@K (e.g. eval/pass@1), got {keep!r}",
+        )
+
+
 SECTIONS = (
     _check_inputs,
     _check_rewards,
@@ -286,4 +312,5 @@ SECTIONS = (
     _check_loss,
     _check_reward_model_update,
     _check_lora,
+    _check_eval,
 )

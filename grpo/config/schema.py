@@ -32,7 +32,15 @@ class DataConfig(Frozen):
         "prompt",
         "Column holding the prompt: a string, or a list of chat messages (then the tokenizer's chat template is applied).",
     )
+    config: str | None = opt(
+        None,
+        "The dataset's configuration (load_dataset's second argument, e.g. main for openai/gsm8k); an unknown one is answered with the dataset's list.",
+    )
     split: str = opt("train", "Split to use when `path` is a `datasets` name or a saved DatasetDict.")
+    system_prompt: str = opt(
+        "",
+        "A system message put before every prompt; a plain-string prompt then becomes a chat (user message) rendered by the model's chat template.",
+    )
     shuffle: bool = opt(True, "Shuffle the prompts by `seed`, reshuffling at each pass over the data.")
     task_options: dict[str, Any] = opt(
         {},
@@ -266,7 +274,12 @@ class TrainConfig(Frozen):
         "When stderr is not a terminal, print one plain line every N steps instead of a progress bar (docs/monitoring.md).",
     )
     sample_every: int = opt(
-        10, "Write a sample of completions with their rewards to samples.jsonl every N steps (0 = never)."
+        10,
+        "Every N steps, write a sample of completions with their rewards to samples.jsonl and, as a table, to each dashboard of report_to (0 = never).",
+    )
+    keep_best: str | None = opt(
+        None,
+        "With an eval section: keep the checkpoint with the best value of this metric (e.g. eval/pass@1) as output_dir/best/, kept across --resume (docs/evaluation.md).",
     )
     report_to: list[str] | str | None = opt(
         [],
@@ -419,6 +432,50 @@ class LoraConfig(Frozen):
 
 
 @dataclass
+class InLoopEvalConfig(Frozen):
+    data: str = opt(
+        "",
+        "Held-out problems evaluated during training, as `grpo eval --data` takes them: a file, a saved dataset folder, a hub id, or 'TASK:N'. Empty: no evaluation in the loop.",
+    )
+    config: str | None = opt(None, "The held-out dataset's configuration (as data.config).")
+    split: str = opt("test", "The held-out dataset's split.")
+    prompt_column: str | None = opt(None, "The held-out data's prompt column. Default: data.prompt_column.")
+    task: str | None = opt(
+        None,
+        "The task that checks answers (as `grpo eval --task`). Default: the task of a 'TASK:N' data, else the reward functions (verifier).",
+    )
+    verifier: str | None = opt(
+        None,
+        "A reward function that checks answers instead of a task, correct at score >= threshold. Default: the run's first function reward.",
+    )
+    threshold: float | None = opt(
+        None, "A completion is correct when its score >= this. Default: the task's; else 0.5."
+    )
+    answer_pattern: str | None = opt(
+        None, "Read the final answer (maj@k's votes) with this regular expression (as `grpo eval --answer-pattern`)."
+    )
+    prompts: int = opt(0, "Evaluate the first N held-out problems (0 = all of them).")
+    every: int = opt(
+        10, "Evaluate at step 0, every N steps and at the last step (0 = at step 0 and the last step only)."
+    )
+    n: int = opt(8, "Samples per problem.")
+    k: list[int] = opt([], "The k of pass@k and maj@k, each <= n. Default: the powers of 2 up to n.")
+    temperature: float = opt(0.7, "Sampling temperature of the evaluation (> 0).")
+    top_p: float = opt(1.0, "Nucleus sampling of the evaluation (1 = off).")
+    max_new_tokens: int = opt(0, "Longest completion in the evaluation (0 = rollout.max_new_tokens).")
+    batch_size: int = opt(256, "Completions per generate call in the evaluation.")
+    seed: int = opt(0, "Seeds the evaluation's sampling: every evaluation draws alike, so that they compare.")
+    alarm_window: int = opt(
+        3,
+        "The reward-hacking alarm: how many evaluations back the training reward's trend and the held-out metric are compared (docs/evaluation.md).",
+    )
+    stop_when_diverging: bool = opt(
+        False,
+        "Stop the run (with a checkpoint) when the reward-hacking alarm rises: the training reward climbs while the held-out metric falls; train.keep_best's best/ stays.",
+    )
+
+
+@dataclass
 class Config(Frozen):
     algorithm: Literal["grpo", "ppo"] = opt(
         "grpo",
@@ -439,6 +496,7 @@ class Config(Frozen):
         RewardModelUpdateConfig(), "Iterative RL: keep training the reward model between iterations."
     )
     lora: LoraConfig = opt(LoraConfig(), "Parameter-efficient fine-tuning.")
+    eval: InLoopEvalConfig = opt(InLoopEvalConfig(), "Held-out evaluation during training (docs/evaluation.md).")
 
 
 # The three places where the algorithms differ.
