@@ -119,6 +119,24 @@ def assert_close_scaled(
     torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=msg)
 
 
+# What `update_gap` allows between two updates that differ in float rounding alone: a wrong
+# gradient (a micro-batch dropped, a scale off) moves it by order 1.
+UPDATE = 0.02
+
+
+def update_gap(before: dict, got: dict, want: dict) -> float:
+    """How far the update `got - before` is from `want - before`, relative to the latter's
+    norm (state dicts by name). Adam's first steps move a weight by about lr whatever its
+    gradient's size, so a gradient that is float rounding in both runs may step either way:
+    weight by weight the two differ by about lr there, while the whole update's norm, which a
+    few such weights barely change, moves with any wrong gradient."""
+    names = [name for name in want if want[name].is_floating_point()]
+    moved = torch.cat([(got[k].double() - before[k].double()).flatten() for k in names])
+    wanted = torch.cat([(want[k].double() - before[k].double()).flatten() for k in names])
+    assert wanted.norm() > 0, "the reference run did not move the weights"
+    return float((moved - wanted).norm() / wanted.norm())
+
+
 def assert_same_metrics(got: dict, want: dict, keys=None, units: float = FORWARD):
     """Metrics of one step computed two ways (floats) equal to float rounding: each within
     `units` float32 epsilons of the larger of its magnitude and 1, the scale of the per-token

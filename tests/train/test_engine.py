@@ -16,7 +16,7 @@ from grpo.rollout.sampler import Sampler, completion_mask
 from grpo.train.loop import build_engine
 from grpo.train.layouts import policy_logprobs
 from grpo.train.step import learn
-from tests.helpers import assert_close_scaled, run_generator, sample, sampled_step
+from tests.helpers import UPDATE, assert_close_scaled, run_generator, sample, sampled_step, update_gap
 
 
 def engine_for(config_dict):
@@ -115,13 +115,13 @@ def test_micro_batches_give_the_same_update_as_the_whole_batch(make_config):
     weights, norms = [], []
     for micro in (0, 5):  # 5: micro-batches that cut groups apart (their prompt pass is shared differently)
         e, c, stream = engine_for(make_config(train={"micro_batch_size": micro, "lr": 1e-3}))
+        before = {k: v.clone() for k, v in e.policy.state_dict().items()}
         result = train_step(e, stream.take(c.rollout.prompts_per_step))
         weights.append({k: v.clone() for k, v in e.policy.state_dict().items()})
         norms.append(result.metrics["grad_norm"])
     assert norms[1] == pytest.approx(norms[0], rel=1e-5)  # the gradient's scale (Adam's step would hide it)
-    for key in weights[0]:
-        # Summation order differs; Adam turns float rounding in near-zero gradients into ~1e-6 steps.
-        torch.testing.assert_close(weights[0][key], weights[1][key], rtol=1e-5, atol=1e-5)
+    # Summation order differs, and Adam turns rounding in near-zero gradients into lr-sized steps.
+    assert update_gap(before, weights[1], weights[0]) < UPDATE
 
 
 def test_beta_zero_loads_no_reference(make_config):
@@ -376,12 +376,12 @@ def test_auto_trains_as_the_recomputed_pass_does(make_config):
     weights = {}
     for mode in ("auto", "recompute"):
         e, c, stream = engine_for(make_config(rollout=FREE, train={**MOVING, "old_logprobs": mode}))
-        start = flat(e.policy)
+        start = {"all": flat(e.policy)}
         for step in range(2):
             train_step(e, stream.take(c.rollout.prompts_per_step), step=step)
-        weights[mode] = flat(e.policy)
-        assert (weights[mode] - start).abs().max() > 1e-3  # it trained
-    assert torch.allclose(weights["auto"], weights["recompute"], atol=1e-5)
+        weights[mode] = {"all": flat(e.policy)}
+        assert (weights[mode]["all"] - start["all"]).abs().max() > 1e-3  # it trained
+    assert update_gap(start, weights["auto"], weights["recompute"]) < UPDATE
 
 
 @pytest.mark.parametrize(
