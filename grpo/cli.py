@@ -30,6 +30,7 @@ from grpo.cli_help import (
     DESCRIPTION,
     EPILOG,
     EVAL_HELP,
+    PROBE_HELP,
     RM_EVAL_HELP,
     RM_HELP,
     RM_TRAIN_HELP,
@@ -269,6 +270,12 @@ def _eval(args: argparse.Namespace) -> int:
     )
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from grpo.train.probe import command
+
+    return command(args.config, overrides=args.set, prompts=args.prompts, threshold=args.threshold, json_path=args.json)
+
+
 def _vllm_serve(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -377,18 +384,20 @@ def _log_every(parser, lines: str) -> None:
     )
 
 
+def _config_and_set(parser) -> None:
+    """The arguments of a command that reads a training config: CONFIG and --set."""
+    parser.add_argument("config", help="the YAML config file")
+    example = "e.g. --set rollout.group_size=4"
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help=f"override a config key, {example} (repeatable)"
+    )
+
+
 def _add_train(commands) -> None:
     train = _command(
         commands, "train", "train a model with GRPO or PPO from a YAML config", TRAIN_HELP, epilog=_config_reference()
     )
-    train.add_argument("config", help="the YAML config file")
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set rollout.group_size=4 (repeatable)",
-    )
+    _config_and_set(train)
     resume = train.add_mutually_exclusive_group()
     resume.add_argument(
         "--resume",
@@ -603,6 +612,16 @@ def _add_compare(commands) -> None:
     compare.set_defaults(handler=_compare)
 
 
+def _add_probe(commands) -> None:
+    probe = _command(commands, "probe", "before a run: what its first step learns from, what to change", PROBE_HELP)
+    _config_and_set(probe)
+    add = probe.add_argument
+    add("--prompts", type=positive_int, metavar="N", help="prompts sampled (default: rollout.prompts_per_step)")
+    add("--threshold", type=float, metavar="X", help="a pass: reward >= X (default: eval.threshold or 0.5)")
+    add("--json", metavar="FILE", help="write every number and the verdict here (JSON)")
+    probe.set_defaults(handler=_probe)
+
+
 def _add_vllm_serve(commands) -> None:
     parser = _command(
         commands, "vllm-serve", "serve a vLLM engine for training runs elsewhere (rollout.vllm.server)", VLLM_SERVE_HELP
@@ -634,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for add in (
         _add_train,
+        _add_probe,
         _add_rm,
         _add_eval,
         _add_sft,

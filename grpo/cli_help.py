@@ -24,6 +24,32 @@ samples.jsonl (completions with their rewards), checkpoints/ and final/ (a Huggi
 model directory). Ready configs: configs/grpo.yaml and configs/ppo.yaml.
 """
 
+PROBE_HELP = """\
+Before a run: sample its first step's batch with the base policy and report what GRPO
+would learn from it, with a verdict that names the change to make first.
+
+CONFIG is the run's config (as `grpo train` reads it, --set included); the probe builds the
+run as training does, so with the same seed every number is that of the first step's line in
+metrics.jsonl. It samples G = rollout.group_size completions for each of --prompts N prompts
+(default: rollout.prompts_per_step, exactly the first step's batch), scores them with the
+config's rewards and prints:
+  groups that teach        the share of groups whose rewards differ (the others have no
+                           advantage: 1 - frac_zero_std_groups)
+  groups by pass rate      each group's share of samples with reward >= --threshold
+                           (default: eval.threshold, else 0.5), as a histogram
+  reward                   the mean and std, and each reward function's mean (unweighted)
+  cut at max_new_tokens    the share of samples that never ended (frac_truncated)
+  tokens per sample        completion_length/mean
+  time per step            measured: the probe runs that step, update included, on models
+                           it builds for the purpose and then throws away (the first
+                           step's time, one-time costs included)
+and a verdict: warm up (almost no group's rewards differ: `grpo sft` first), raise the
+budget (samples cut at rollout.max_new_tokens), raise G (few groups teach, most fail),
+make it harder (most groups pass every sample), fix the rewards (nothing scored), or go.
+Nothing is written into output_dir; --json FILE writes every number and the verdict.
+docs/evaluation.md has the rules of the verdict.
+"""
+
 RM_HELP = """\
 Reward models: a network that gives each (prompt, completion) one scalar score, trained on
 comparisons (which of two completions of a prompt is better) with the Bradley-Terry loss.
