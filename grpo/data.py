@@ -1,9 +1,12 @@
 """Prompt datasets for RL training: read the rows, check the prompts, stream them reproducibly.
 
 `load_rows` turns `data.path` into plain dicts with every column kept (reward functions get
-the others). The small formats (.jsonl, .json, .parquet, .csv) are read directly, so that an
-error names the file and line; `datasets` is imported only for its directories and hub
-names. Generated sources ('reasoning_gym:NAME?...') are registered in `SOURCES` by the spec
+the others); `given_rows` does the same for rows handed to `grpo.train(dataset=...)`. The small
+formats (.jsonl, .json, .parquet, .csv) are read directly, so that an error names the file and
+line; `datasets` is imported only for its directories and hub names (and their
+configurations, `data.config`). `data.system_prompt` is put into the rows themselves
+(`with_system_prompt`), as TRL's recipes map it into a dataset, so that the samplers, the
+reward functions and samples.jsonl all see the chat the model saw. Generated sources ('reasoning_gym:NAME?...') are registered in `SOURCES` by the spec
 of the function that makes their rows, so that this module imports no task. `PromptStream`
 hands the trainer its prompts, each epoch's order a function of (seed, epoch) alone: a
 checkpoint stores two integers, and no global generator is touched.
@@ -24,7 +27,18 @@ import numpy as np
 from grpo.errors import UserError, first_line
 from grpo.infra.imports import import_callable
 
-__all__ = ["REASONING_GYM", "SOURCES", "is_reasoning_gym", "load_rows", "load_rows_for_options", "PromptStream"]
+__all__ = [
+    "GIVEN_DATASET",
+    "REASONING_GYM",
+    "SOURCES",
+    "check_chat_template",
+    "given_rows",
+    "is_reasoning_gym",
+    "load_rows",
+    "load_rows_for_options",
+    "with_system_prompt",
+    "PromptStream",
+]
 
 # A data path that starts with this names rows a reasoning-gym task generates.
 REASONING_GYM = "reasoning_gym:"
@@ -33,6 +47,10 @@ REASONING_GYM = "reasoning_gym:"
 # makes them, `make_rows(path, *, prompt_column, task_options) -> list[dict]`, imported on use
 # (as `grpo.rewards.BUILTIN_REWARDS` names its functions), so that data imports no task.
 SOURCES: dict[str, str] = {REASONING_GYM: "grpo.tasks.reasoning_gym:make_rows"}
+
+# data.path of a run whose rows were handed to grpo.train (dataset=...): what config.yaml
+# records, so that a resume from the command line says to hand them again.
+GIVEN_DATASET = "<dataset given to grpo.train>"
 
 # A row and where it came from ("line 7", "row 3"), so that a check made after reading can
 # still point at the culprit.
@@ -53,36 +71,116 @@ def _generated_source(path: str) -> str | None:
 
 
 def load_rows(
-    path: str, *, prompt_column: str = "prompt", split: str = "train", task_options: dict | None = None
+    path: str,
+    *,
+    prompt_column: str = "prompt",
+    split: str = "train",
+    task_options: dict | None = None,
+    config: str | None = None,
+    system_prompt: str = "",
 ) -> list[dict]:
     """Rows of a prompt dataset, each a dict of its columns.
 
     The format follows the file ending: .jsonl (one JSON object per line, blank lines
     skipped), .json (a list of objects, or an object with one list value such as
     {"data": [...]}), .parquet, .csv (values stay strings). An existing directory is a dataset
-    saved with `datasets`' save_to_disk (a DatasetDict gives its `split`) or else a directory
-    of data files for `datasets.load_dataset`. Anything else is a `datasets` name.
+    saved with `datasets`' save_to_disk (a DatasetDict gives its `split`) or else a dataset
+    folder for `datasets.load_dataset` (data files, or a card whose `configs` name them).
+    Anything else is a `datasets` name. `config` is the dataset's configuration
+    (load_dataset's second argument); an unknown one is answered with the dataset's list.
 
     Every row must hold `prompt_column`: a non-empty string (plain prompt) or a list of
-    {"role": ..., "content": ...} messages (conversational prompt).
+    {"role": ..., "content": ...} messages (conversational prompt). A `system_prompt` then
+    goes before each (`with_system_prompt`).
 
     'reasoning_gym:NAME?size=N&seed=S&...' has reasoning-gym's task NAME generate the rows
     (the prompt under `prompt_column`; see `grpo.tasks.reasoning_gym`), with `task_options`
     (the config's `data.task_options`) as the task's own options; other paths take none.
     """
+    if path == GIVEN_DATASET:
+        raise UserError(
+            "data.path: this run's rows were handed to grpo.train(dataset=...): hand them again, "
+            "or name a file or dataset in data.path"
+        )
     source = _generated_source(path)
     if source is not None:
+        _no_configurations(config, path, "generates its rows")
         make_rows = import_callable(source, kind="data source", form="pkg.module:function")
         located = _numbered(make_rows(path, prompt_column=prompt_column, task_options=task_options))
     elif task_options:
         named = " or ".join(f"'{prefix}NAME'" for prefix in SOURCES)
         raise UserError(f"data.task_options: only a {named} data.path takes task options, not {path!r}")
     else:
-        located = _read(path, split)
+        located = _read(path, split, config)
     if not located:
         raise UserError(f"data.path: {path} has no rows")
     _check_prompts(located, path, prompt_column)
-    return [row for _, row in located]
+    return with_system_prompt([row for _, row in located], prompt_column, system_prompt)
+
+
+def given_rows(
+    dataset: Any, *, prompt_column: str = "prompt", split: str = "train", system_prompt: str = ""
+) -> list[dict]:
+    """The rows of a dataset handed over in Python (`grpo.train(dataset=...)`, TRL's
+    train_dataset): a `datasets.Dataset`, a `DatasetDict` (its `split`) or a list of dicts;
+    checked as `load_rows` checks a file's, and given `system_prompt` likewise."""
+    name = "dataset"
+    if isinstance(dataset, dict) and all(hasattr(part, "to_list") for part in dataset.values()):  # a DatasetDict
+        if split not in dataset:
+            raise UserError(f"data.split: the dataset has no split {split!r} (splits: {', '.join(dataset) or 'none'})")
+        dataset, name = dataset[split], f"dataset[{split!r}]"
+    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):  # a datasets.Dataset
+        located = _numbered(dataset.to_list())
+    elif isinstance(dataset, (list, tuple)):
+        for number, row in enumerate(dataset, start=1):
+            if not isinstance(row, dict):
+                raise UserError(f"dataset row {number}: expected a dict of columns, got {_describe(row)}")
+        located = _numbered(list(dataset))
+    else:
+        raise UserError(
+            f"dataset: expected a datasets.Dataset, a DatasetDict or a list of dicts, got {type(dataset).__name__}"
+        )
+    if not located:
+        raise UserError("dataset: has no rows")
+    _check_prompts(located, name, prompt_column)
+    return with_system_prompt([row for _, row in located], prompt_column, system_prompt)
+
+
+def with_system_prompt(rows: list[dict], prompt_column: str, system_prompt: str) -> list[dict]:
+    """Each row with `system_prompt` as a system message before its prompt: a plain string
+    becomes the chat [system, user]; a chat gets it first, unless it opens with a system
+    message of its own (a row's own instructions are the more specific). No system prompt:
+    the rows as they are. Rows are copied, never changed in place."""
+    if not system_prompt:
+        return rows
+    system = {"role": "system", "content": system_prompt}
+    out = []
+    for row in rows:
+        prompt = row[prompt_column]
+        if isinstance(prompt, str):
+            prompt = [system, {"role": "user", "content": prompt}]
+        elif prompt[0].get("role") != "system":
+            prompt = [system, *prompt]
+        out.append({**row, prompt_column: prompt})
+    return out
+
+
+def check_chat_template(
+    rows: list[dict], prompt_column: str, tokenizer: Callable[[], Any], system_prompt: str = ""
+) -> None:
+    """Chat prompts (the data's, or made by `system_prompt`) are rendered by the tokenizer's
+    chat template: one without says so before any model loads. `tokenizer` returns it, and is
+    called only where a prompt is a chat (a tokenizer takes a moment to load)."""
+    if not any(isinstance(row[prompt_column], list) for row in rows):
+        return
+    if getattr(tokenizer(), "chat_template", None) is not None:
+        return
+    if system_prompt:
+        raise UserError(
+            "data.system_prompt: the model's tokenizer has no chat template to render the system message "
+            "with (give the tokenizer one, or write the instructions into the prompts)"
+        )
+    raise UserError("the prompts are chat messages but the model's tokenizer has no chat template")
 
 
 def load_rows_for_options(
@@ -103,19 +201,20 @@ def load_rows_for_options(
 # --- reading ---------------------------------------------------------------------------------
 
 
-def _read(path: str, split: str) -> list[Located]:
+def _read(path: str, split: str, config: str | None = None) -> list[Located]:
     """Dispatch on what `path` is: a data file, a directory, or a `datasets` name."""
     if not path.strip():
         # Path("") is ".", which would quietly load the working directory.
         raise UserError("data.path: is empty")
     local = Path(path).expanduser()
     if local.is_dir():
-        return _read_dataset_dir(local, path, split)
+        return _read_dataset_dir(local, path, split, config)
     reader = _FILE_READERS.get(local.suffix.lower())
     if reader is not None:
         # A data-file ending means the user meant a file: a typo must not become a hub lookup.
         if not local.is_file():
             raise UserError(f"data.path: no such file {path!r}")
+        _no_configurations(config, path, "is one file")
         return reader(local, path)
     if local.exists():
         raise UserError(
@@ -125,7 +224,13 @@ def _read(path: str, split: str) -> list[Located]:
     # Hub names never start with '/', '.' or '~', so these can only be missing local paths.
     if local.is_absolute() or path.startswith((".", "~")):
         raise UserError(f"data.path: no such file or directory {path!r}")
-    return _read_hub(path, split)
+    return _read_hub(path, split, config)
+
+
+def _no_configurations(config: str | None, name: str, why: str) -> None:
+    """data.config names a configuration of a `datasets` dataset; other data has none."""
+    if config is not None:
+        raise UserError(f"data.config: {name} {why}, with no configurations (got {config!r}): leave data.config unset")
 
 
 def _read_text(path: Path, name: str) -> str:
@@ -234,11 +339,13 @@ _FILE_READERS: dict[str, Callable[[Path, str], list[Located]]] = {
 }
 
 
-def _read_dataset_dir(path: Path, name: str, split: str) -> list[Located]:
-    """A save_to_disk directory (it holds state.json or dataset_dict.json), else data files."""
+def _read_dataset_dir(path: Path, name: str, split: str, config: str | None) -> list[Located]:
+    """A save_to_disk directory (it holds state.json or dataset_dict.json), else a dataset
+    folder for load_dataset (data files, or a README.md card whose `configs` name them)."""
     datasets = _import_optional("datasets", f"loading {name!r}")
     if not ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
-        return _load_dataset(datasets, str(path), name, split)
+        return _load_dataset(datasets, str(path), name, split, config)
+    _no_configurations(config, name, "is a saved dataset (save_to_disk)")
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as err:  # any failure inside `datasets` is the same one-line story
@@ -251,19 +358,38 @@ def _read_dataset_dir(path: Path, name: str, split: str) -> list[Located]:
     return _numbered(loaded.to_list())
 
 
-def _read_hub(name: str, split: str) -> list[Located]:
+def _read_hub(name: str, split: str, config: str | None) -> list[Located]:
     """A `datasets` name; it needs a network (or a warm cache) to load."""
     datasets = _import_optional("datasets", f"loading dataset {name!r}")
-    return _load_dataset(datasets, name, name, split)
+    return _load_dataset(datasets, name, name, split, config)
 
 
-def _load_dataset(datasets: ModuleType, target: str, name: str, split: str) -> list[Located]:
-    """`datasets.load_dataset(target)`; errors quote `name`, what the user wrote."""
+def _load_dataset(datasets: ModuleType, target: str, name: str, split: str, config: str | None) -> list[Located]:
+    """`datasets.load_dataset(target, config, split=split)`; errors quote `name`, what the user wrote."""
     try:
-        loaded = datasets.load_dataset(target, split=split)
-    except Exception as err:  # network, unknown name, unknown split, bad files: all one line
-        raise UserError(f"data.path: cannot load dataset {name!r} ({first_line(err)})") from err
+        loaded = datasets.load_dataset(target, config, split=split)
+    except Exception as err:  # network, unknown name, configuration or split, bad files: all one line
+        raise UserError(
+            _configuration_problem(datasets, target, name, config)
+            or f"data.path: cannot load dataset {name!r} ({first_line(err)})"
+        ) from err
     return _numbered(loaded.to_list())
+
+
+def _configuration_problem(datasets: ModuleType, target: str, name: str, config: str | None) -> str | None:
+    """After a failed load: the line that names the dataset's configurations, when the
+    configuration is what failed (an unknown one, or none named where there are several);
+    None when it is not, or the list cannot be read either (then the load's own error says)."""
+    try:
+        names = list(datasets.get_dataset_config_names(target))
+    except Exception:  # noqa: BLE001 (no list to offer: the load's error is the story)
+        return None
+    listed = ", ".join(names)
+    if config is None and len(names) > 1:
+        return f"data.config: {name} has several configurations, name one (configurations: {listed})"
+    if config is not None and names and config not in names:
+        return f"data.config: {name} has no configuration {config!r} (configurations: {listed})"
+    return None
 
 
 def _numbered(rows: list[dict]) -> list[Located]:

@@ -236,6 +236,21 @@ REFUSALS: dict[str, Refusal] = {
         "set it to false, or run on one process",
         "design: stepping FSDP2's shards as their reduce-scattered gradients arrive is not built",
     ),
+    # ---- a policy handed to grpo.train as an object
+    "given-policy+async": Refusal(
+        "rollout.async",
+        "asynchronous rollouts with a model or tokenizer handed to `grpo.train` as an object",
+        "a model or tokenizer handed to grpo.train cannot reach the generator's process, which loads the policy "
+        "from `model`; save them (save_pretrained) and name the folder in model, or set rollout.async.max_staleness: 0",
+        "not built: the generator's process loads its copy of the policy from a folder or hub id",
+    ),
+    "given-model+critic": Refusal(
+        "value.model",
+        "PPO's critic (`loss.baseline: critic`) with no `value.model` and a model handed to `grpo.train`",
+        "the critic starts from the policy's folder, and the model handed to grpo.train has none here; name the "
+        "critic's start in value.model (a folder or hub id)",
+        "not built: the value model loads its backbone from a folder or hub id",
+    ),
 }
 
 

@@ -11,8 +11,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo.data import PromptStream, load_rows
+from grpo.data import GIVEN_DATASET, PromptStream, given_rows, load_rows, with_system_prompt
 from grpo.errors import UserError
+from tests.dataset_folders import gsm8k_rows, offline_datasets, write_gsm8k_folder
 
 ROWS = [
     {"prompt": "What is 2+2?", "answer": "4", "level": 1},
@@ -68,14 +69,7 @@ def no_datasets(monkeypatch):
 
 @pytest.fixture
 def datasets_offline(tmp_path, monkeypatch):
-    """`datasets` with no network attempts (fails at once, no retries) and a private cache."""
-    datasets = pytest.importorskip("datasets")
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-    return datasets
+    return offline_datasets(tmp_path, monkeypatch)
 
 
 # --- formats ---------------------------------------------------------------------------------
@@ -149,6 +143,87 @@ def test_directory_of_data_files(tmp_path, datasets_offline):
     (tmp_path / "data").mkdir()
     write_jsonl(tmp_path / "data" / "train.jsonl", ROWS)
     assert load_rows(str(tmp_path / "data")) == ROWS
+
+
+# --- configurations: a dataset folder whose card names two, as openai/gsm8k's does ------------
+
+
+def test_a_dataset_folder_s_configuration_and_split_are_loaded_by_name(tmp_path, datasets_offline):
+    folder = str(write_gsm8k_folder(tmp_path / "gsm8k"))
+    assert load_rows(folder, prompt_column="question", config="socratic") == gsm8k_rows("socratic", "train")
+    assert load_rows(folder, prompt_column="question", config="main", split="test") == gsm8k_rows("main", "test")
+
+
+def test_an_unknown_configuration_is_one_line_with_the_dataset_s_list(tmp_path, datasets_offline):
+    folder = str(write_gsm8k_folder(tmp_path / "gsm8k"))
+    message = user_error(load_rows, folder, prompt_column="question", config="mian")
+    assert message == f"data.config: {folder} has no configuration 'mian' (configurations: main, socratic)"
+
+
+def test_no_configuration_named_where_there_are_several_is_one_line_with_the_list(tmp_path, datasets_offline):
+    folder = str(write_gsm8k_folder(tmp_path / "gsm8k"))
+    message = user_error(load_rows, folder, prompt_column="question")
+    assert message == f"data.config: {folder} has several configurations, name one (configurations: main, socratic)"
+
+
+def test_a_configuration_of_data_that_has_none_is_one_line(tmp_path, datasets_offline):
+    file = write_jsonl(tmp_path / "prompts.jsonl", ROWS)
+    datasets_offline.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    assert user_error(load_rows, file, config="main") == (
+        f"data.config: {file} is one file, with no configurations (got 'main'): leave data.config unset"
+    )
+    assert user_error(load_rows, str(tmp_path / "saved"), config="main").startswith(
+        f"data.config: {tmp_path / 'saved'} is a saved dataset (save_to_disk), with no configurations"
+    )
+
+
+# --- the system prompt -------------------------------------------------------------------------
+
+
+def test_a_system_prompt_goes_before_every_prompt_and_a_row_s_own_stays(tmp_path):
+    system = {"role": "system", "content": "Be brief."}
+    rows = load_rows(write_jsonl(tmp_path / "chat.jsonl", ROWS + CHAT), system_prompt="Be brief.")
+    assert rows[0] == {**ROWS[0], "prompt": [system, {"role": "user", "content": "What is 2+2?"}]}
+    assert rows[2] == CHAT[0]  # it opens with a system message of its own
+    assert rows[3] == {**CHAT[1], "prompt": [system, *CHAT[1]["prompt"]]}
+    assert with_system_prompt(ROWS, "prompt", "") is ROWS  # none: the rows as they are
+    assert ROWS[0]["prompt"] == "What is 2+2?"  # copied, never changed in place
+
+
+# --- rows handed over in Python (grpo.train(dataset=...)) ----------------------------------------
+
+
+def test_given_rows_take_a_dataset_a_dataset_dict_s_split_and_a_list(datasets_offline):
+    held_out = [{"prompt": "held out", "answer": "0", "level": 3}]
+    dataset_dict = datasets_offline.DatasetDict(
+        {"train": datasets_offline.Dataset.from_list(ROWS), "test": datasets_offline.Dataset.from_list(held_out)}
+    )
+    assert given_rows(datasets_offline.Dataset.from_list(ROWS)) == ROWS
+    assert given_rows(dataset_dict, split="test") == held_out
+    assert given_rows(ROWS) == ROWS and given_rows(tuple(ROWS)) == ROWS
+    assert given_rows(ROWS, system_prompt="Be brief.")[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
+    assert user_error(given_rows, dataset_dict, split="validation") == (
+        "data.split: the dataset has no split 'validation' (splits: train, test)"
+    )
+
+
+def test_given_rows_are_checked_as_a_file_s_are():
+    assert user_error(given_rows, ROWS, prompt_column="question") == (
+        "data.prompt_column: no column 'question' in dataset (columns: prompt, answer, level)"
+    )
+    assert (
+        user_error(given_rows, [ROWS[0], "What is 3*3?"]) == "dataset row 2: expected a dict of columns, got a string"
+    )
+    assert user_error(given_rows, []) == "dataset: has no rows"
+    assert user_error(given_rows, "prompts.jsonl") == (
+        "dataset: expected a datasets.Dataset, a DatasetDict or a list of dicts, got str"
+    )
+
+
+def test_a_resume_of_rows_handed_over_says_to_hand_them_again():
+    assert user_error(load_rows, GIVEN_DATASET).startswith(
+        "data.path: this run's rows were handed to grpo.train(dataset=...): hand them again"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet"])

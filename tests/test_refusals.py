@@ -16,6 +16,7 @@ from grpo.errors import UserError
 from grpo.refusals import REFUSALS, refusal, refuse
 from grpo.rollout import decoders
 from grpo.rollout.worker import refuse_auto_generate
+from grpo.train.models import GivenPolicy, check_given
 from grpo.train.preflight import preflight
 
 ROOT = Path(__file__).parents[1]
@@ -167,6 +168,8 @@ TRIGGERS = {
     ),
     "in-backward+torchrun": launch(2, train={"optimizer_in_backward": True, "max_grad_norm": 0}),
     "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
+    "given-policy+async": lambda: check_given(config_from_dict(minimal(rollout=ASYNC)), GivenPolicy(None, object())),
+    "given-model+critic": lambda: check_given(config_from_dict(minimal(algorithm="ppo")), GivenPolicy(object(), None)),
 }
 
 

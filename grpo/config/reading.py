@@ -174,6 +174,8 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "reward_funcs": ("rewards", "a list of {function: ..., weight: ...}"),
     "reward_weights": ("rewards", "each entry's weight"),
     "dataset_name": ("data.path", "a file, a saved datasets directory or a datasets name"),
+    "dataset_config": ("data.config", "the dataset's configuration, load_dataset's second argument"),
+    "dataset_train_split": ("data.split", "the split trained on"),
     "vllm_importance_sampling_correction": (
         "loss.engine_correction",
         "false is none; true is the mode vllm_importance_sampling_mode names",

@@ -109,9 +109,15 @@ def load_tokenizer(path: str, key: str = "model"):
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as err:  # OSError, ValueError, ... from the hub client or the files
         raise UserError(f"{key}: cannot load a tokenizer from '{path}' ({first_line(err)})") from None
+    return with_pad_token(tokenizer, f"the tokenizer of '{path}'", key)
+
+
+def with_pad_token(tokenizer, name: str, key: str = "model"):
+    """`tokenizer` with a pad token: its EOS where it has none (batches are padded). `name`
+    says which tokenizer in the one-line error of one with neither."""
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
-            raise UserError(f"{key}: the tokenizer of '{path}' has neither a pad nor an EOS token")
+            raise UserError(f"{key}: {name} has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 

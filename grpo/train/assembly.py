@@ -12,7 +12,6 @@ from torch import nn
 from grpo.config import Config
 from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
 from grpo.infra.distributed import SingleProcess, World
-from grpo.infra.hf import load_causal_lm, load_tokenizer
 from grpo.rewards import WeightedReward
 from grpo.rewards.adapters import ModelReward, ProcessModelReward
 from grpo.rewards.model import RewardModel
@@ -22,9 +21,12 @@ from grpo.rollout.tools import Toolbox
 from grpo.rollout.worker import build_generator
 from grpo.train.layouts import chunkable_head, decide_layouts, layout_of
 from grpo.train.models import (
+    GivenPolicy,
     apply_lora,
     count_parameters,
     enable_checkpointing,
+    policy_model,
+    policy_tokenizer,
     tie_gradients_in_place,
     trainable_parameters,
 )
@@ -61,16 +63,18 @@ def build_engine(
     rewards: list[WeightedReward],
     device: torch.device | None = None,
     world: World = SingleProcess(),
+    given: GivenPolicy | None = None,
 ) -> Engine:
     """Load the models onto `device` (train.device's) and choose, once, the pieces in which
     GRPO and PPO differ. Over several processes, the policy and the critic are sharded
     (FSDP2) and the reference is a full replica (grpo.infra.distributed says why). What
-    samples the policy is the run's Generator (`build_run_generator`), built beside it."""
+    samples the policy is the run's Generator (`build_run_generator`), built beside it.
+    `given`: the model and tokenizer handed to grpo.train, used instead of loading c.model."""
     device = resolve_device(c.train.device) if device is None else device
-    tokenizer = load_tokenizer(c.model)
+    tokenizer = policy_tokenizer(c.model, given)
     attention = attention_for(c.train.attention, c.rollout.max_new_tokens, device)
     compute_dtype = autocast_dtype(c.train.autocast, device)
-    policy, decisions = load_policy(c, attention, device, world)
+    policy, decisions = load_policy(c, attention, device, world, given)
     reference = build_reference(
         policy,
         beta=c.loss.beta,
@@ -111,12 +115,14 @@ def build_engine(
     )
 
 
-def load_policy(c: Config, attention: str | None, device: torch.device, world: World) -> tuple[nn.Module, Decisions]:
+def load_policy(
+    c: Config, attention: str | None, device: torch.device, world: World, given: GivenPolicy | None = None
+) -> tuple[nn.Module, Decisions]:
     """The policy (with its LoRA adapters), whole, and what was decided for it: which forward
     layouts (checkpointed; packed, shared prompt) serve its architecture, tried once on a
     small batch before sharding (the reference's copy inherits the verdicts), and whether its
     head runs chunk by chunk (one probe pass, likewise)."""
-    policy = load_causal_lm(c.model, c.train.dtype, attention=attention, device=device)
+    policy = policy_model(c.model, given, c.train.dtype, attention, device)  # handed over, or loaded
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
     checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
     if c.lora.r:

@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from grpo.config import Config, as_tree, config_from_dict, config_to_dict, load_config, read_config_file, reporters
-from grpo.data import PromptStream, load_rows
+from grpo.data import GIVEN_DATASET, PromptStream, check_chat_template, given_rows, load_rows
 from grpo.errors import Stopped, UserError
 from grpo.infra.checkpoint import load_latest_checkpoint
 from grpo.infra.contain import run_workers
@@ -44,6 +44,7 @@ from grpo.infra.seed import seed_everything
 from grpo.rewards import WeightedReward, load_rewards
 from grpo.rewards.model import RewardModel, load_pairs
 from grpo.infra.hf import model_config
+from grpo.train.models import GivenPolicy, check_given, given_model_name, given_policy, policy_config, policy_tokenizer
 from grpo.rollout import check_context
 from grpo.rollout.worker import refuse_in_generator
 from grpo.rollout.tools import Toolbox
@@ -74,8 +75,9 @@ class TrainResult:
 
 def as_config(config: Config | dict | str | Path, overrides: list[str] = (), given: dict | None = None) -> Config:
     """`config` (a Config, a mapping or a YAML path) with `overrides`; `given`: the rewards
-    (a `rewards` list) and rollout's `tools` and `environment` that grpo.train's arguments
-    replace, put in before the config is validated (functions and classes as given)."""
+    (a `rewards` list), rollout's `tools` and `environment`, the `model` and data's `path`
+    that grpo.train's arguments replace, put in before the config is validated (functions
+    and classes as given; a model or dataset object as the name config.yaml records)."""
     if given:
         if isinstance(config, Config):
             tree = as_tree(config)  # functions and classes kept as they are
@@ -83,6 +85,10 @@ def as_config(config: Config | dict | str | Path, overrides: list[str] = (), giv
             tree = dict(config) if isinstance(config, dict) else read_config_file(config)
         if "rewards" in given:
             tree["rewards"] = given["rewards"]
+        if "model" in given:
+            tree["model"] = given["model"]
+        if "data.path" in given:
+            tree["data"] = {**(tree.get("data") or {}), "path": given["data.path"]}
         rollout = dict(tree.get("rollout") or {})
         rollout.update({key: given[key] for key in ("tools", "environment") if key in given})
         return config_from_dict({**tree, "rollout": rollout}, overrides)
@@ -101,10 +107,11 @@ def resolve_functions(c: Config) -> dict[int, WeightedReward]:
     return {i: w for (i, _), w in zip(entries, resolved)}
 
 
-def check_models(c: Config) -> None:
+def check_models(c: Config, policy: GivenPolicy | None = None) -> None:
     """Every model the run loads exists (its config read, no weights), and prompts of
-    rollout.max_prompt_length fit the policy's positions: found before output_dir is touched."""
-    check_context(model_config(c.model), c.rollout.max_prompt_length, c.rollout.max_new_tokens)
+    rollout.max_prompt_length fit the policy's positions (`policy`: the model handed to
+    grpo.train, if any): found before output_dir is touched."""
+    check_context(policy_config(c.model, policy), c.rollout.max_prompt_length, c.rollout.max_new_tokens)
     if c.loss.baseline == "critic" and c.value.model:
         model_config(c.value.model, "value.model")
     for r in c.rewards:
@@ -198,6 +205,11 @@ def train(
     rewards: list | None = None,
     tools: list | None = None,
     environment_factory: type | str | None = None,
+    dataset=None,
+    model=None,
+    tokenizer=None,
+    train_dataset=None,
+    processing_class=None,
 ) -> TrainResult:
     """Train a policy with GRPO or PPO as `config` says (a Config, a mapping, or a YAML path).
 
@@ -205,6 +217,10 @@ def train(
     each a function, a spec string, or a dict as a `rewards` entry of a config. `tools` and
     `environment_factory` (TRL's arguments of those names), when given, replace
     rollout.tools and rollout.environment: functions (or specs) and a class (docs/tools.md).
+    `dataset` (TRL's `train_dataset`), when given, replaces data.path: a datasets.Dataset, a
+    DatasetDict (its data.split) or a list of dicts. `model`, when given, replaces the
+    config's model: a folder or hub id, or a transformers PreTrainedModel already loaded
+    (trained in place), with its `tokenizer` (TRL's `processing_class`); docs/training.md#data.
 
     Under torchrun (`torchrun --nproc_per_node N -m grpo train CONFIG`) every process runs
     this; they split each step's prompts and share one result (grpo.infra.distributed)."""
@@ -216,18 +232,40 @@ def train(
         given["tools"] = list(tools)
     if environment_factory is not None:
         given["environment"] = environment_factory
+    dataset = _one_of(dataset=dataset, train_dataset=train_dataset)
+    tokenizer = _one_of(tokenizer=tokenizer, processing_class=processing_class)
+    if dataset is not None:
+        given["data.path"] = GIVEN_DATASET  # what config.yaml records
+    if isinstance(model, (str, Path)):
+        given["model"], model = str(model), None
+    policy = given_policy(model, tokenizer)  # the objects checked, a missing tokenizer loaded
+    if model is not None:
+        given["model"] = given_model_name(model)
     c = as_config(config, overrides, given)
+    check_given(c, policy)
+    rows = None
+    if dataset is not None:
+        d = c.data
+        rows = given_rows(dataset, prompt_column=d.prompt_column, split=d.split, system_prompt=d.system_prompt)
     device = resolve_device(c.train.device)
     backend = preflight(c, launched_world_size(), device)  # refusals that need an engine's facts
     world = init_world(device, backend)
     try:
-        return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite)
+        return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite, rows=rows, policy=policy)
     finally:
         # Under torchrun, vLLM's engine is shut down while the process group is still there
         # (at exit, after world.close(), its shutdown would fail on the destroyed group).
         if world.world_size > 1:
             close_shared_engine()
         world.close()
+
+
+def _one_of(**arguments):
+    """The one of two names of an argument (ours, TRL's) that was given, or None."""
+    given = {name: value for name, value in arguments.items() if value is not None}
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)}: two names of one argument; give one")
+    return next(iter(given.values()), None)
 
 
 @dataclass
@@ -239,12 +277,23 @@ class Inputs:
     rows: list[dict]  # the prompts
     state: dict | None  # the checkpoint a resume continues from
     toolbox: Toolbox | None  # the tools and environment of multi-turn rollouts
+    policy: GivenPolicy | None = None  # the model and tokenizer handed to grpo.train, if any
 
 
-def check_inputs(c: Config, world: World, folder: OutputFolder, *, resume: bool, overwrite: bool) -> Inputs:
+def check_inputs(
+    c: Config,
+    world: World,
+    folder: OutputFolder,
+    *,
+    resume: bool,
+    overwrite: bool,
+    rows: list[dict] | None = None,
+    policy: GivenPolicy | None = None,
+) -> Inputs:
     """Everything that can be wrong with the input, found before any model is loaded (in
     every process: one that fails stops them all). The config's mistakes come first, then
-    the folder's: nothing in output_dir is touched before the config is known good."""
+    the folder's: nothing in output_dir is touched before the config is known good. `rows`
+    and `policy`: what grpo.train was handed instead of data.path and model (checked)."""
     functions = resolve_functions(c)
     toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
     if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
@@ -255,19 +304,28 @@ def check_inputs(c: Config, world: World, folder: OutputFolder, *, resume: bool,
         raise UserError(absent)
     u = c.reward_model_update
     verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
-    if c.data.path:
-        d = c.data
-        rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, task_options=d.task_options)
-    else:
+    d = c.data
+    if rows is None and d.path:
+        rows = load_rows(
+            d.path,
+            prompt_column=d.prompt_column,
+            split=d.split,
+            task_options=d.task_options,
+            config=d.config,
+            system_prompt=d.system_prompt,
+        )
+    if rows is None:
         rows = environment_rows(c)
+    else:  # chat prompts (the data's, or made by data.system_prompt) need a chat template
+        check_chat_template(rows, d.prompt_column, lambda: policy_tokenizer(c.model, policy), d.system_prompt)
     if toolbox is not None:
         toolbox.check_prompts(rows, c.data.prompt_column)
-    check_models(c)
+    check_models(c, policy)
     resumable = folder.claim(resume=resume, overwrite=overwrite)
     state = load_latest_checkpoint(folder.out, world_size=world.world_size, rank=world.rank) if resumable else None
     if state is not None:
         check_resume_config(c, state)
-    return Inputs(functions, verifier, rows, state, toolbox)
+    return Inputs(functions, verifier, rows, state, toolbox, policy)
 
 
 def dashboards(c: Config, world: World, state: dict | None) -> Sinks:
@@ -288,13 +346,23 @@ def dashboards(c: Config, world: World, state: dict | None) -> Sinks:
 
 
 def _train(
-    c: Config, world: World, device: torch.device, *, resume: bool, progress: bool, overwrite: bool = False
+    c: Config,
+    world: World,
+    device: torch.device,
+    *,
+    resume: bool,
+    progress: bool,
+    overwrite: bool = False,
+    rows: list[dict] | None = None,
+    policy: GivenPolicy | None = None,
 ) -> TrainResult:
     out = Path(c.output_dir)
     folder = OutputFolder(out, main=world.is_main)
     opened = Sinks([])
     try:
-        inputs = world.checked(lambda: check_inputs(c, world, folder, resume=resume, overwrite=overwrite))
+        inputs = world.checked(
+            lambda: check_inputs(c, world, folder, resume=resume, overwrite=overwrite, rows=rows, policy=policy)
+        )
         opened = world.checked(lambda: dashboards(c, world, inputs.state))
         return Run(c, world, device, folder, inputs, opened, progress=progress).train()
     except (UserError, Stopped, KeyboardInterrupt):
@@ -334,7 +402,7 @@ class Run:
         rewards, self.reward_models = load_reward_models(c, inputs.functions, device)
         if inputs.toolbox is not None:
             rewards += inputs.toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
-        self.engine = e = build_engine(c, rewards, device, world)
+        self.engine = e = build_engine(c, rewards, device, world, given=inputs.policy)
         if inputs.verifier:
             self.updater = build_updater(c, inputs.verifier, self.reward_models, inputs.rows, world)
         else:

@@ -1,17 +1,117 @@
-"""A loaded causal LM made ready to train: activation checkpointing (on and off), LoRA, autocast,
-the parameters an optimizer moves. Loading it is `grpo.infra.hf.load_causal_lm`; the forward
-passes over a Rollout are `grpo.train.layouts`; the reference and the critic, `grpo.train.networks`.
+"""A causal LM made ready to train: the policy loaded from `model`, or handed to `grpo.train`
+already loaded (`GivenPolicy`); activation checkpointing (on and off), LoRA, autocast, the
+parameters an optimizer moves. Loading from a folder or hub id is
+`grpo.infra.hf.load_causal_lm`; the forward passes over a Rollout are `grpo.train.layouts`;
+the reference and the critic, `grpo.train.networks`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from grpo.errors import UserError
+from grpo.errors import UserError, first_line
+from grpo.infra.hf import load_causal_lm, load_tokenizer, model_config, with_pad_token
+from grpo.refusals import refuse
+
+# What config.yaml's `model` says of a policy handed to grpo.train as an object (its
+# name_or_path follows), so that a resume from the command line says to hand it again.
+GIVEN_MODEL = "<model given to grpo.train"
+
+
+@dataclass(frozen=True)
+class GivenPolicy:
+    """What `grpo.train` was handed already loaded (model=, tokenizer=; TRL's model and
+    processing_class), used instead of loading config.model: a transformers PreTrainedModel
+    (trained in place, in its own dtype) and its tokenizer, or a tokenizer alone (the model
+    then loads from config.model)."""
+
+    model: nn.Module | None
+    tokenizer: Any
+
+
+def given_policy(model: Any, tokenizer: Any) -> GivenPolicy | None:
+    """`grpo.train`'s model= (an object; a name goes into the config instead) and tokenizer=,
+    checked before any other model loads; None when neither was given. A model without its
+    tokenizer takes the one its name_or_path loads, as TRL's GRPOTrainer does."""
+    if model is None and tokenizer is None:
+        return None
+    if model is not None:
+        from transformers import PreTrainedModel
+
+        if not isinstance(model, PreTrainedModel):
+            raise UserError(
+                "model: expected a model folder or hub id, or a transformers PreTrainedModel "
+                f"(AutoModelForCausalLM.from_pretrained), got {type(model).__name__}"
+            )
+    if tokenizer is None:
+        name = model.name_or_path
+        try:
+            tokenizer = load_tokenizer(name, "tokenizer")
+        except UserError:
+            raise UserError(
+                "tokenizer: hand the model's tokenizer too (tokenizer=, TRL's processing_class=): "
+                f"none loads from its name_or_path {name!r}"
+            ) from None
+    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise UserError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
+    return GivenPolicy(model, with_pad_token(tokenizer, "the tokenizer handed to grpo.train", "tokenizer"))
+
+
+def given_model_name(model) -> str:
+    """config.yaml's `model` for a policy handed over as an object."""
+    return f"{GIVEN_MODEL}: {model.name_or_path or type(model).__name__}>"
+
+
+def check_given(c, given: GivenPolicy | None) -> None:
+    """What a policy handed over as an object cannot do, before any model loads: reach a
+    generator's process (rollout.async loads the policy there from `model`), or be the
+    critic's start (value.model: the policy's folder by default). And a resume from a
+    config.yaml whose model was handed over, without it."""
+    if given is None:
+        if c.model.startswith(GIVEN_MODEL):
+            raise UserError(
+                "model: this run's model was handed to grpo.train(model=...): hand it again, or name its folder in model"
+            )
+        return
+    if c.rollout.async_.max_staleness > 0:
+        refuse("given-policy+async")
+    if given.model is not None and c.loss.baseline == "critic" and not c.value.model:
+        refuse("given-model+critic")
+
+
+def policy_config(path: str, given: GivenPolicy | None):
+    """The policy's `PretrainedConfig`: the given model's, else read from `path` (no weights)."""
+    if given is not None and given.model is not None:
+        return given.model.config
+    return model_config(path)
+
+
+def policy_tokenizer(path: str, given: GivenPolicy | None):
+    """The policy's tokenizer: the one handed over, else loaded from `path`."""
+    return given.tokenizer if given is not None else load_tokenizer(path)
+
+
+def policy_model(path: str, given: GivenPolicy | None, dtype: str, attention: str | None, device):
+    """The policy, before it is made ready to train: the model handed over (on `device`, in
+    eval mode and with train.attention's implementation, as `load_causal_lm` loads one),
+    else loaded from `path` in `dtype`."""
+    if given is None or given.model is None:
+        return load_causal_lm(path, dtype, attention=attention, device=device)
+    model = given.model
+    if attention is not None and model.config._attn_implementation != attention:
+        try:
+            model.set_attn_implementation(attention)
+        except Exception as err:  # transformers' refusal of an implementation this model lacks
+            raise UserError(
+                f"train.attention: the model handed to grpo.train cannot use {attention!r} ({first_line(err)})"
+            ) from None
+    return model.to(device).eval()
 
 
 def autocast(model, dtype: torch.dtype | None):

@@ -45,6 +45,7 @@ RESUME_FIXED = (
     "algorithm",
     "seed",
     "data.path",
+    "data.config",
     "data.prompt_column",
     "data.split",
     "data.shuffle",
