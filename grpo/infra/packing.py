@@ -102,14 +102,14 @@ def pack_sequences(input_ids: Tensor, attention_mask: Tensor) -> Packed | None:
     )
 
 
-def mask_dtype(model) -> torch.dtype:
+def mask_dtype(model, computes_in: torch.dtype | None = None) -> torch.dtype:
     """The dtype of a packed pass's additive mask: the one the model computes in (autocast's
-    where it is on, else its weights', or the one a bf16-stored reference is cast up to:
-    grpo.train.networks); SDPA takes no mask of another float dtype."""
+    where it is on, else `computes_in` where given: the one a bf16-stored reference is cast
+    up to, grpo.train.networks; else its weights'); SDPA takes no mask of another float dtype."""
     weight = model.get_input_embeddings().weight
     if torch.is_autocast_enabled(weight.device.type):
         return torch.get_autocast_dtype(weight.device.type)
-    dtype = getattr(model, "_grpo_computes_in", None) or weight.dtype
+    dtype = computes_in or weight.dtype
     return dtype if dtype.is_floating_point else torch.float32
 
 

@@ -19,7 +19,7 @@ from grpo.rollout import check_context
 from grpo.rollout.generator import Generator, GeneratorSpec
 from grpo.rollout.tools import Toolbox
 from grpo.rollout.worker import build_generator
-from grpo.train.layouts import chunkable_head, decide_layouts, layout_of
+from grpo.train.layouts import chunkable_head, decide_layouts
 from grpo.train.models import (
     GivenPolicy,
     apply_lora,
@@ -83,6 +83,7 @@ def build_engine(
         full_state_dict=world.full_state_dict,
         chunked_head=decisions.chunked_head,
         stored=None if c.train.reference_dtype == "auto" else getattr(torch, c.train.reference_dtype),
+        layout=decisions.no_grad_passes,  # its passes run as the policy's without a gradient
     )  # copied before sharding
     tie_gradients_in_place(policy)  # after the reference's copy: its weights take no gradient
     critic = build_critic(c, attention, compute_dtype, device, world)
@@ -120,16 +121,21 @@ def load_policy(
 ) -> tuple[nn.Module, Decisions]:
     """The policy (with its LoRA adapters), whole, and what was decided for it: which forward
     layouts (checkpointed; packed, shared prompt) serve its architecture, tried once on a
-    small batch before sharding (the reference's copy inherits the verdicts), and whether its
-    head runs chunk by chunk (one probe pass, likewise)."""
+    small batch before sharding, and whether its head runs chunk by chunk (one probe pass):
+    returned, for the engine to hand to the passes of the policy and of its reference."""
     policy = policy_model(c.model, given, c.train.dtype, attention, device)  # handed over, or loaded
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
     checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
     if c.lora.r:
         policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
-    checkpointing = decide_layouts(policy, checkpointing, c.train.layout, world=world)
+    taken = decide_layouts(policy, checkpointing, c.train.layout, world=world)
     chunked = c.train.chunked_head and chunkable_head(policy) is not None
-    return policy, Decisions(checkpointing=checkpointing, layout=layout_of(policy, checkpointing), chunked_head=chunked)
+    return policy, Decisions(
+        checkpointing=taken.checkpointing,
+        layout=taken.layout(taken.checkpointing),
+        chunked_head=chunked,
+        no_grad_layout=taken.plain,
+    )
 
 
 def models_held(e: Engine, c: Config) -> int:

@@ -9,16 +9,19 @@ activation checkpointing; through the full logits or the LM head chunk by chunk
 (train.chunked_head, `grpo.algo.head_logprobs`: the hidden states taken by a hook where the
 head receives them, so that no (N, T, V) logits exist). Each gives the same log-probs;
 `decide_layouts` tries them once on a model before the first step and takes the first that
-does (tests/train/test_architectures.py); `update_layout` hands the update the one it runs. A model whose logits are not its plain nn.Linear
-head's output (softcapping, logit scales, a LoRA or quantized head) runs the plain head
-(`chunkable_head`).
+does (tests/train/test_architectures.py) and returns what it took (`Taken`); `update_layout`
+hands the update the one it runs. A model whose logits are not its plain nn.Linear head's
+output (softcapping, logit scales, a LoRA or quantized head) runs the plain head
+(`chunkable_head`). What was decided for a model is held by its caller and by the layout
+objects built from it (`Verdicts`), never set on the model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import torch
@@ -39,16 +42,47 @@ PACKED, SHARED, PADDED = "packed", "shared", "padded"
 LAYOUTS = (PACKED, SHARED, PADDED)  # the first that serves a model is taken
 
 
+@dataclass(frozen=True, kw_only=True)
+class Verdicts:
+    """What was decided for the model a layout object runs, held by the layout (built by the
+    engine from its `Decisions`, grpo.train.step), not by the model. Left at None: undecided,
+    as for a helper's call on a model nobody decided for."""
+
+    # Whether its LM head runs chunk by chunk (train.chunked_head and `chunkable_head`'s verdict);
+    # None: `chunkable_head` asked at each pass that wants it.
+    chunked_head: bool | None = None
+    # The dtype its forward computes in where that is not its weights' (a bf16-stored reference
+    # cast up as it runs: grpo.train.networks): a packed pass's mask is made in it. None: mask_dtype's.
+    computes_in: torch.dtype | None = None
+
+    @property
+    def verdicts(self) -> dict:
+        """These verdicts as keywords, for a layout derived from this one (`unshared`)."""
+        return dict(chunked_head=self.chunked_head, computes_in=self.computes_in)
+
+    def head(self, model, asked: bool) -> nn.Linear | None:
+        """The head that runs chunk by chunk where `asked` (train.chunked_head): as decided
+        for the model, else as `chunkable_head` finds; None for the full logits."""
+        if not asked or self.chunked_head is False:
+            return None
+        return model.get_output_embeddings() if self.chunked_head else chunkable_head(model)
+
+
 class Layout(Protocol):
     """How a forward pass lays out a batch's rows (the module doc): what the step and the
     passes call. A layout gives (N, T, ...) outputs at the positions that predict each
     completion token (`positions`); the logits, the head's inputs and the log-probs are
-    built on it alike for every layout. Taken once per model (`decide_layouts`, `chosen`)."""
+    built on it alike for every layout. Taken once per model (`decide_layouts`); the object
+    also holds what was decided for that model (`Verdicts`)."""
 
     name: str  # one of LAYOUTS (train.layout's values)
     shares_prompts: bool  # a group's prompt runs once for its rows side by side
     shares_in_one_pass: bool  # ...inside the one pass (the number of passes never depends on the rows)
     whole_groups: bool  # micro-batches keep a group's rows side by side (`micro_batches`)
+    chunked_head: bool | None  # `Verdicts`
+    computes_in: torch.dtype | None
+
+    def head(self, model, asked: bool) -> nn.Linear | None: ...
 
     def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
         """(N, T, ...) `read(output)` of its passes at the positions that predict completion
@@ -86,7 +120,7 @@ class Layout(Protocol):
         sampler's temperature and repetition penalty, and with `with_entropy` the (N, T)
         entropy of each position's distribution (a metric, without a gradient; else None).
 
-        With `chunked_head` (train.chunked_head) and a model that allows it (`chunkable_head`),
+        With `chunked_head` (train.chunked_head) and a model that allows it (`Verdicts.head`),
         from the hidden states through the head chunk by chunk, at the tokens in the loss only
         (`loss_mask`: the policy's actions; the padding after a row's end, and a tool's tokens
         inside it, get 0 and no gradient, and no loss or metric reads them); else from the full
@@ -95,7 +129,7 @@ class Layout(Protocol):
         context = prompt_context(batch) if repetition_penalty != 1.0 else None  # only the penalty reads it
         scoring = dict(temperature=temperature, repetition_penalty=repetition_penalty, context=context)
         ids = batch.completion_ids
-        head = chunkable_head(model) if chunked_head else None
+        head = self.head(model, chunked_head)
         if head is not None:
             hidden = self.hidden(model, batch)  # (N, T, H)
             # The head's weights as the forward left them (under FSDP2, the root's gathered ones).
@@ -117,7 +151,7 @@ class Layout(Protocol):
 
 
 @dataclass(frozen=True)
-class Padded(Layout):
+class Padded(Verdicts, Layout):
     """Every row in full: left-padded prompts, right-padded completions (`padded_pass`). Serves
     every model. `whole_groups`: whether micro-batches still keep a group's rows side by side
     (an order of the rows only, as where the run could share prompts)."""
@@ -133,11 +167,11 @@ class Padded(Layout):
         return read(out)[:, :-1]  # position P-1+t predicts completion token t
 
     def unshared(self) -> Layout:
-        return Padded(whole_groups=False)
+        return replace(self, whole_groups=False)
 
 
 @dataclass(frozen=True)
-class SharedPrompt(Layout):
+class SharedPrompt(Verdicts, Layout):
     """A group's prompt in a pass of its own, its KV cache indexed out to the group's rows
     (which autograd turns into a sum of the rows' gradients), the completions run on top of
     it: G - 1 fewer passes over each prompt. Under activation checkpointing both passes are
@@ -156,11 +190,11 @@ class SharedPrompt(Layout):
         return Padded().positions(model, batch, read)
 
     def unshared(self) -> Layout:
-        return Padded(whole_groups=False)
+        return Padded(whole_groups=False, **self.verdicts)
 
 
 @dataclass(frozen=True)
-class Packed(Layout):
+class Packed(Verdicts, Layout):
     """The real tokens end to end in one pass, no padding (grpo.train.packed_layout); with
     `shares_prompts`, a group's prompt packed once, inside that one pass."""
 
@@ -173,19 +207,19 @@ class Packed(Layout):
         return self.shares_prompts
 
     def positions(self, model, batch: Rollout, read: Callable) -> Tensor:
-        out = packed_positions(model, batch, self.shares_prompts, read)
+        out = packed_positions(model, batch, self.shares_prompts, read, computes_in=self.computes_in)
         return Padded().positions(model, batch, read) if out is None else out
 
     def unshared(self) -> Layout:
-        return Packed(shares_prompts=False)
+        return replace(self, shares_prompts=False)
 
 
-def as_layout(model, layout: Layout | str | None = None, share_prompts: bool = True) -> Layout:
-    """`layout` as a Layout: one given, a name of LAYOUTS, or None for the one `decide_layouts`
-    took for `model` in the mode it runs in now (checkpointed or not); without
-    `share_prompts`, its `unshared` variant."""
+def as_layout(layout: Layout | str | None = None, share_prompts: bool = True) -> Layout:
+    """`layout` as a Layout: one given (with what was decided for its model), a name of
+    LAYOUTS, or None for the shared prompt (what a model nobody decided for runs: the tests'
+    and the helpers'); without `share_prompts`, its `unshared` variant."""
     if layout is None:
-        layout = layout_of(model, checkpointed_layers(model) is not None)
+        layout = SHARED
     if isinstance(layout, str):
         layout = layout_named(layout)
     return layout if share_prompts else layout.unshared()
@@ -194,15 +228,15 @@ def as_layout(model, layout: Layout | str | None = None, share_prompts: bool = T
 def completion_logits(
     model, batch: Rollout, share_prompts: bool = True, *, layout: Layout | str | None = None
 ) -> Tensor:
-    """(N, T, V) `Layout.logits` of `layout` (`as_layout`: None for the model's own)."""
-    return as_layout(model, layout, share_prompts).logits(model, batch)
+    """(N, T, V) `Layout.logits` of `layout` (`as_layout`)."""
+    return as_layout(layout, share_prompts).logits(model, batch)
 
 
 def completion_hidden(
     model, batch: Rollout, share_prompts: bool = True, *, layout: Layout | str | None = None
 ) -> Tensor:
-    """(N, T, H) `Layout.hidden` of `layout` (`as_layout`: None for the model's own)."""
-    return as_layout(model, layout, share_prompts).hidden(model, batch)
+    """(N, T, H) `Layout.hidden` of `layout` (`as_layout`)."""
+    return as_layout(layout, share_prompts).hidden(model, batch)
 
 
 def padded_pass(model, batch: Rollout, **kwargs):
@@ -243,25 +277,27 @@ def _head_inputs(model):
         handle.remove()
 
 
-_VERDICT = "_grpo_logits_are_the_heads"  # the attribute chunkable_head keeps its verdict in
+# chunkable_head's probes, by model object: a helper's call on a model (no `Verdicts`) probes
+# it once. Nothing decides from it: a run's engine hands its verdict to the layouts it builds.
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def chunkable_head(model) -> nn.Linear | None:
     """The model's LM head when its logits are exactly `head(hidden)` for a plain nn.Linear
     head (then grpo.algo.head_logprobs computes them chunk by chunk); None otherwise (the
-    plain path). Decided once per model, by one forward pass over two tokens: the model's
-    logits must be the very tensor its head returned, with no soft-capping, scaling or
-    masking after it. The verdict is kept on the model, so that a copy of it (the frozen
-    reference) inherits it; build_engine asks before the first step."""
+    plain path). Found by one forward pass over two tokens (once per model object): the
+    model's logits must be the very tensor its head returned, with no soft-capping, scaling
+    or masking after it. build_engine asks before the first step, and hands the verdict to
+    the passes of the policy and of its reference (`Verdicts.chunked_head`)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if not (
         isinstance(head, nn.Linear) and type(head).forward is nn.Linear.forward and head.weight.is_floating_point()
     ):
         return None
-    if not hasattr(model, _VERDICT):
-        setattr(model, _VERDICT, _logits_are_the_heads(model, head))
-    return head if getattr(model, _VERDICT) else None
+    if model not in _PROBED:
+        _PROBED[model] = _logits_are_the_heads(model, head)
+    return head if _PROBED[model] else None
 
 
 def _logits_are_the_heads(model, head: nn.Linear) -> bool:
@@ -288,8 +324,8 @@ def completion_logprobs(
     with_entropy: bool = False,
     layout: Layout | str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """`Layout.logprobs` of `layout` (`as_layout`: None for the one the model took)."""
-    return as_layout(model, layout, share_prompts).logprobs(
+    """`Layout.logprobs` of `layout` (`as_layout`)."""
+    return as_layout(layout, share_prompts).logprobs(
         model, batch, temperature, repetition_penalty, chunked_head=chunked_head, with_entropy=with_entropy
     )
 
@@ -377,25 +413,44 @@ def prompt_context(batch: Rollout) -> Tensor:
 
 
 def policy_logprobs(
-    model, batch: Rollout, temperature: float, repetition_penalty: float = 1.0, chunked_head: bool = True
+    model,
+    batch: Rollout,
+    temperature: float,
+    repetition_penalty: float = 1.0,
+    chunked_head: bool = True,
+    *,
+    layout: Layout | str | None = None,
 ) -> Tensor:
     """(N, T) float32 log-probabilities of the completion tokens under `model`, at the
-    sampler's temperature and repetition penalty (see `completion_logprobs`)."""
-    return completion_logprobs(model, batch, temperature, repetition_penalty, chunked_head=chunked_head)[0]
+    sampler's temperature and repetition penalty, in `layout` (see `completion_logprobs`)."""
+    scoring = dict(chunked_head=chunked_head, layout=layout)
+    return completion_logprobs(model, batch, temperature, repetition_penalty, **scoring)[0]
 
 
 # ---- which layouts serve a model: decided once, before the first step ----------------------
 
 
-_LAYOUTS = "_grpo_layouts"  # the attribute decide_layouts keeps its verdicts in
+@dataclass(frozen=True)
+class Taken:
+    """What `decide_layouts` took for a model, returned to its caller (never kept on the
+    model): whether activation checkpointing stays on, and the layout of its passes in each
+    mode."""
+
+    checkpointing: bool
+    plain: str  # outside checkpointing: eval mode, and every pass without a gradient (the reference's)
+    checkpointed: str  # under checkpointing (PADDED where it is off)
+
+    def layout(self, checkpointed: bool) -> str:
+        return self.checkpointed if checkpointed else self.plain
 
 
-def layout_named(name: str) -> Layout:
-    """The layout train.layout's `name` stands for (one of LAYOUTS), sharing prompts."""
-    return {PACKED: Packed, SHARED: SharedPrompt, PADDED: Padded}[name]()
+def layout_named(name: str, **verdicts) -> Layout:
+    """The layout train.layout's `name` stands for (one of LAYOUTS), sharing prompts, with
+    what was decided for its model (`Verdicts`' fields)."""
+    return {PACKED: Packed, SHARED: SharedPrompt, PADDED: Padded}[name](**verdicts)
 
 
-def update_layout(name: str, *, one_pass: bool) -> Layout:
+def update_layout(name: str, *, one_pass: bool, chunked_head: bool | None = None) -> Layout:
     """The layout of the update's forward, given the one `decide_layouts` took for the policy
     in the update's mode (`name`); the step asks it once (`grpo.train.step.Engine`). In the
     packed layout a group's prompt runs once, in the same one pass as its completions; in the
@@ -407,32 +462,25 @@ def update_layout(name: str, *, one_pass: bool) -> Layout:
     two passes use has its gradient complete only when the second one's backward ends, and
     the prompt's pass is the last to run backward, so every layer's gradient would wait for
     the end of the backward, which that step exists to avoid; torch's memory profiler shows
-    the update's peak of live tensors well above the unshared one's: docs/memory.md)."""
-    layout = layout_named(name)
+    the update's peak of live tensors well above the unshared one's: docs/memory.md).
+    `chunked_head`: what was decided for the policy's head (`Verdicts`)."""
+    layout = layout_named(name, chunked_head=chunked_head)
     return layout.unshared() if one_pass and not layout.shares_in_one_pass else layout
 
 
-def layout_of(model, checkpointed: bool) -> str:
-    """The layout `decide_layouts` took for `model`'s passes in the mode it is in
-    (`checkpointed` or not). A model never asked runs the shared prompt (what the tests build
-    before any step)."""
-    verdicts = getattr(model, _LAYOUTS, None)
-    return SHARED if verdicts is None else verdicts[checkpointed]
-
-
-def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = "train.layout", *, world=None) -> bool:
+def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = "train.layout", *, world=None) -> Taken:
     """Decide, once and before any step, which forward layout serves `model`, by running each on
     a small batch of its own against the plain forward (every row in full, eval mode, the full
     logits): checkpointing (training mode, recomputed in the backward), and the packed and the
     shared-prompt layouts, with and without checkpointing, must give its log-probs within the
     rounding of the dtype it computes in (grpo.infra.probes.close), and the backward must run.
     For each mode the first of LAYOUTS that does is taken (the padded one, every row in full,
-    serves every model), with one warning line naming what was passed over and why; the
-    verdicts are kept on the model, so that a copy of it, the frozen reference, inherits them.
+    serves every model), with one warning line naming what was passed over and why.
     Under torchrun (`world`, grpo.infra.distributed) a layout is taken only where every
     process's probe found it serves: processes that took different layouts would run
-    different passes, and wait for each other in a collective. Returns whether checkpointing
-    stays on (with a warning when it goes: more activation memory, the same numbers).
+    different passes, and wait for each other in a collective. Returns what it took (`Taken`:
+    the layout of each mode, and whether checkpointing stays on, with a warning when it goes:
+    more activation memory, the same numbers).
     `layout` (train.layout, or the setting `key` names): auto, or the one layout to try (the
     padded one, with a warning, where it does not serve)."""
     dtype = mask_dtype(model)  # what the model computes in: the tolerance's unit
@@ -461,7 +509,6 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = 
             )
         return taken
 
-    setattr(model, _LAYOUTS, {False: PADDED, True: PADDED})  # while probing, each layout as asked
     if checkpointing and not serves(PADDED, checkpointed=True):
         warn(
             f"train.gradient_checkpointing: {type(model).__name__} computes other log-probs in "
@@ -470,18 +517,17 @@ def decide_layouts(model, checkpointing: bool, layout: str = "auto", key: str = 
         disable_checkpointing(model)
         checkpointing = False
     passed_over.pop(PADDED, None)
-    verdicts = {False: first_serving(False)}
-    verdicts[True] = first_serving(True) if checkpointing else PADDED
-    setattr(model, _LAYOUTS, verdicts)
+    unchecked = first_serving(False)
+    taken = Taken(checkpointing, unchecked, first_serving(True) if checkpointing else PADDED)
     if layout == "auto" and passed_over:
-        runs = verdicts[False]
-        if checkpointing and verdicts[True] != runs:
-            runs += f", {verdicts[True]} under checkpointing"
+        runs = taken.plain
+        if checkpointing and taken.checkpointed != runs:
+            runs += f", {taken.checkpointed} under checkpointing"
         reasons = "; ".join(f"{each}: {why}" for each, why in passed_over.items())
         warn(f"{key}: {type(model).__name__}'s passes run {runs} ({reasons})")
-    if PACKED in verdicts.values():
+    if PACKED in (taken.plain, taken.checkpointed):
         segments.enable(model, world)  # packed passes attend within each sequence only, where that serves
-    return checkpointing
+    return taken
 
 
 def _layout_problem(

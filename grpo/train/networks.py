@@ -9,6 +9,7 @@ With beta = 0 there is no reference at all.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -21,7 +22,7 @@ from grpo.infra.hf import load_error, quiet_loading, torch_dtype
 from grpo.infra.packing import mask_dtype
 from grpo.infra.probes import agreed, close, warn
 from grpo.rollout import Rollout
-from grpo.train.layouts import PACKED, padded_pass, policy_logprobs, probe_batch, windowed
+from grpo.train.layouts import PACKED, Layout, SharedPrompt, padded_pass, policy_logprobs, probe_batch, windowed
 from grpo.train.packed_layout import packed_positions
 
 
@@ -73,7 +74,11 @@ class FrozenCopy:
     dtype. Its forward runs in that dtype where the device computes it natively (`native`);
     elsewhere (a CPU without AVX-512 BF16 or AMX, where bf16 matmuls run several times slower
     than float32 ones) in the policy's dtype, each module's weights cast up as it runs
-    (`_computed_in`): the log-probs of the bf16-rounded weights, at the policy's speed."""
+    (`_computed_in`): the log-probs of the bf16-rounded weights, at the policy's speed.
+
+    `layout`: the layout of the policy's passes without a gradient, with what was decided for
+    its head (grpo.train.layouts.Verdicts): the copy runs as the policy does; None for the
+    shared prompt, undecided. The dtype the copy computes in goes with it (`computes_in`)."""
 
     held = True
     runs_policy = False
@@ -85,6 +90,7 @@ class FrozenCopy:
         full_state_dict=None,
         chunked_head: bool = True,
         stored: torch.dtype | None = None,
+        layout: Layout | None = None,
     ):
         # With `stored`, deepcopy takes each weight from the memo: a copy in that dtype (tied where
         # the policy's is: parameters() lists a tied weight once).
@@ -94,8 +100,11 @@ class FrozenCopy:
                 id(p): nn.Parameter(p.detach().to(stored, copy=True), requires_grad=False) for p in policy.parameters()
             }
         self.model = copy.deepcopy(policy, memo).eval().requires_grad_(False)
+        self.layout = layout or SharedPrompt()
         if stored is not None and not native(stored, next(policy.parameters()).device):
-            _computed_in(self.model, next(policy.parameters()).dtype)
+            computes_in = next(policy.parameters()).dtype
+            _computed_in(self.model, computes_in)
+            self.layout = replace(self.layout, computes_in=computes_in)  # what its packed mask is made in
         self.chunked_head = chunked_head
         # The policy's whole weights (sharded under FSDP, the reference is a full replica).
         self.full_state_dict = full_state_dict or (lambda model: model.state_dict())
@@ -108,7 +117,9 @@ class FrozenCopy:
 
     @torch.no_grad()
     def logprobs(self, batch, temperature, repetition_penalty=1.0):
-        return policy_logprobs(self.model, batch, temperature, repetition_penalty, self.chunked_head)
+        return policy_logprobs(
+            self.model, batch, temperature, repetition_penalty, self.chunked_head, layout=self.layout
+        )
 
     @torch.no_grad()
     def reset_to(self, policy):
@@ -125,19 +136,20 @@ def _computed_in(model: nn.Module, dtype: torch.dtype) -> None:
     """Run `model`'s forward in `dtype` while its weights stay stored in theirs: each module's own
     parameters are cast up as the module runs and put back after (forward hooks), an embedding's
     looked-up rows cast instead of its whole table (the same numbers). Casting up is exact, so
-    the forward computes what a `dtype` model with these (rounded) weights computes."""
+    the forward computes what a `dtype` model with these (rounded) weights computes. What a
+    pass's own tensors (the packed layout's mask) are made in is the caller's to hand on
+    (grpo.train.layouts.Verdicts.computes_in)."""
+    stored = {}  # module -> its own parameters, while it runs
 
     def cast_in(module, args):
-        module._grpo_stored = dict(module._parameters)
-        for name, p in module._grpo_stored.items():
+        stored[module] = dict(module._parameters)
+        for name, p in stored[module].items():
             if p is not None:
                 module._parameters[name] = p.to(dtype)
 
     def put_back(module, args, output):
-        module._parameters.update(module._grpo_stored)
-        del module._grpo_stored
+        module._parameters.update(stored.pop(module))
 
-    model._grpo_computes_in = dtype  # what a pass's own tensors (the packed layout's mask) are made in
     for module in model.modules():
         if not any(p is not None for p in module._parameters.values()):
             continue
@@ -157,14 +169,17 @@ class AdapterOff:
     networks: list = []  # the policy's own weights
     runs_policy = True
 
-    def __init__(self, policy, chunked_head: bool = True):
+    def __init__(self, policy, chunked_head: bool = True, layout: Layout | None = None):
         self.policy = policy
         self.chunked_head = chunked_head
+        self.layout = layout  # as FrozenCopy's
 
     @torch.no_grad()
     def logprobs(self, batch, temperature, repetition_penalty=1.0):
         with self.policy.disable_adapter():
-            return policy_logprobs(self.policy, batch, temperature, repetition_penalty, self.chunked_head)
+            return policy_logprobs(
+                self.policy, batch, temperature, repetition_penalty, self.chunked_head, layout=self.layout
+            )
 
     @torch.no_grad()
     def reset_to(self, policy):
@@ -191,17 +206,20 @@ def build_reference(
     full_state_dict=None,
     chunked_head: bool = True,
     stored: torch.dtype | None = None,
+    layout: Layout | None = None,
 ) -> Reference:
     """No reference when beta = 0 (no KL to measure: no copy, no pass); with LoRA the
     policy's adapter switched off (nothing copied, so `stored` has nothing to shrink); else a
     frozen copy (its linear weights in `dtype` under train.autocast; every weight in `stored`,
     train.reference_dtype's, when given), reset from `full_state_dict(policy)` (default: the
-    policy's own state dict). `chunked_head`: train.chunked_head, for its log-probs."""
+    policy's own state dict). `chunked_head`: train.chunked_head, for its log-probs; `layout`:
+    the layout of the policy's passes without a gradient, with what was decided for its head
+    (grpo.train.layouts.Verdicts), which the reference's passes run."""
     if beta == 0:
         return NoReference()
     if lora:
-        return AdapterOff(policy, chunked_head)
-    return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored)
+        return AdapterOff(policy, chunked_head, layout)
+    return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored, layout=layout)
 
 
 # ---- the critic -------------------------------------------------------------------------------

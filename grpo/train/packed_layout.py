@@ -111,10 +111,13 @@ def pack(batch: Rollout, groups: Tensor | None = None) -> Packed | None:
     )
 
 
-def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable) -> Tensor | None:
+def packed_positions(
+    model, batch: Rollout, share_prompts: bool, read: Callable, *, computes_in: torch.dtype | None = None
+) -> Tensor | None:
     """(N, T, ...) `read(output)` of one packed pass at the slots that predict each completion
     token (see `pack`; with `share_prompts`, a group's prompt packed once); None where the
-    batch cannot be packed."""
+    batch cannot be packed. `computes_in`: the dtype `model` computes in where that is not its
+    weights' (grpo.train.layouts.Verdicts), for the mask."""
     groups = prompt_groups(batch) if share_prompts else None
     packed = pack(batch, None if groups is None else groups[1])
     if packed is None:
@@ -122,7 +125,7 @@ def packed_positions(model, batch: Rollout, share_prompts: bool, read: Callable)
     out = read(
         model(
             input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask(mask_dtype(model)),
+            attention_mask=packed.attention_mask(mask_dtype(model, computes_in)),
             position_ids=packed.position_ids,
             use_cache=False,
             **attention.arguments(model, packed.units, packed.branches),

@@ -438,10 +438,9 @@ def _fine_tune(
 
     packed = False
     if c.layout != "padded":  # decided once, as grpo train decides: by a probe against the padded forward
-        from grpo.train.layouts import PACKED, decide_layouts, layout_of
+        from grpo.train.layouts import PACKED, decide_layouts
 
-        decide_layouts(model, False, "auto" if c.layout == "auto" else PACKED, key="--layout")
-        packed = layout_of(model, False) == PACKED
+        packed = decide_layouts(model, False, "auto" if c.layout == "auto" else PACKED, key="--layout").plain == PACKED
     steps = c.steps or c.epochs * math.ceil(len(examples) / c.batch_size)
     warmup = steps // 10 if c.warmup_steps is None else c.warmup_steps
     trainable = sum(p.numel() for p in trainable_parameters(model))

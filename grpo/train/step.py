@@ -30,7 +30,7 @@ from grpo.rewards import WeightedReward
 from grpo.rewards.logged import RewardLog, merge_metrics
 from grpo.rollout import Rollout
 from grpo.train.models import activation_checkpointing, autocast, trainable_parameters
-from grpo.train.layouts import Layout, micro_batches, no_grad_pass, policy_logprobs, update_layout
+from grpo.train.layouts import Layout, layout_named, micro_batches, no_grad_pass, policy_logprobs, update_layout
 from grpo.train.networks import Reference
 from grpo.train.engine_correction import METRICS as MISMATCH_METRICS
 from grpo.train.engine_correction import Mismatch
@@ -45,12 +45,22 @@ class Decisions:
     never from the config (which keeps what was asked). `checkpointing`: activation
     checkpointing, where train.gradient_checkpointing asks for it, the model supports it and
     its log-probs stay the model's own; `layout`: the layout of the policy's passes in that
-    mode (grpo.train.layouts.decide_layouts); `chunked_head`: the LM head run chunk by chunk,
-    where train.chunked_head asks for it and the model's logits are its plain head's."""
+    mode (grpo.train.layouts.decide_layouts), and `no_grad_layout` that of its passes without
+    a gradient (eval mode: the old policy's, the reference's); `chunked_head`: the LM head run
+    chunk by chunk, where train.chunked_head asks for it and the model's logits are its plain
+    head's. Never set on the model: the passes are handed the layouts built from these
+    (`no_grad_passes`, `Engine.update_layout`)."""
 
     checkpointing: bool
     layout: str
     chunked_head: bool
+    no_grad_layout: str
+
+    @property
+    def no_grad_passes(self) -> Layout:
+        """The layout of the policy's passes without a gradient (and of its reference's), with
+        the head's verdict (grpo.train.layouts.Verdicts)."""
+        return layout_named(self.no_grad_layout, chunked_head=self.chunked_head)
 
 
 @dataclass
@@ -103,7 +113,7 @@ class Engine:
         the policy's, its prompt shared in a pass of its own only where every forward may be
         more than one pass (one process, every gradient held until the optimizer steps)."""
         one_pass = self.world.world_size > 1 or not self.optimizer.holds_all_gradients
-        return update_layout(self.decisions.layout, one_pass=one_pass)
+        return update_layout(self.decisions.layout, one_pass=one_pass, chunked_head=self.decisions.chunked_head)
 
     @property
     def policy_moves(self) -> bool:
@@ -294,8 +304,9 @@ def _passes(e: Engine, batch: Rollout) -> Passes:
         if from_sampler:  # (N, T), 0 past each completion as sampled
             old = batch.sampled_logprobs
         elif old_pass:
+            layout = e.decisions.no_grad_passes
             old = no_grad_pass(
-                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.decisions.chunked_head),
+                lambda b: policy_logprobs(e.policy, b, temperature, penalty, e.decisions.chunked_head, layout=layout),
                 batch,
                 size,
                 by_length=by_length,

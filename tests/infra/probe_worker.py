@@ -22,7 +22,7 @@ def plant() -> None:
     def refuses():
         raise ValueError("planted: no registration")
 
-    layouts.packed_positions = lambda *args: packed_positions(*args).flip(0)  # rows read from the wrong slots
+    layouts.packed_positions = lambda *args, **kwargs: packed_positions(*args, **kwargs).flip(0)  # wrong slots
 
     def states(backbone, batch, packed):
         out = completion_states(backbone, batch, packed)
@@ -37,8 +37,8 @@ def main(out: str) -> None:
     if world.rank == 1:
         plant()
     model = build("llama")
-    layouts.decide_layouts(model, False, world=world)
-    taken = [layouts.layout_of(model, False), layouts.layout_of(model, True)]
+    decided = layouts.decide_layouts(model, False, world=world)
+    taken = [decided.plain, decided.checkpointed]
     switched = attention.enable(build("llama"), world)
     critic = networks.backbone_packs(build("llama").model, world)
     verdicts = world.gather_objects([taken, switched, critic])

@@ -17,7 +17,7 @@ from grpo.infra import attention, probes
 from grpo.infra.distributed import SingleProcess
 from grpo.infra.packing import windowed
 from grpo.train import layouts
-from grpo.train.layouts import _LAYOUTS, PACKED, PADDED, SHARED, decide_layouts
+from grpo.train.layouts import PACKED, PADDED, SHARED, decide_layouts
 from grpo.train.models import enable_checkpointing
 from grpo.train.networks import backbone_packs
 from tests.infra.test_attention import reference_varlen
@@ -186,14 +186,12 @@ def test_chunked_attention_is_windowed_and_never_packed(capsys):
     config can tell that a packed pass would not cut them. Without chunks it packs."""
     chunked = llama4(8192)
     assert windowed(chunked)
-    decide_layouts(chunked, False)
-    assert getattr(chunked, _LAYOUTS)[False] == SHARED
+    assert decide_layouts(chunked, False).plain == SHARED
     assert not attention.enable(chunked) and not getattr(chunked, attention._ENABLED, False)
     assert warnings(capsys) == []  # by capability: nothing to warn of
     plain = llama4(None)
     assert not windowed(plain)
-    decide_layouts(plain, False)
-    assert getattr(plain, _LAYOUTS)[False] == PACKED
+    assert decide_layouts(plain, False).plain == PACKED
 
 
 # ---- the varlen kernel ----------------------------------------------------------------------
@@ -272,8 +270,8 @@ def _nudged(real, steps: float):
     """`packed_positions` with each completion token's logit raised by `steps` bf16 rounding
     steps of the log-probs' scale: what another kernel's summation order does on a GPU."""
 
-    def packed_positions(model, batch, share_prompts, read):
-        out = real(model, batch, share_prompts, read)
+    def packed_positions(model, batch, share_prompts, read, **kwargs):
+        out = real(model, batch, share_prompts, read, **kwargs)
         ids = torch.nn.functional.one_hot(batch.completion_ids, out.shape[-1]).to(out.dtype)
         return out + steps * BF16_EPS * 10.0 * ids
 
@@ -284,13 +282,11 @@ def test_half_precision_layouts_allow_its_rounding_and_refuse_more_with_one_warn
     model = build("llama").to(torch.bfloat16)
     real = layouts.packed_positions
     monkeypatch.setattr(layouts, "packed_positions", _nudged(real, 2))  # more than 5e-2 a token
-    decide_layouts(model, False)
-    assert getattr(model, _LAYOUTS)[False] == PACKED
+    assert decide_layouts(model, False).plain == PACKED
     assert warnings(capsys) == []
     model = build("llama").to(torch.bfloat16)
     monkeypatch.setattr(layouts, "packed_positions", _nudged(real, 100))
-    decide_layouts(model, False)
-    assert getattr(model, _LAYOUTS)[False] == SHARED
+    assert decide_layouts(model, False).plain == SHARED
     (line,) = warnings(capsys)
     assert "train.layout: LlamaForCausalLM's passes run shared (packed: gives other log-probs" in line
 
@@ -338,14 +334,14 @@ def test_a_layout_is_taken_only_where_every_process_found_it_serves(capsys):
     model = build("llama")
     assert enable_checkpointing(model)
     world = _TwoProcesses(other=True)
-    decide_layouts(model, True, world=world)
-    assert getattr(model, _LAYOUTS) == {False: PACKED, True: PACKED} and getattr(model, attention._ENABLED)
+    decided = decide_layouts(model, True, world=world)
+    assert (decided.plain, decided.checkpointed) == (PACKED, PACKED) and getattr(model, attention._ENABLED)
     assert world.sums == 4  # checkpointing, packed in each mode, the attention switch
     model = build("llama")
     assert enable_checkpointing(model)
     world = _TwoProcesses(other=False)
-    decide_layouts(model, True, world=world)  # the other declines everything: every row in full
-    assert getattr(model, _LAYOUTS) == {False: PADDED, True: PADDED}
+    decided = decide_layouts(model, True, world=world)  # the other declines everything: every row in full
+    assert (decided.plain, decided.checkpointed) == (PADDED, PADDED)
     assert not getattr(model, attention._ENABLED, False)
     lines = warnings(capsys)
     assert len(lines) == 2 and "another process's probe declined it" in lines[1]

@@ -18,7 +18,6 @@ from grpo.rollout import Sampler
 from grpo.tasks.tiny import char_tokenizer
 from grpo.train.models import activation_checkpointing, enable_checkpointing
 from grpo.train.layouts import (
-    _LAYOUTS,
     LAYOUTS,
     PACKED,
     PADDED,
@@ -134,9 +133,10 @@ def test_every_layout_gives_the_plain_forward_s_log_probs_and_gradients(saved, n
 
     plain, plain_grads = forward(PADDED, chunk=False, checkpointed=False)
     assert enable_checkpointing(model)
-    assert decide_layouts(model, True) is True  # checkpointing kept
+    decided = decide_layouts(model, True)
+    assert decided.checkpointing is True  # checkpointing kept
     taken = PACKED if name not in NOT_PACKED else SHARED
-    assert getattr(model, _LAYOUTS) == {False: taken, True: taken}  # both modes
+    assert (decided.plain, decided.checkpointed) == (taken, taken)  # both modes
     assert getattr(model, attention._ENABLED, False) == (taken == PACKED and name not in NOT_SEGMENTED)
     assert chunkable_head(model) is not None  # its probe pass, before the passes are counted
 
@@ -221,8 +221,8 @@ def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, sa
     def wrong_rows(model, batch, first, group, read, **kwargs):
         return shared(model, batch, first, group.flip(0), read, **kwargs)
 
-    def wrong_slots(model, batch, share_prompts, read):
-        return packed(model, batch, share_prompts, read).flip(0)
+    def wrong_slots(model, batch, share_prompts, read, **kwargs):
+        return packed(model, batch, share_prompts, read, **kwargs).flip(0)
 
     def fails(*args, **kwargs):
         raise RuntimeError("a layout this model's code cannot run")
@@ -240,12 +240,13 @@ def test_a_layout_that_gives_other_numbers_or_fails_is_not_taken(monkeypatch, sa
             plain = completion_logprobs(model, batch, 1.0, layout=PADDED)[0]
         monkeypatch.setattr(layouts, "_shared_prompt_positions", planted_shared)
         monkeypatch.setattr(layouts, "packed_positions", planted_packed)
-        assert enable_checkpointing(model) and decide_layouts(model, True) is True
-        assert getattr(model, _LAYOUTS) == {False: taken, True: taken}
+        assert enable_checkpointing(model)
+        decided = decide_layouts(model, True)
+        assert decided.checkpointing is True and (decided.plain, decided.checkpointed) == (taken, taken)
         shapes = passes(model)
         for checkpointed in (False, True):
             with activation_checkpointing(model, checkpointed):
-                logprobs = completion_logprobs(model, batch, 1.0, share_prompts=True)[0]
+                logprobs = completion_logprobs(model, batch, 1.0, layout=decided.layout(checkpointed))[0]
             assert_close_scaled(logprobs.detach()[mask], plain[mask])
         assert shapes == ([(6, 11)] * 2 if taken == PADDED else [(2, 5), (6, 5)] * 2)  # the passes that ran
         monkeypatch.undo()
@@ -258,7 +259,8 @@ def test_a_model_that_computes_otherwise_in_training_mode_trains_without_checkpo
     layer = model.model.layers[0]
     layer.register_forward_hook(lambda m, args, out: out + 0.5 if m.training else out)
     assert enable_checkpointing(model)
-    assert decide_layouts(model, True) is False
+    decided = decide_layouts(model, True)
+    assert decided.checkpointing is False
     assert "train.gradient_checkpointing: Qwen2ForCausalLM computes other log-probs" in capsys.readouterr().err
     assert not layer.gradient_checkpointing  # off in the model: its forward in training mode is never taken
-    assert getattr(model, _LAYOUTS) == {False: PACKED, True: PADDED}
+    assert (decided.plain, decided.checkpointed) == (PACKED, PADDED)

@@ -238,7 +238,7 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
     # Per step (the reference is its own copy, not counted): the policy's one packed pass, both
     # ways. With checkpointing the layer's insides run again in the backward (the recomputation
     # calls the layer's forward directly, so only its insides count).
-    assert e.policy._grpo_layouts == {False: "packed", True: "packed"}
+    assert (e.decisions.no_grad_layout, e.decisions.layout) == ("packed", "packed")
     assert calls[False] == {"layer": 2 * 1, "attention": 2 * 1}
     assert calls[True] == {"layer": 2 * 1, "attention": 2 * 2}
     for plain, checkpointed in zip(metrics[False], metrics[True]):

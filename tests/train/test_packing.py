@@ -170,12 +170,11 @@ def test_each_planted_packing_bug_moves_the_log_probs(monkeypatch, planted):
 
 def test_decide_layouts_takes_the_packed_layout_where_it_serves_and_not_where_a_bug_breaks_it(monkeypatch):
     model = build("llama")
-    assert layouts.decide_layouts(model, False) is False
-    assert layouts.layout_of(model, False) == PACKED
+    decided = layouts.decide_layouts(model, False)
+    assert decided.checkpointing is False and decided.plain == PACKED
     model = build("llama")
     monkeypatch.setattr(packed_layout, "pack", _planted_slots)
-    layouts.decide_layouts(model, False)
-    assert layouts.layout_of(model, False) != PACKED
+    assert layouts.decide_layouts(model, False).plain != PACKED
 
 
 def test_the_critic_s_packed_values_and_gradients_are_its_padded_ones():

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import grpo
 import grpo.train.assembly as assembly
-from grpo.train.layouts import PACKED, decide_layouts, layout_of
+from grpo.train.layouts import PACKED, decide_layouts, layout_named
 from grpo.train.networks import AdapterOff, FrozenCopy, NoReference
 from grpo.train.seams import KLInLoss
 from tests.algo.test_chunked_head import batch_of, tiny_lm
@@ -55,8 +55,8 @@ def test_a_beta_zero_run_equals_one_that_holds_a_reference_and_weighs_its_kl_by_
     settings = dict(loss={"beta": 0.0}, train={"steps": 3, "lr": 1e-2, "sample_every": 0})
     without = grpo.train(make_config(output_dir=str(tmp_path / "without"), **settings), progress=False)
 
-    def held_reference(policy, *, beta, lora, dtype, full_state_dict=None, chunked_head=True, stored=None):
-        return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored)
+    def held_reference(policy, *, beta, lora, dtype, full_state_dict=None, chunked_head=True, stored=None, layout=None):
+        return FrozenCopy(policy, dtype, full_state_dict, chunked_head, stored=stored, layout=layout)
 
     monkeypatch.setattr(assembly, "build_reference", held_reference)
     monkeypatch.setattr(assembly, "build_kl", lambda c: KLInLoss(0.0, "k3"))
@@ -120,18 +120,19 @@ def test_without_bf16_instructions_a_bf16_copy_computes_in_float32_from_its_roun
     packed layout (its mask made in float32, which SDPA needs) as in any other."""
     model = make()
     model.set_attn_implementation(attention)
-    decide_layouts(model, checkpointing=False)
-    assert layout_of(model, checkpointed=False) == PACKED
+    layout = decide_layouts(model, checkpointing=False).plain
+    assert layout == PACKED
     batch = rollout(model, ["a", "bc1", "cab 7"]) if model.config.model_type == "llama" else batch_of(40)
     monkeypatch.setattr("grpo.train.networks.native", lambda dtype, device: False)
-    half = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16)
+    half = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16, layout=layout_named(layout))
     got = half.logprobs(batch, 0.9)
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
     assert bytes_of(half.model) * 2 == bytes_of(model)
-    want = FrozenCopy(rounded(model), chunked_head=chunked).logprobs(batch, 0.9)
+    want = FrozenCopy(rounded(model), chunked_head=chunked, layout=layout_named(layout)).logprobs(batch, 0.9)
     assert torch.equal(got, want)
     monkeypatch.setattr("grpo.train.networks.native", lambda dtype, device: True)
-    in_bf16 = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16).logprobs(batch, 0.9)
+    in_bf16 = FrozenCopy(model, chunked_head=chunked, stored=torch.bfloat16, layout=layout_named(layout))
+    in_bf16 = in_bf16.logprobs(batch, 0.9)
     assert not torch.equal(in_bf16, want)  # where it is native, the forward runs in bf16
 
 
