@@ -11,7 +11,6 @@ import torch
 
 import grpo
 from grpo.train import layouts
-from grpo.infra.devices import native
 from grpo.train.networks import FrozenCopy
 from tests.train.test_engine import engine_for, train_step
 
@@ -87,8 +86,10 @@ def test_the_scan_finds_a_verdict_set_on_a_model():
 def test_the_engine_hands_its_verdicts_to_the_passes_and_probes_no_head_in_a_step(make_config, monkeypatch):
     """The policy and its frozen copy carry no verdict of grpo's (only the attention switch, a
     state of the model: grpo.infra.attention); the reference runs the layout decided for the
-    policy's passes without a gradient; a step runs no probe of the head (the verdict is the
-    engine's, not found again on the model or its copy)."""
+    policy's passes without a gradient, its mask made in the float32 its bf16 weights are cast
+    up to (a CPU without bf16 instructions); a step runs no probe of the head (the verdict is
+    the engine's, not found again on the model or its copy)."""
+    monkeypatch.setattr("grpo.train.networks.native", lambda dtype, device: False)
     e, c, stream = engine_for(make_config(train={"reference_dtype": "bfloat16"}))
     assert isinstance(e.reference, FrozenCopy)
     for model in (e.policy, e.reference.model):
@@ -97,8 +98,7 @@ def test_the_engine_hands_its_verdicts_to_the_passes_and_probes_no_head_in_a_ste
     assert decided.chunked_head is True and e.update_layout.chunked_head is True
     assert e.reference.layout.name == decided.name == e.decisions.no_grad_layout
     assert e.reference.layout.chunked_head is True
-    bf16_native = native(torch.bfloat16, e.device)  # else the copy computes in the policy's float32
-    assert e.reference.layout.computes_in == (None if bf16_native else torch.float32)
+    assert e.reference.layout.name == "packed" and e.reference.layout.computes_in == torch.float32
     probes = []
     real = layouts.chunkable_head
     monkeypatch.setattr(layouts, "chunkable_head", lambda model: probes.append(model) or real(model))
