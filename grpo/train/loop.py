@@ -50,7 +50,6 @@ from grpo.rollout.worker import refuse_in_generator
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
-from grpo.train.optimizers import missing as optimizer_missing
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
@@ -60,7 +59,6 @@ from grpo.train.assembly import build_engine, build_run_generator, load_reward_m
 from grpo.train.step import train_step
 from grpo.train.rollouts import Rollouts
 from grpo.train.rollouts import summary as async_summary
-from grpo.vllm import missing
 from grpo.vllm.decoder import close_shared_engine
 
 
@@ -298,10 +296,6 @@ def check_inputs(
     toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
     if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
         raise UserError("rewards: at least one reward is required (or a rollout.environment with a get_reward method)")
-    absent = missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None  # a server needs none
-    absent = absent or optimizer_missing(c.train.optimizer)
-    if absent is not None:
-        raise UserError(absent)
     u = c.reward_model_update
     verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
     d = c.data
