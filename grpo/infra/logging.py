@@ -1,20 +1,24 @@
 """Where metrics go: metrics.jsonl always; TensorBoard, wandb and trackio when
 train.report_to names them; behind one interface.
 
-The loop calls `log(step, metrics)` on a `Sinks` and never asks which sinks exist. The
-dashboards are started before training (a missing package or a service that refuses is one
-line, before any step), their packages are imported only when asked for (slow imports), and
-they get the finite numbers of each step. A dashboard that fails mid-run is a warning and no
-more: the run goes on, and metrics.jsonl holds every step.
+The loop calls `log(step, metrics)` (and `log_table(step, name, rows)` for the samples) on
+a `Sinks` and never asks which sinks exist. The dashboards are started before training (a
+missing package or a service that refuses is one line, before any step), their packages are
+imported only when asked for (slow imports), and they get the finite numbers of each step
+and each table, as a table (wandb, trackio) or as markdown text (TensorBoard); metrics.jsonl
+takes no table (samples.jsonl holds the same rows). A dashboard that fails mid-run is a
+warning and no more: the run goes on, and metrics.jsonl holds every step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import importlib
 import json
 import math
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -26,6 +30,7 @@ from grpo.infra.space import NoSpace, writing
 
 class Sink(Protocol):
     def log(self, step: int, metrics: dict) -> None: ...
+    def log_table(self, step: int, name: str, rows: list[dict]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -56,6 +61,9 @@ class JsonlSink:
         except OSError as err:
             raise UserError(f"cannot write {self.path}: {err.strerror or err}") from None
 
+    def log_table(self, step, name, rows):
+        """A log of numbers holds no table (samples.jsonl holds the samples)."""
+
     def close(self):
         try:
             self.file.close()
@@ -69,6 +77,44 @@ def _scalars(metrics: dict) -> dict:
     return {
         k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """A table's columns: every key of its rows, in the order they first come."""
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+def _cell(value):
+    """A table cell as a dashboard shows it: a string, a finite number or a bool as it is,
+    nothing (None) for a missing value or one that is not finite, and anything else (a chat
+    prompt, a multi-turn rollout's messages, a list a reward logged) as its JSON."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return _clean(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _table_cells(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """(columns, one list of cells per row)."""
+    columns = _columns(rows)
+    return columns, [[_cell(row.get(column)) for column in columns] for row in rows]
+
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]|#!])")  # what markdown would read as markup: escaped
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as a markdown table (TensorBoard's text tab renders it), each cell's text shown
+    as written: HTML and markdown's markup escaped, line breaks as <br> (one table row a row)."""
+
+    def text(value) -> str:
+        escaped = _MARKDOWN.sub(r"\\\1", html.escape("" if value is None else str(value), quote=False))
+        return escaped.replace("\r\n", "<br>").replace("\n", "<br>")
+
+    columns, cells = _table_cells(rows)
+    lines = [[text(c) for c in columns], ["---"] * len(columns), *[[text(c) for c in row] for row in cells]]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
 # Each dashboard's module, imported only when train.report_to names it; the extra is its name.
@@ -98,13 +144,19 @@ class TensorBoardSink:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_table(self, step, name, rows):
+        """A markdown table in the Text tab, under `name`, at `step`."""
+        self.writer.add_text(name, markdown_table(rows), step)
+        self.writer.flush()
+
     def close(self):
         self.writer.close()
 
 
 class _Dashboard:
-    """A run on a dashboard service (wandb, trackio) that gets each step's finite numbers at
-    that step. One that fails to log says so in one line and is left alone from then on."""
+    """A run on a dashboard service (wandb, trackio) that gets each step's finite numbers and
+    tables at that step. One that fails to log either says so in one line and is left alone
+    from then on."""
 
     name = ""
 
@@ -112,6 +164,9 @@ class _Dashboard:
         self.failed = False
 
     def _log(self, step: int, scalars: dict) -> None:
+        raise NotImplementedError
+
+    def _table(self, step: int, name: str, columns: list[str], cells: list[list]) -> None:
         raise NotImplementedError
 
     def _finish(self) -> None:
@@ -124,12 +179,19 @@ class _Dashboard:
         )
 
     def log(self, step, metrics):
-        if self.failed:
-            return
         scalars = _scalars(metrics)
         scalars.pop("step", None)  # the x-axis already (a reserved name in trackio)
+        self._send(step, lambda: self._log(step, scalars))
+
+    def log_table(self, step, name, rows):
+        self._send(step, lambda: self._table(step, name, *_table_cells(rows)))
+
+    def _send(self, step: int, send) -> None:
+        """`send()`, unless this dashboard failed before; a failure is one warning line."""
+        if self.failed:
+            return
         try:
-            self._log(step, scalars)
+            send()
         except Exception as err:
             self.failed = True
             print(
@@ -154,7 +216,7 @@ class WandbSink(_Dashboard):
 
     def __init__(self, directory: Path, *, project: str, run_name: str, config: dict, resume: bool):
         super().__init__()
-        wandb = _import("wandb")
+        self.wandb = wandb = _import("wandb")
         id_file = Path(directory) / "wandb_run_id"
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
         run_id = run_id or uuid.uuid4().hex[:12]
@@ -173,6 +235,10 @@ class WandbSink(_Dashboard):
 
     def _log(self, step, scalars):
         self.run.log(scalars, step=step)
+
+    def _table(self, step, name, columns, cells):
+        table = self.wandb.Table(columns=columns, data=cells, allow_mixed_types=True)
+        self.run.log({name: table}, step=step)
 
     def _finish(self):
         self.run.finish()
@@ -200,6 +266,10 @@ class TrackioSink(_Dashboard):
     def _log(self, step, scalars):
         self.trackio.log(scalars, step=step)
 
+    def _table(self, step, name, columns, cells):
+        rows = [dict(zip(columns, row)) for row in cells]
+        self.trackio.log({name: self.trackio.Table(data=rows)}, step=step)
+
     def _finish(self):
         with contextlib.redirect_stdout(sys.stderr):
             self.trackio.finish()
@@ -212,6 +282,11 @@ class Sinks:
     def log(self, step: int, metrics: dict) -> None:
         for sink in self.sinks:
             sink.log(step, metrics)
+
+    def log_table(self, step: int, name: str, rows: list[dict]) -> None:
+        """Table `name` (one dict a row, the same keys) at `step`, to the sinks that show tables."""
+        for sink in self.sinks:
+            sink.log_table(step, name, rows)
 
     def close(self) -> None:
         """Close each sink once: closing again does nothing."""

@@ -32,7 +32,8 @@ __all__ = ["LOG_ARGUMENTS", "SAMPLE_KEYS", "RewardLog", "merge_metrics"]
 
 _ABSENT = object()  # an argument a logger's call left out
 LOG_ARGUMENTS = ("log_metric", "log_extra")  # the reward-function arguments this module gives
-SAMPLE_KEYS = ("step", "prompt", "completion", "reward", "messages")  # samples.jsonl's own keys
+# samples.jsonl's own keys (and each reward function's score, "reward/<name>")
+SAMPLE_KEYS = ("step", "prompt", "completion", "reward", "advantage", "truncated", "messages")
 
 
 class RewardLog:
@@ -69,7 +70,7 @@ class RewardLog:
                 f"reward {reward!r} called log_extra({_arguments(column, values, rest)}); "
                 "expected log_extra(column, values): a column name and one value per completion"
             )
-        if column in SAMPLE_KEYS:
+        if column in SAMPLE_KEYS or column.startswith("reward/"):
             raise UserError(
                 f"reward {reward!r} called log_extra({column!r}, ...): samples.jsonl writes {column!r} itself; "
                 "choose another column name"

@@ -52,7 +52,14 @@ from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.iterative import RewardModelUpdater
-from grpo.train.output_dir import OutputFolder, check_resume_config, record_update, rewind_logs, write_samples
+from grpo.train.output_dir import (
+    OutputFolder,
+    check_resume_config,
+    record_update,
+    rewind_logs,
+    sample_rows,
+    write_samples,
+)
 from grpo.train.preflight import preflight
 from grpo.train.signals import Signals
 from grpo.train.assembly import build_engine, build_run_generator, load_reward_models, models_held, parameters_held
@@ -493,7 +500,9 @@ class Run:
         self.last_metrics = metrics
         self.sinks.log(number, metrics)
         if self.world.is_main and self.c.train.sample_every and number % self.c.train.sample_every == 0:
-            write_samples(self.out / "samples.jsonl", number, result, self.c.data.prompt_column)
+            rows = sample_rows(number, result, self.c.data.prompt_column)
+            write_samples(self.out / "samples.jsonl", rows)
+            self.sinks.log_table(number, "samples", rows)  # the same rows, as a table on each dashboard
         return metrics
 
     def next_iteration(self, step: int, iteration: int) -> None:

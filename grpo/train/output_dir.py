@@ -34,6 +34,7 @@ __all__ = [
     "check_resume_config",
     "record_update",
     "rewind_logs",
+    "sample_rows",
     "write_samples",
 ]
 
@@ -264,28 +265,43 @@ def rewind_logs(out: Path, step: int, metrics: dict | None) -> None:
     truncate_metrics(out / "reward_model_updates.jsonl", step, key="before_step")
 
 
-def write_samples(path: Path, step: int, result, prompt_column: str) -> None:
-    """samples.jsonl: the completions of the step's first prompt, with their rewards (and a
-    multi-turn rollout's messages, tool turns included, and the columns the reward functions
-    gave with log_extra)."""
+def _number(value) -> float | None:
+    """A score or an advantage as JSON writes it: None where it is not finite (no score)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def sample_rows(step: int, result, prompt_column: str) -> list[dict]:
+    """The samples of step `step` (a `grpo.train.step.StepResult`): the completions of its
+    first prompt, one row each, with their reward, each reward function's unweighted score
+    (as the metrics name it: reward/<name>), their advantage, whether they were cut at
+    max_new_tokens, the columns the reward functions gave with log_extra and a multi-turn
+    rollout's messages (tool turns included). samples.jsonl and the dashboards' tables get
+    these same rows."""
     batch = result.rollout
+    rows = []
+    for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
+        rows.append(
+            {
+                "step": step,
+                "prompt": batch.rows[i][prompt_column],
+                "completion": batch.completions[i],
+                "reward": _number(result.scores[i]),
+                **{f"reward/{name}": _number(scores[i]) for name, scores in result.per_function.items()},
+                "advantage": None if result.advantages is None else _number(result.advantages[i]),
+                "truncated": None if result.truncated is None else bool(result.truncated[i]),
+                **{column: values[i] for column, values in result.columns.items()},
+                # A multi-turn rollout's whole conversation: the model's turns and the tool messages.
+                **({} if batch.messages is None else {"messages": batch.messages[i]}),
+            }
+        )
+    return rows
+
+
+def write_samples(path: Path, rows: list[dict]) -> None:
+    """samples.jsonl: `rows` (`sample_rows`) appended, one JSON object a line."""
     with writing(path), open(path, "a", encoding="utf-8") as f:
-        for i in range(min(batch.group_size, len(batch))):  # the first prompt's group
-            reward = float(result.scores[i])
-            f.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "prompt": batch.rows[i][prompt_column],
-                        "completion": batch.completions[i],
-                        "reward": reward if math.isfinite(reward) else None,
-                        # A multi-turn rollout's whole conversation: the model's turns and the tool messages.
-                        **({} if batch.messages is None else {"messages": batch.messages[i]}),
-                        **{column: values[i] for column, values in result.columns.items()},
-                    }
-                )
-                + "\n"
-            )
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def record_update(out: Path, before_step: int, iteration: int, update: dict, updater, save: bool) -> None:

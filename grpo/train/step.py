@@ -153,6 +153,9 @@ class StepResult:
     rollout: Rollout  # everything sampled, including groups left out of the update
     scores: Tensor  # (N,) their rewards
     columns: dict[str, list] = field(default_factory=dict)  # log_extra's: column -> one value per row of `rollout`
+    per_function: dict[str, Tensor] = field(default_factory=dict)  # name -> (N,) unweighted scores, NaN where None
+    truncated: Tensor | None = None  # (N,) bool: cut off at max_new_tokens (no EOS)
+    advantages: Tensor | None = None  # (N,) what the update gave each row (`Collected.advantages`)
 
 
 @dataclass
@@ -167,6 +170,10 @@ class Collected:
     truncated: Tensor  # (N,) bool: cut off at max_new_tokens (no EOS)
     spread: Tensor  # (N/G,) bool: the group's scored rewards are not all equal
     seconds: dict  # time spent: "generate", "score", "collect" (the whole of it)
+    kept: Tensor | None = None  # the rows of `sampled` that `batch` holds (None: every one)
+    # (N,) each sampled row's advantage as `learn` computed it (its mean over its loss tokens
+    # where advantages are per token); NaN for a row the update left out. Set by `learn`.
+    advantages: Tensor | None = None
 
 
 def _groups_with_spread(scores: Tensor, group_size: int) -> Tensor:
@@ -196,9 +203,15 @@ def train_step(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: flo
     what sampling it took (time/generate)."""
     collected = collect(e, sampled, step, generate_seconds)
     metrics = learn(e, collected)
-    log = collected.sampled_scored.log
+    scored = collected.sampled_scored
     return StepResult(
-        metrics, collected.sampled, collected.sampled_scored.scores.cpu(), {} if log is None else log.columns
+        metrics,
+        collected.sampled,
+        scored.scores.cpu(),
+        {} if scored.log is None else scored.log.columns,
+        {name: s.cpu() for name, s in scored.per_function.items()},
+        collected.truncated.cpu(),
+        collected.advantages,
     )
 
 
@@ -244,6 +257,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
 
     # DAPO-style: groups whose rewards are all equal have zero advantage; optionally drop them.
     spread = _groups_with_spread(scored.scores, group_size)  # (N/G,)
+    keep = None
     if e.loss.drop_zero_std_groups:
         keep = spread.repeat_interleave(group_size).nonzero().squeeze(1)
         batch, scored = batch.select(keep), scored.select(keep)
@@ -252,7 +266,7 @@ def collect(e: Engine, sampled: Rollout, step: int = 0, generate_seconds: float 
         "score": scored_at - start,
         "collect": generate_seconds + time.perf_counter() - start,
     }
-    return Collected(batch, scored, sampled, sampled_scored, truncated, spread, seconds)
+    return Collected(batch, scored, sampled, sampled_scored, truncated, spread, seconds, keep)
 
 
 def learn(e: Engine, collected: Collected) -> dict:
@@ -264,6 +278,7 @@ def learn(e: Engine, collected: Collected) -> dict:
 
     # Nothing to train on: no statistic of the update.
     stats = dict.fromkeys(("loss", "kl", "entropy", "clip_fraction", "grad_norm", *MISMATCH_METRICS))
+    collected.advantages = torch.full((len(collected.sampled),), math.nan)
     if trained_rows:
         live = torch.ones(len(batch), dtype=torch.bool)  # (N,) rows that count (not a placeholder's)
         if not len(batch):
@@ -274,6 +289,9 @@ def learn(e: Engine, collected: Collected) -> dict:
 
         # 3. Advantages: from the group (GRPO) or from the critic (PPO).
         targets = e.baseline(batch, scored, passes)
+        if live.all():
+            rows = slice(None) if collected.kept is None else collected.kept.cpu()
+            collected.advantages[rows] = _row_advantages(targets.advantages, batch.loss_mask)
 
         # 4. Update: mu epochs over minibatches, accumulating micro-batches.
         stats = _update(e, batch, targets, passes, live, trained_rows)
@@ -281,6 +299,15 @@ def learn(e: Engine, collected: Collected) -> dict:
     if e.device.type == "cuda":
         torch.cuda.synchronize(e.device)  # GPU work is asynchronous: time the step's, not its launch
     return _metrics(e, collected, batch, stats, time.perf_counter() - start)
+
+
+def _row_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """(N,) on the CPU: each row's advantage; where they are per token (N, T), the mean over
+    the row's tokens in the loss (NaN for a row with none)."""
+    if advantages.dim() == 2:
+        mask = loss_mask.to(advantages.dtype)
+        advantages = (advantages.detach() * mask).sum(1) / mask.sum(1)
+    return advantages.detach().float().cpu()
 
 
 def _passes(e: Engine, batch: Rollout) -> Passes:
