@@ -249,16 +249,16 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(make_con
 def test_checkpointing_is_on_by_default_and_a_model_without_support_trains_without(make_config, monkeypatch, capsys):
     e, c, _ = engine_for(make_config())
     assert c.train.gradient_checkpointing and e.policy.is_gradient_checkpointing  # TRL's default
-    import grpo.train.assembly as assembly
+    import grpo.train.models as models
 
-    load = assembly.load_causal_lm
+    load = models.load_causal_lm
 
     def unsupported(*args, **kwargs):
         model = load(*args, **kwargs)
         model.supports_gradient_checkpointing = False
         return model
 
-    monkeypatch.setattr(assembly, "load_causal_lm", unsupported)
+    monkeypatch.setattr(models, "load_causal_lm", unsupported)
     e, c, stream = engine_for(make_config())
     assert not e.policy.is_gradient_checkpointing and not e.decisions.checkpointing
     assert c.train.gradient_checkpointing  # the config keeps what was asked

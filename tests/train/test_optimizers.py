@@ -202,7 +202,7 @@ def test_a_missing_bitsandbytes_is_one_line_before_anything_is_loaded(make_confi
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a, **k: None if name == "bitsandbytes" else real(name, *a, **k)
     )
-    monkeypatch.setattr("grpo.train.assembly.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("grpo.train.models.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
     config = make_config(output_dir=str(tmp_path / "never"), train={"optimizer": "adamw_8bit"})
     with pytest.raises(UserError) as err:
         grpo.train(config, progress=False)

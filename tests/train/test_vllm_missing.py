@@ -23,7 +23,7 @@ def test_without_vllm_the_run_stops_in_one_line_before_any_model_is_loaded(make_
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(grpo.train.assembly, "load_causal_lm", load)
+    monkeypatch.setattr(grpo.train.models, "load_causal_lm", load)
     with pytest.raises(UserError) as err:
         grpo.train(make_config(rollout={"sampler": "vllm"}), progress=False)
     assert str(err.value) == (
@@ -47,7 +47,7 @@ def test_a_vllm_that_does_not_load_is_one_line_naming_the_uninstall(make_config,
 
     broken.__getattr__ = __getattr__
     monkeypatch.setitem(sys.modules, "vllm", broken)
-    monkeypatch.setattr(grpo.train.assembly, "load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(grpo.train.models, "load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(UserError) as err:
         grpo.train(make_config(rollout={"sampler": "vllm"}), progress=False)
     assert str(err.value) == (
