@@ -4,7 +4,7 @@ Every command's settings are one typed config whose fields are declared with
 `grpo.config.fields.opt` (one default and one docstring each): `grpo.config.Config` (train, read
 from YAML), `SFTConfig` and `FineTuneConfig` (sft), `EvalConfig` (eval), `RewardTrainConfig`
 and `RewardEvalConfig` (rm), `DemoConfig` (demo). A flag that sets a field takes its help,
-default and type from the field (`_field_flag`), so each is written once, there. The configs
+default and type from the field (`grpo.cli_flags`), so each is written once, there. The configs
 hold what a command makes or measures; how it runs (where the output goes, the device,
 progress lines, --overwrite) are keyword arguments of the function it calls, and those
 flags are written here. The prose of each command's --help is in `grpo.cli_help`.
@@ -18,10 +18,7 @@ import functools
 import json
 import sys
 import time
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal
 
 from grpo import __version__
 from grpo.cli_help import (
@@ -38,7 +35,7 @@ from grpo.cli_help import (
     TRAIN_HELP,
     VLLM_SERVE_HELP,
 )
-from grpo.config.fields import REQUIRED, field_default
+from grpo.cli_flags import config_from, field_flag, field_help, fields, flag_name
 from grpo.demo.default import QUICK, DemoConfig
 from grpo.demo.tool_use import ToolsDemoConfig
 from grpo.errors import Stopped, UserError
@@ -49,85 +46,6 @@ from grpo.rewards.model import RewardEvalConfig, RewardTrainConfig
 from grpo.tasks import load_task
 from grpo.train.sft import FineTuneConfig, SFTConfig
 from grpo.vllm.server import ServeConfig
-
-
-# ---- flags made from config fields -------------------------------------------------------
-
-
-def _fields(config: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(config)}
-
-
-def _flag_name(name: str) -> str:
-    """A field's flag: --the-name."""
-    return "--" + name.replace("_", "-")
-
-
-def _shown(value: Any) -> str:
-    """A default as --help prints it; "" for none (None, False, REQUIRED: the doc says what then)."""
-    if value is None or value is False or value is REQUIRED:
-        return ""
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value)
-
-
-def _field_help(config: type, name: str, shown: str | None = None) -> str:
-    """The field's doc as a flag's help: its first word in lower case (unless a name such as
-    LoRA), no final period, then "(default: ...)": the field's default, `shown`, or what a
-    doc's last sentence "Default: ..." says (for a default of None)."""
-    f = _fields(config)[name]
-    doc, _, said = f.metadata["doc"].removesuffix(".").partition(". Default: ")
-    first = doc.split(" ", 1)[0]
-    if first[1:].islower() or len(first) == 1:
-        doc = first[0].lower() + doc[1:]
-    shown = shown if shown is not None else said or _shown(field_default(f))
-    return (doc + (f" (default: {shown})" if shown else "")).replace("%", "%%")  # argparse formats help with %
-
-
-def _flag_kind(hint: Any) -> dict:
-    """argparse's type or choices for a field's type hint (None dropped from an optional one);
-    {} where the caller must say (a field of several types)."""
-    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    options = [a for a in typing.get_args(hint) if a is not type(None)] if optional else [hint]
-    if len(options) != 1:
-        return {}
-    (one,) = options
-    if typing.get_origin(one) is Literal:
-        return {"choices": typing.get_args(one)}
-    return {"type": one} if one in (int, float) else {}
-
-
-def _field_flag(
-    parser, config: type, name: str, *flags: str, unset: bool = False, shown: str | None = None, **kwargs
-) -> None:
-    """Add the flag that sets field `name` of the config class `config`: `--the-name` (or
-    `flags`), its value in args.<name>, its help, default and type from the field (`kwargs`
-    override them: a stricter type, a metavar). A field without a default is a required flag.
-    `unset`: the flag's own default is None, so that the command tells a flag given from one
-    left out; the help still shows the field's default."""
-    f = _fields(config)[name]
-    hint = typing.get_type_hints(config)[name]
-    default = field_default(f)
-    if hint is bool:
-        kwargs.setdefault("action", "store_true")
-    else:
-        kwargs = {**_flag_kind(hint), **kwargs}
-    if unset:
-        kwargs.setdefault("default", None)
-    elif default is REQUIRED:
-        kwargs.setdefault("required", True)
-    else:
-        kwargs.setdefault("default", default)
-    parser.add_argument(*(flags or [_flag_name(name)]), dest=name, help=_field_help(config, name, shown), **kwargs)
-
-
-def _config_from(config: type, args: argparse.Namespace):
-    """The config whose fields the parsed flags set; a flag left unset (None) leaves its
-    field's default."""
-    return config(**{name: getattr(args, name) for name in _fields(config) if getattr(args, name, None) is not None})
 
 
 # ---- the commands ------------------------------------------------------------------------
@@ -176,7 +94,7 @@ def _rm_train(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()  # our own bar shows the training; no bars per weight file
     summary = train_reward_model(
         args.output,
-        _config_from(RewardTrainConfig, args),
+        config_from(RewardTrainConfig, args),
         overwrite=args.overwrite,
         progress=not args.quiet,
         log_every=args.log_every,
@@ -192,19 +110,19 @@ def _rm_eval(args: argparse.Namespace) -> int:
     from grpo.rewards.model import evaluate_reward_model
 
     hf_logging.disable_progress_bar()
-    print(json.dumps(evaluate_reward_model(_config_from(RewardEvalConfig, args), device=args.device)))
+    print(json.dumps(evaluate_reward_model(config_from(RewardEvalConfig, args), device=args.device)))
     return 0
 
 
 def _sft_config(args: argparse.Namespace) -> SFTConfig | FineTuneConfig:
     """The mode the flags ask for, as its config: --model (and --data) fine-tune, else --task
     trains from scratch; a flag of the other mode is one line."""
-    fine_tune, scratch = _fields(FineTuneConfig), _fields(SFTConfig)
+    fine_tune, scratch = fields(FineTuneConfig), fields(SFTConfig)
     given = {name: value for name, value in vars(args).items() if value is not None and name in {*fine_tune, *scratch}}
     flag = {"hidden_size": "--hidden"}  # the flags not named as their field is
 
     def wrong(names: list[str]) -> str:
-        return ", ".join(flag.get(name) or _flag_name(name) for name in names)
+        return ", ".join(flag.get(name) or flag_name(name) for name in names)
 
     if "model" not in given:
         if "data" in given:
@@ -260,7 +178,7 @@ def _eval(args: argparse.Namespace) -> int:
     from grpo.eval.command import run
 
     return run(
-        _config_from(EvalConfig, args),
+        config_from(EvalConfig, args),
         load_task=load_task,
         device=args.device,
         out=args.out,
@@ -294,7 +212,7 @@ def _vllm_serve(args: argparse.Namespace) -> int:
         )
 
     try:
-        serve(_config_from(ServeConfig, args), device=args.device, ready=ready)
+        serve(config_from(ServeConfig, args), device=args.device, ready=ready)
     except KeyboardInterrupt:
         print("grpo vllm-serve: stopped", file=sys.stderr)
     return 0
@@ -308,7 +226,7 @@ def _demo(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     if args.tools:
         return _tools_demo(args)
-    config = _config_from(DemoConfig, args)
+    config = config_from(DemoConfig, args)
     if args.quick:  # the smoke budget; --steps still says how many steps
         config = dataclasses.replace(quick(config), steps=args.steps or QUICK["steps"])
     output = args.output or "runs/demo"
@@ -421,7 +339,7 @@ def _add_rm(commands) -> None:
     rm_commands = rm.add_subparsers(title="commands", metavar="COMMAND")
 
     rm_train = _command(rm_commands, "train", "train a reward model from pairwise comparisons", RM_TRAIN_HELP)
-    flag = functools.partial(_field_flag, rm_train, RewardTrainConfig)
+    flag = functools.partial(field_flag, rm_train, RewardTrainConfig)
     flag("model", metavar="BASE")
     flag("data", metavar="PAIRS")
     rm_train.add_argument("--output", required=True, metavar="DIR", help="where to save the reward model")
@@ -441,26 +359,26 @@ def _add_rm(commands) -> None:
     rm_train.set_defaults(handler=_rm_train)
 
     rm_eval = _command(rm_commands, "eval", "measure a reward model's accuracy on comparisons", RM_EVAL_HELP)
-    _field_flag(rm_eval, RewardEvalConfig, "model", metavar="DIR")
-    _field_flag(rm_eval, RewardEvalConfig, "data", metavar="PAIRS")
-    _field_flag(rm_eval, RewardEvalConfig, "batch_size", type=positive_int)
+    field_flag(rm_eval, RewardEvalConfig, "model", metavar="DIR")
+    field_flag(rm_eval, RewardEvalConfig, "data", metavar="PAIRS")
+    field_flag(rm_eval, RewardEvalConfig, "batch_size", type=positive_int)
     _device(rm_eval)
     rm_eval.set_defaults(handler=_rm_eval)
 
 
 def _add_eval(commands) -> None:
     parser = _command(commands, "eval", "measure pass@k and maj@k of a model (n samples per prompt)", EVAL_HELP)
-    flag = functools.partial(_field_flag, parser, EvalConfig)
+    flag = functools.partial(field_flag, parser, EvalConfig)
     flag("model", metavar="DIR")
     flag("data", metavar="D")
     flag("n", type=positive_int)
     flag("k", metavar="K,K,...")
     check = parser.add_mutually_exclusive_group()
-    _field_flag(check, EvalConfig, "task", metavar="SPEC")
-    _field_flag(check, EvalConfig, "verifier", metavar="FN")
+    field_flag(check, EvalConfig, "task", metavar="SPEC")
+    field_flag(check, EvalConfig, "verifier", metavar="FN")
     answer = parser.add_mutually_exclusive_group()
-    _field_flag(answer, EvalConfig, "answer", metavar="FN")
-    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")
+    field_flag(answer, EvalConfig, "answer", metavar="FN")
+    field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")
     flag("threshold")
     flag("prompt_column")
     flag("temperature")
@@ -505,11 +423,11 @@ def _add_sft(commands) -> None:
     def both(group, name: str, *flags: str, **kwargs) -> None:
         """A flag of either mode: its help is each mode's field doc, with each one's default."""
         parts = [
-            f"with {mode}: {_field_help(config, name)}"
+            f"with {mode}: {field_help(config, name)}"
             for mode, config in (("--model", FineTuneConfig), ("--task", SFTConfig))
-            if name in _fields(config)
+            if name in fields(config)
         ]
-        group.add_argument(*(flags or [_flag_name(name)]), dest=name, help="; ".join(parts), **kwargs)
+        group.add_argument(*(flags or [flag_name(name)]), dest=name, help="; ".join(parts), **kwargs)
 
     modes = parser.add_argument_group("both modes")
     once = modes.add_mutually_exclusive_group()
@@ -520,7 +438,7 @@ def _add_sft(commands) -> None:
     both(modes, "seed", type=int, metavar="S")
 
     mine = parser.add_argument_group("fine-tuning your model on your rows (--model and --data)")
-    flag = functools.partial(_field_flag, mine, FineTuneConfig, unset=True)
+    flag = functools.partial(field_flag, mine, FineTuneConfig, unset=True)
     flag("model", metavar="DIR_OR_HUB_ID")
     flag("data", metavar="FILE")
     flag("prompt_column", metavar="NAME")
@@ -534,7 +452,7 @@ def _add_sft(commands) -> None:
     flag("lora_target_modules", metavar="NAMES")
 
     scratch = parser.add_argument_group("from scratch (--task)")
-    flag = functools.partial(_field_flag, scratch, SFTConfig, unset=True)
+    flag = functools.partial(field_flag, scratch, SFTConfig, unset=True)
     flag("task", metavar="NAME")
     flag("hidden_size", "--hidden", type=positive_int, metavar="H")
     flag("layers", type=positive_int, metavar="L")
@@ -548,7 +466,7 @@ def _add_demo(commands) -> None:
         commands, "demo", "the built-in demo: Maj@K vs Pass@K, GRPO vs PPO (minutes on a laptop CPU)", DEMO_HELP
     )
     demo.add_argument("--output", help="where the report goes (default: runs/demo; runs/demo-tools with --tools)")
-    flag = functools.partial(_field_flag, demo, DemoConfig)
+    flag = functools.partial(field_flag, demo, DemoConfig)
     flag("seed")
     flag(
         "steps",
@@ -607,7 +525,7 @@ def _add_compare(commands) -> None:
         help="'pkg.module:fn' reading a completion's final answer (a hashable value, or None for none): "
         "the votes of maj@n (default: the task's extractor)",
     )
-    _field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")  # as grpo eval reads it
+    field_flag(answer, EvalConfig, "answer_pattern", metavar="REGEX")  # as grpo eval reads it
     compare.add_argument("--quiet", action="store_true", help="no progress output")
     compare.set_defaults(handler=_compare)
 
@@ -626,7 +544,7 @@ def _add_vllm_serve(commands) -> None:
     parser = _command(
         commands, "vllm-serve", "serve a vLLM engine for training runs elsewhere (rollout.vllm.server)", VLLM_SERVE_HELP
     )
-    flag = functools.partial(_field_flag, parser, ServeConfig)
+    flag = functools.partial(field_flag, parser, ServeConfig)
     flag("model", metavar="DIR")
     flag("host")
     flag("port", type=int)
