@@ -28,6 +28,7 @@ from torch import Tensor
 from grpo.errors import UserError
 from grpo.eval.metrics import maj_at_k, mean_ci, over_seeds, pass_at_k  # noqa: F401 (mean_ci, over_seeds: re-exported)
 from grpo.infra import contain
+from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.imports import describe, one_line
 from grpo.infra.progress import Progress
 from grpo.rewards.scoring import RESERVED_ARGUMENTS, as_messages, as_scores, resolve_reward
@@ -186,6 +187,24 @@ def _calls(prompts: int, n: int, batch_size: int) -> list[tuple[list[int], int]]
     return [([i], min(batch_size, n - done)) for i in range(prompts) for done in range(0, n, batch_size)]
 
 
+def call_seed(seed: int, call: int) -> int:
+    """The seed of generate call `call` (0 = the first) of an evaluation seeded with `seed`:
+    each call draws from a stream of its own, so that a call's samples do not depend on which
+    process samples it (`share`); the first call's is `seed` itself."""
+    return seed if call == 0 else ((seed * 1_000_117) + call) % 2**63
+
+
+def _owners(calls: list[tuple[list[int], int]], world_size: int) -> list[int]:
+    """The process that samples each call: whole prompts to one process, in turn (a prompt
+    whose n spans several calls stays with one), so that each checks the prompts it sampled."""
+    owners, units, first = [], -1, None
+    for indices, _ in calls:
+        if indices[0] != first:  # a call that starts another prompt starts another unit
+            units, first = units + 1, indices[0]
+        owners.append(units % world_size)
+    return owners
+
+
 def sample_completions(
     model,
     tokenizer,
@@ -204,14 +223,19 @@ def sample_completions(
     on_prompt: Callable[[int, list[str]], dict | None] | None = None,
     tools=None,
     lengths: dict | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> list[list[str]]:
     """n sampled completions (decoded text) for each row, [prompt][sample]. With `tools` (a
     `grpo.rollout.tools.Toolbox`), multi-turn samples, each its list of messages (the model's
     turns and the tool messages), as a training rollout's.
 
-    Runs under `torch.random.fork_rng` seeded with `seed`: the caller's RNG state is the same
-    afterwards, and the same seed and batch_size give the same completions. `draw`: how the
-    tokens are drawn (rollout.draw: auto, generate's bits with generate, fast).
+    Runs under `torch.random.fork_rng`: the caller's RNG state is the same afterwards. Each
+    generate call draws from its own generator (`call_seed`), so the same seed and batch_size
+    give the same completions however the calls are shared out. `draw`: how the tokens are
+    drawn (rollout.draw: auto, generate's bits with generate, fast).
+
+    `share` = (rank, world_size): this process samples only its part of the calls (whole
+    prompts, `_owners`); the other rows get no completions (evaluate gathers them).
 
     `on_prompt(i, completions)`, when given, is called as soon as all n completions of row i
     are sampled; the fields it returns (e.g. {"pass@1": ...}) are shown with the progress:
@@ -229,10 +253,14 @@ def sample_completions(
     samplers: dict[int, Sampler] = {}  # one per group size (at most two: n and a remainder)
     completions: list[list[str]] = [[] for _ in rows]
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    calls = _calls(len(rows), n, batch_size)
+    rank, world_size = share
+    mine = [j for j, owner in enumerate(_owners(calls, world_size)) if owner == rank]
+    prompts = len({i for j in mine for i in calls[j][0]})
     done, fields = 0, {}  # prompts with all n completions; on_prompt's latest fields
     # Counted in completions (a prompt's n may span calls); a line every log_every prompts.
     bar = Progress(
-        len(rows) * n,
+        sum(len(calls[j][0]) * calls[j][1] for j in mine),
         desc="eval",
         prefix="grpo eval",
         unit="completions",
@@ -242,7 +270,8 @@ def sample_completions(
     )
     with bar, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        for indices, group_size in _calls(len(rows), n, batch_size):
+        for j in mine:
+            indices, group_size = calls[j]
             if group_size not in samplers:
                 settings = RolloutConfig(
                     group_size=group_size,
@@ -254,7 +283,9 @@ def sample_completions(
                 samplers[group_size] = Sampler.from_config(
                     tokenizer, settings, prompt_column=prompt_column, tools=tools
                 )
-            rollout = samplers[group_size].sample(model, [rows[i] for i in indices])
+            device = next(model.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(call_seed(seed, j))
+            rollout = samplers[group_size].sample(model, [rows[i] for i in indices], generator=generator)
             if lengths is not None:
                 _count_lengths(lengths, rollout, tokenizer.eos_token_id)
             sampled = rollout.scored_completions
@@ -264,7 +295,7 @@ def sample_completions(
                     done += 1
                     if on_prompt is not None:
                         fields = on_prompt(i, completions[i]) or fields
-            bar.update(len(rollout), prompts=f"{done}/{len(rows)}", **fields)
+            bar.update(len(rollout), prompts=f"{done}/{prompts}", **fields)
     return completions
 
 
@@ -414,6 +445,7 @@ def evaluate(
     log_every: int = 10,
     tools=None,
     draw: str = "auto",
+    world: World = SingleProcess(),
 ) -> dict:
     """Sample n completions per row, check them, and report pass@k and maj@k for every k.
     With `tools` (a `grpo.rollout.tools.Toolbox`), multi-turn samples: the verifier gets
@@ -434,6 +466,12 @@ def evaluate(
     Each prompt's completions are checked as soon as they are sampled, so that the progress
     (`progress`: a bar on a terminal, else a line every `log_every` prompts) shows the
     running pass@1.
+
+    `world` (a `grpo.infra.distributed` World; default one process): every process of it
+    calls this with the same model and rows, samples and checks its share of the prompts
+    (`sample_completions`' `share`), and gets the report of all of them, the one a single
+    process gives (each call draws from its own seed: the samples do not depend on who drew
+    them). A UserError in one process (a verifier that fails) is raised in every one.
     """
     ks = valid_ks(ks, n)  # fail (or warn) before sampling, not after
     if batch_size < 1:
@@ -451,7 +489,7 @@ def evaluate(
         return {"pass@1": f"{correct / checked:.3f}"}
 
     lengths: dict = {}
-    completions = sample_completions(
+    sample = lambda: sample_completions(  # noqa: E731
         model,
         tokenizer,
         rows,
@@ -468,7 +506,12 @@ def evaluate(
         tools=tools,
         draw=draw,
         lengths=lengths,
+        share=(world.rank, world.world_size),
     )
+    if world.world_size == 1:
+        completions = sample()
+    else:
+        completions, verdicts, lengths = _gathered(world, sample, verdicts, lengths)
     sampled = time.perf_counter()
     report = measure(completions, rows, ks=ks, verifier=verifier, prompt_column=prompt_column, verdicts=verdicts)
     done = time.perf_counter()
@@ -489,6 +532,29 @@ def evaluate(
         "time_metrics_s": done - sampled,
         "per_prompt": per_prompt,
     }
+
+
+def _gathered(world: World, sample: Callable[[], list[list]], verdicts: list, lengths: dict) -> tuple:
+    """This process's share sampled (`sample`, which fills in `verdicts` and `lengths`), then
+    every process's prompts (their completions and verdicts) and lengths, in every process:
+    what one process sampling them all would hold. A UserError in any process is raised in
+    all, so that none waits for another in the gathering."""
+    try:
+        completions, error = sample(), None
+    except UserError as err:
+        completions, error = [[] for _ in verdicts], str(err)
+    mine = [(i, group, verdicts[i]) for i, group in enumerate(completions) if group]
+    parts = world.gather_objects((mine, lengths, error))
+    errors = [error for _, _, error in parts if error is not None]
+    if errors:
+        raise UserError(errors[0])
+    completions, verdicts, total = [[] for _ in verdicts], [None] * len(verdicts), {}
+    for part, counts, _ in parts:
+        for i, group, flags in part:
+            completions[i], verdicts[i] = group, flags
+        for key, value in counts.items():
+            total[key] = total.get(key, 0) + value
+    return completions, verdicts, total
 
 
 def evaluate_saved(model_dir: str | Path, rows: list[dict], **kwargs) -> dict:

@@ -293,6 +293,7 @@ def test_evaluate_scores_what_was_sampled(monkeypatch):
             "log_every": 10,
             "tools": None,  # single-turn samples
             "draw": "auto",  # as training draws
+            "share": (0, 1),  # one process samples every prompt
         }
     ]
     for k in (1, 2, 4):
