@@ -6,8 +6,9 @@ as shards, each its own random state, and process 0 what they share. The loop as
 (`due`: every train.checkpoint_every steps and train.checkpoint_minutes, the first
 time-based one early, `FIRST_CHECKPOINT_MINUTES`) and saves after a step, after a failure
 (`save_after_failure`: the state taken as the failed step began, `snapshot`, so that the
-checkpoint is still that of the last completed step) and at the end (`save_final`). A write
-that fails leaves the previous checkpoint in place; `kept` says so. docs/resume.md.
+checkpoint is still that of the last completed step) and at the end (`save_final`); in the
+middle of a run `save_copy` writes the policy as final/ is written (train.keep_best's best/).
+A write that fails leaves the previous checkpoint in place; `kept` says so. docs/resume.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from grpo.errors import first_line
 from grpo.infra.checkpoint import list_checkpoints, load_shards, save_checkpoint, save_sharded_checkpoint
 from grpo.infra.seed import rng_state, set_rng_state
 from grpo.infra.space import writing
+from grpo.rollout.weights import base_model, policy_weights
+from grpo.train.evaluation import NoEvaluation
 from grpo.train.step import Engine
 
 __all__ = ["FIRST_CHECKPOINT_MINUTES", "Checkpointer", "kept", "unwrapped_architecture"]
@@ -36,11 +39,13 @@ class Checkpointer:
     """Saves and restores the state of a run: the engine's models, optimizer and scheduler,
     the prompt stream's position (`prompts`: the run's Rollouts, grpo.train.rollouts, or
     anything with its state_dict and load_state_dict), the reward-model updater (iterative
-    RL) and the random state, into `output_dir/checkpoints/step-N` (the newest
-    `train.keep_checkpoints` kept)."""
+    RL), the in-loop evaluation's state (`evaluation`: the best evaluated step, the alarm's
+    window; grpo.train.evaluation) and the random state, into `output_dir/checkpoints/step-N`
+    (the newest `train.keep_checkpoints` kept)."""
 
-    def __init__(self, e: Engine, c: Config, prompts, updater):
+    def __init__(self, e: Engine, c: Config, prompts, updater, evaluation=NoEvaluation()):
         self.e, self.c, self.prompts, self.updater = e, c, prompts, updater
+        self.evaluation = evaluation
         self.output_dir = Path(c.output_dir)
         self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
         self.saved_at: float | None = None  # when this process last saved one (time.monotonic)
@@ -78,6 +83,7 @@ class Checkpointer:
             "config": config_to_dict(self.c),  # what resume checks a new config against
             "metrics": metrics,  # numbers and None: plain data
             "reward_model_update": self.updater.state_dict(),
+            "evaluation": self.evaluation.state_dict(),  # plain data: the best so far, the alarm's window
             "step": step,
             "scheduler": e.optimizer.scheduler.state_dict(),
             "data": snapshot["data"],
@@ -129,6 +135,7 @@ class Checkpointer:
                 e.reference.load_state_dict(sharded["reference"])
             set_rng_state(state["local"]["rng"])
         self.updater.load_state_dict(state["reward_model_update"])
+        self.evaluation.load_state_dict(state.get("evaluation"))  # none in a checkpoint of an older run
         e.optimizer.scheduler.load_state_dict(state["scheduler"])
         self.prompts.load_state_dict(state["data"])
         return int(state["step"])
@@ -168,6 +175,30 @@ class Checkpointer:
         processes (process 0 writes it, from the whole weights gathered to it)."""
         with writing(final_dir):
             self._save_final(final_dir)
+
+    def save_copy(self, directory: Path) -> None:
+        """The policy as `save_final` writes it, in the middle of a run: a LoRA policy's
+        adapters merged into a copy of its weights (`policy_weights`), the model left as it
+        is. Every process calls it; process 0 writes."""
+        e = self.e
+        with writing(directory):
+            if not hasattr(e.policy, "merge_and_unload"):
+                self._save_final(directory)
+                return
+            model = base_model(e.policy)
+            tied = getattr(model.config, "tie_word_embeddings", False)
+            with e.world.gathered(e.policy):
+                weights = {
+                    name: tensor.to("cpu", copy=True)
+                    for name, tensor in policy_weights(e.policy)
+                    if e.world.is_main and not (tied and name == "lm_head.weight")  # the head is the embedding
+                }
+            if e.world.is_main:
+                model.save_pretrained(directory, state_dict=weights)
+                e.tokenizer.save_pretrained(directory)
+                if e.world.world_size > 1:
+                    unwrapped_architecture(directory, model)
+            e.world.barrier()
 
     def _save_final(self, final_dir: Path) -> None:
         e = self.e

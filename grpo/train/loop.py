@@ -51,6 +51,7 @@ from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
 from grpo.train.checkpointing import Checkpointer, kept
+from grpo.train.evaluation import Evaluation, HeldOut, NoEvaluation, held_out
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import (
     OutputFolder,
@@ -191,12 +192,16 @@ class NoUpdater:
 
 
 def _progress_fields(metrics: dict) -> dict:
-    """What a step's progress shows (the bar's fields, a plain line's): reward, KL, length."""
-    return {
+    """What a step's progress shows (the bar's fields, a plain line's): reward, KL, length,
+    and the held-out pass@1 where the metrics hold one (the latest evaluation's)."""
+    fields = {
         "reward": metrics["reward/mean"],
         "kl": metrics.get("kl"),
         "length": f"{metrics['completion_length/mean']:.1f}",
     }
+    if metrics.get("eval/pass@1") is not None:
+        fields["pass@1"] = f"{metrics['eval/pass@1']:.3f}"
+    return fields
 
 
 @run_workers()  # its reward and tool workers stop with it
@@ -283,6 +288,7 @@ class Inputs:
     state: dict | None  # the checkpoint a resume continues from
     toolbox: Toolbox | None  # the tools and environment of multi-turn rollouts
     policy: GivenPolicy | None = None  # the model and tokenizer handed to grpo.train, if any
+    held_out: HeldOut | None = None  # the eval section's rows and verifier (None: no evaluation)
 
 
 def check_inputs(
@@ -321,12 +327,13 @@ def check_inputs(
         check_chat_template(rows, d.prompt_column, lambda: policy_tokenizer(c.model, policy), d.system_prompt)
     if toolbox is not None:
         toolbox.check_prompts(rows, c.data.prompt_column)
+    held = held_out(c)  # the eval section's rows and verifier, tried on every row
     check_models(c, policy)
     resumable = folder.claim(resume=resume, overwrite=overwrite)
     state = load_latest_checkpoint(folder.out, world_size=world.world_size, rank=world.rank) if resumable else None
     if state is not None:
         check_resume_config(c, state)
-    return Inputs(functions, verifier, rows, state, toolbox, policy)
+    return Inputs(functions, verifier, rows, state, toolbox, policy, held)
 
 
 def dashboards(c: Config, world: World, state: dict | None) -> Sinks:
@@ -416,7 +423,13 @@ class Run:
         except BaseException:
             self.generator.close()
             raise
-        self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater)  # the stream's position with the weights
+        # The held-out evaluations (at step 0, every eval.every steps, the last), best/ kept.
+        self.evaluation = NoEvaluation()
+        if inputs.held_out is not None:
+            save = lambda directory: self.checkpoints.save_copy(directory)  # noqa: E731
+            self.evaluation = Evaluation(c, inputs.held_out, e, save_best=save, tools=inputs.toolbox)
+        # The stream's position, and the evaluation's best so far, with the weights.
+        self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater, self.evaluation)
         self.dashboards, self.sinks = dashboards, Sinks([])  # metrics.jsonl opens once the folder is the run's
         self.held = models_held(e, c)
         self.steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
@@ -452,6 +465,9 @@ class Run:
                 rewind_logs(self.out, start, self.state.get("metrics"))
         self.completed = start
         self.sinks = Sinks([JsonlSink(self.out / "metrics.jsonl"), self.dashboards] if world.is_main else [])
+        self.evaluation.resume()  # best/ as the stopped run left it, if it is better than the checkpoint's
+        if start == 0 and self.evaluation.due(0):  # the starting policy's: a line of its own, step 0
+            self.sinks.log(0, {"step": 0, **self.evaluation(0)})
         self.rollouts.start(self.engine, start)  # from the weights and the stream's position just restored
         return start
 
@@ -466,7 +482,7 @@ class Run:
             try:
                 for step in range(start, c.train.steps):
                     metrics = self.step(step)
-                    bar.update(1, **_progress_fields(metrics))
+                    bar.update(1, **_progress_fields({**self.evaluation.latest, **metrics}))
                     self.after(metrics, signals)
             except (Stopped, KeyboardInterrupt):
                 raise
@@ -498,6 +514,9 @@ class Run:
         self.snapshot = None
         metrics = {"step": number, "iteration": iteration + 1, **result.metrics, "models": self.held}
         self.last_metrics = metrics
+        self.evaluation.record(metrics)  # the training reward, for the reward-hacking alarm
+        if self.evaluation.due(number):  # the policy after this step, on the held-out problems
+            metrics = self.last_metrics = {**metrics, **self.evaluation(number)}
         self.sinks.log(number, metrics)
         if self.world.is_main and self.c.train.sample_every and number % self.c.train.sample_every == 0:
             rows = sample_rows(number, result, self.c.data.prompt_column)
@@ -518,7 +537,8 @@ class Run:
 
     def after(self, metrics: dict, signals: Signals) -> None:
         """After a step: the warning for a step no reward scored, and the checkpoint when due,
-        on a stop (Ctrl-C, SIGTERM) or when train.max_unscored_steps gives up. Saving and
+        on a stop (Ctrl-C, SIGTERM), when the reward-hacking alarm rises with
+        eval.stop_when_diverging, or when train.max_unscored_steps gives up. Saving and
         stopping are collective: every process does both at the same step."""
         c, number = self.c, metrics["step"]
         self.unscored = self.unscored + 1 if metrics["frac_unscored"] == 1.0 else 0
@@ -530,8 +550,11 @@ class Run:
             )
         due = self.checkpoints.due(number)
         stop, due = self.world.max(torch.tensor([signals.received or 0, int(due)])).tolist()
-        if due or stop or give_up:
+        diverging = self.evaluation.check_stop(number)  # alike in every process: their numbers are the same
+        if due or stop or give_up or diverging:
             self.checkpoints.save(number, (number - 1) // self.steps_per_iteration, metrics=metrics)
+        if diverging:
+            raise Stopped(f"{diverging}; checkpoint saved: continue with `grpo train CONFIG --resume`", 1)
         if stop:
             raise Stopped(
                 f"stopped by {Signals.name(stop)} after step {number}; "
@@ -573,7 +596,7 @@ class Run:
         out = self.out
         self.checkpoints.save_final(out / "final")
         self.world.barrier()
-        metrics = read_metrics(out / "metrics.jsonl")
+        metrics = [m for m in read_metrics(out / "metrics.jsonl") if m["step"] > 0]  # not step 0's evaluation
         summary = run_summary(self.c, metrics, self.held, parameters_held(self.engine, self.reward_models))
         if self.world.is_main:
             write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -77,6 +77,9 @@ RUN_FILES = (
     "reward_model_updates.jsonl",
     "checkpoints",
     "final",
+    "best",  # train.keep_best's best evaluated policy, and its swap's folders (grpo.train.evaluation)
+    "best.tmp",
+    "best.old",
     "tensorboard",
     "wandb",
     "wandb_run_id",
