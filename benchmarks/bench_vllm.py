@@ -120,6 +120,7 @@ def generation_child(spec: dict) -> dict:
     from grpo.config import RolloutConfig
     from grpo.infra.memory import peak_rss_mb
     from grpo.rollout import Sampler
+    from grpo.rollout.decoders import Engines
 
     s = spec["settings"]
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
@@ -127,6 +128,7 @@ def generation_child(spec: dict) -> dict:
     lines = Path(spec["prompts"]).read_text().splitlines()[: s["prompts_per_step"]]
     rows = [json.loads(line) for line in lines]
     result = {"sampler": spec["sampler"], "modes": {}, "torch_threads": torch.get_num_threads()}
+    engines = Engines()  # vLLM's engine, built by the first mode's sampler and reused by the second's
     for mode in spec["lengths"]:
         rollout = RolloutConfig(
             group_size=s["group_size"],
@@ -136,7 +138,7 @@ def generation_child(spec: dict) -> dict:
             temperature=s["temperature"],
             sampler=spec["sampler"],
         )
-        sampler = Sampler.from_config(tokenizer, rollout, prompt_column="prompt", seed=s["seed"])
+        sampler = Sampler.from_config(tokenizer, rollout, prompt_column="prompt", seed=s["seed"], engines=engines)
         start = time.perf_counter()
         sampler.start(model)  # vLLM's engine (once per process: the second mode reuses it); nothing for the others
         start_s = time.perf_counter() - start
@@ -158,6 +160,7 @@ def generation_child(spec: dict) -> dict:
             "calls": calls,
         }
     result["peak_rss_mb"] = peak_rss_mb()
+    engines.close()
     return result
 
 

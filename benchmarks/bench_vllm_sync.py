@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_vllm_sync.py            # SmolLM2-135M's shape
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_vllm_sync.py --tiny     # the tests' tiny Qwen2
 
-Builds one engine (`grpo.vllm.engine.LocalEngine`, through the decoder's `shared_engine`) for
+Builds one engine (`grpo.vllm.engine.LocalEngine`, through the decoder's `local_engine`) for
 a randomly initialised model, then `--syncs` times moves every weight a little and syncs: the
 in-place reload (`load_weights`) and the fixed-sequence check (`check`) are timed apart. The
 first check includes the engine's first generation (its warm-up). Prints one line per sync
@@ -51,12 +51,12 @@ def main() -> None:
 
     import torch
 
-    from grpo.vllm.decoder import EngineOptions, shared_engine
+    from grpo.vllm.decoder import EngineOptions, local_engine
     from grpo.vllm.engine import policy_weights
 
     policy = model(args.tiny)
     start = time.perf_counter()
-    engine = shared_engine(policy, EngineOptions(max_model_len=256, max_num_seqs=16))
+    engine = local_engine(policy, EngineOptions(max_model_len=256, max_num_seqs=16))
     print(f"engine built in {time.perf_counter() - start:.1f} s")
     for i in range(args.syncs):
         with torch.no_grad():

@@ -34,14 +34,14 @@ under `packed_attention`).
 
 Then it runs `grpo.train.train` once per sampler (`rollout.sampler: fast`, our KV-cache loop,
 `hf`, transformers' generate, and `vllm`, a vLLM engine colocated in this process), in this
-process, one after the other (vllm last: its engine is built once and kept for the process,
-GPU memory included, so it would sit under the others' runs), a sampler that fails recorded
+process, one after the other (vllm last; each run's generator shuts its engine down as the run
+ends, GPU memory included), a sampler that fails recorded
 with its error while the others still run. Each sampler runs once per `--staleness` value K
 (rollout.async.max_staleness; default 0 and 1): K = 0 is the synchronous step, K >= 1 the
 generator process sampling the next batch while the trainer trains this one (docs/async.md;
 on a GPU the generator shares the trainer's device, and with vllm its engine is the
 generator's), the asynchronous runs first (an engine they build goes with their generator
-process; a synchronous vllm run's stays). `hf` has no asynchronous run (transformers'
+process, a synchronous run's with its generator). `hf` has no asynchronous run (transformers'
 generate returns no log-probs; recorded under `skipped`). GRPO with
 `--prompts` x `--group-size` completions a step, exactly `--max-new-tokens` tokens each (EOS
 is suppressed until then: rollout.min_new_tokens = max_new_tokens, so every step does the

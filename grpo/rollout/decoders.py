@@ -12,7 +12,9 @@ may choose (`in_auto`: not vllm). `generators`: one for the call, or one per pro
 A decoder declares what it can do beyond that (`Decoder`: `start` builds ahead what its
 first sample would, `extends` says whether `extend` continues rows from a kept cache; the
 defaults build nothing and refuse to extend) and builds its own options from what a Sampler
-knows (`DecoderSettings`: the rollout config, the seed, spare memory; `options_of`).
+knows (`DecoderSettings`: the rollout config, the seed, spare memory; `options_of`). An engine
+a decoder builds (vLLM's) is held by an `Engines` its owner gives it (the generator) and shut
+down with that owner, never by a module of its own.
 
 The registry holds import paths ('module:Class', `decoder_class`), so that the names are read
 without importing torch or vLLM, and decoders -> a decoder's module runs one way. The config
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
@@ -38,6 +41,31 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+class Engines:
+    """The engine its decoders build (vLLM's), owned by whoever made this holder (a generator,
+    or a Sampler made alone) and shut down by its `close`: decoders given the same holder
+    share the engine built for the same key (training's and iterative RL's samplers), and a
+    holder keeps one at a time (another key closes the one held before building its own)."""
+
+    def __init__(self):
+        self.key, self.engine = None, None
+
+    def get(self, key, build: Callable[[], object]):
+        """The engine held for `key`, else the one `build()` makes (the one held closed first)."""
+        if self.engine is None or self.key != key:
+            self.close()
+            self.engine, self.key = build(), key
+        return self.engine
+
+    def close(self) -> None:
+        """Shut the engine held down (its memory freed); the next `get` builds one. Again: nothing."""
+        engine, self.engine, self.key = self.engine, None, None
+        if engine is not None:
+            engine.close()
+            del engine
+            gc.collect()
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderSettings:
     """What a Sampler knows that a decoder may build its options from (`Decoder.options_of`)."""
@@ -45,6 +73,7 @@ class DecoderSettings:
     rollout: object | None = None  # a grpo.config.RolloutConfig; None: every decoder's defaults
     seed: int | None = None  # the run's seed (None: none)
     spare_bytes: int = 0  # memory sampling may hold beyond its own (grpo.train.assembly.sampling_room)
+    engines: Engines | None = None  # the holder of the engines its decoders build (None: the Sampler's own)
 
 
 class Decoder(Protocol):

@@ -20,6 +20,7 @@ import torch
 
 from grpo.infra.distributed import SingleProcess, World
 from grpo.rollout.batch import Rollout
+from grpo.rollout.decoders import Engines
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Toolbox
 from grpo.rollout.weights import EngineSync, InPlace, Publisher
@@ -83,18 +84,25 @@ class GeneratorSpec:
 
 
 def samplers_of(
-    spec: GeneratorSpec, tokenizer, tools: Toolbox | None, *, hold_prepared: bool = False
+    spec: GeneratorSpec,
+    tokenizer,
+    tools: Toolbox | None,
+    *,
+    hold_prepared: bool = False,
+    engines: Engines | None = None,
 ) -> dict[str, Sampler]:
     """The samplers of a generator, by purpose: training's (the run's seed and rank: its own
     stream per step) and, with iterative RL, the reward model's (its group size, no seed:
     the global stream, as before training had a generator). `hold_prepared`: a version's
-    decoder work serves every batch it samples (a worker's, `Sampler`)."""
+    decoder work serves every batch it samples (a worker's, `Sampler`). `engines`: the
+    generator's holder, through which they share one engine (None: each its own)."""
     common = dict(
         prompt_column=spec.prompt_column,
         autocast=spec.autocast,
         tools=tools,
         spare_bytes=spec.spare_bytes,
         hold_prepared=hold_prepared,
+        engines=engines,
     )
     made = {TRAIN: Sampler.from_config(tokenizer, spec.rollout, seed=spec.seed, rank=spec.rank, **common)}
     if spec.pairs:
@@ -112,14 +120,26 @@ def publisher_of(sampler: Sampler, policy) -> Publisher:
 class LocalGenerator:
     """Samples in this process, when a step takes its batch, with the policy object last
     published (the sharded policy gathered whole meanwhile). Nothing is ahead: a batch is
-    always the current weights'."""
+    always the current weights'. It owns the engine its samplers share (`engines`: vLLM's,
+    built at `start`) and shuts it down at `close`, under torchrun while the process group
+    is still there (the run closes its generator before its world)."""
 
-    def __init__(self, samplers: dict[str, Sampler], world: World = SingleProcess()):
+    def __init__(self, samplers: dict[str, Sampler], world: World = SingleProcess(), engines: Engines | None = None):
         self.samplers, self.world = samplers, world
+        self.engines = engines  # the holder its samplers were given (None: theirs, each closed with its sampler)
         self.policy, self.published = None, None
         self.publishers: dict[str, Publisher] = {}
         self.pending: dict[tuple[str, int], tuple[list[dict], list[int] | None]] = {}
         self.seconds = {"generate": 0.0, "idle": 0.0}  # what the last `take` cost
+
+    @classmethod
+    def of(
+        cls, spec: GeneratorSpec, tokenizer, tools: Toolbox | None, world: World = SingleProcess(), **options
+    ) -> LocalGenerator:
+        """The generator of `spec`'s samplers (`samplers_of`, with `options`), sharing the
+        engine it holds."""
+        engines = Engines()
+        return cls(samplers_of(spec, tokenizer, tools, engines=engines, **options), world, engines)
 
     def start(self, policy) -> None:
         """Build what the samplers build once (vLLM's engine; a server reached and admitted),
@@ -158,4 +178,9 @@ class LocalGenerator:
         return rollout
 
     def close(self) -> None:
+        """Drop what was asked and not taken, and shut down the engine it holds (again: nothing)."""
         self.pending.clear()
+        for sampler in self.samplers.values():
+            sampler.close()
+        if self.engines is not None:
+            self.engines.close()

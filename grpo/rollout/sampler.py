@@ -17,6 +17,7 @@ left), so the caller's, and the one saved with a trained model, never changes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
@@ -85,6 +86,10 @@ class Sampler:
         # What each decoder builds its own options from (`Decoder.options_of`); `decoder_options`:
         # decoder name -> constructor arguments that replace those (a test's engine, a server's address).
         self.settings = settings or decoders.DecoderSettings(seed=seed)
+        # The engines its decoders build (vLLM's): its owner's (a generator's), else its own, shut down by `close`.
+        self.owns_engines = self.settings.engines is None
+        if self.owns_engines:
+            self.settings = dataclasses.replace(self.settings, engines=decoders.Engines())
         self.decoder_options = decoder_options or {}
         # Whether a decoder keeps its per-version work (the fast loop's fused copy of the
         # weights) after `sample` returns, for the next sample of the same version. Off: the
@@ -111,6 +116,7 @@ class Sampler:
         tools: Toolbox | None = None,
         spare_bytes: int = 0,
         hold_prepared: bool = False,
+        engines: decoders.Engines | None = None,
     ) -> Sampler:
         """The sampler that `rollout` (a `grpo.config.RolloutConfig`) describes; `group_size`
         overrides the config's (iterative RL samples its own number per prompt). With the
@@ -119,7 +125,9 @@ class Sampler:
         holds (max_prompt_length + max_new_tokens; the model's positions without a prompt limit).
         `tools` (a `grpo.rollout.tools.Toolbox`): multi-turn rollouts with them.
         `spare_bytes`: memory the fast loop may spend on packed weights (`FastDecoder`).
-        `hold_prepared`: whether a decoder keeps a version's work between samples (`__init__`)."""
+        `hold_prepared`: whether a decoder keeps a version's work between samples (`__init__`).
+        `engines`: the holder of its decoders' engines, its owner's (a generator's, shared by its
+        samplers); None: its own (`close`)."""
         return cls(
             tokenizer,
             prompt_column=prompt_column,
@@ -132,7 +140,7 @@ class Sampler:
             seed=seed,
             rank=rank,
             hold_prepared=hold_prepared,
-            settings=decoders.DecoderSettings(rollout, seed, spare_bytes),
+            settings=decoders.DecoderSettings(rollout, seed, spare_bytes, engines),
             tools=tools,
             chat_template_kwargs=rollout.chat_template_kwargs,
         )
@@ -165,6 +173,12 @@ class Sampler:
         if self.backend == decoders.AUTO:
             return
         self.decoder(model, self.max_prompt_length).start(model, world)
+
+    def close(self) -> None:
+        """Shut down the engine its decoders built, when the holder is its own (a generator
+        closes the one it gave)."""
+        if self.owns_engines:
+            self.settings.engines.close()
 
     @torch.no_grad()
     def _decode(self, decoder: Decoder, unique_ids, unique_mask, seeds, generator, step: int):

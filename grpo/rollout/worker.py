@@ -40,7 +40,7 @@ from grpo.infra.distributed import SingleProcess, World
 from grpo.infra.space import no_space
 from grpo.rollout import decoders
 from grpo.rollout.batch import Rollout
-from grpo.rollout.generator import TRAIN, Generator, GeneratorSpec, LocalGenerator, samplers_of
+from grpo.rollout.generator import TRAIN, Generator, GeneratorSpec, LocalGenerator
 from grpo.rollout.tools import Toolbox
 from grpo.rollout.weights import (
     ROOM,
@@ -71,7 +71,7 @@ def build_generator(
     LocalGenerator from `spec`."""
     if worker:
         return WorkerGenerator(spec)
-    return LocalGenerator(samplers_of(spec, tokenizer, tools), world)
+    return LocalGenerator.of(spec, tokenizer, tools, world)
 
 
 def refuse_in_generator() -> None:
@@ -247,7 +247,7 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
         tokenizer = load_tokenizer(spec.model)
         policy = load_causal_lm(spec.model, spec.dtype, device=spec.device)
         # A version's fused weights serve every batch it samples (`Sampler`'s hold_prepared).
-        local = LocalGenerator(samplers_of(spec, tokenizer, Toolbox.from_config(spec.rollout), hold_prepared=True))
+        local = LocalGenerator.of(spec, tokenizer, Toolbox.from_config(spec.rollout), hold_prepared=True)
         idle, since = 0.0, time.perf_counter()
         while True:
             message = requests.get()  # the trainer's death ends us meanwhile (`_end_with_the_trainer`)

@@ -67,7 +67,6 @@ from grpo.train.assembly import build_engine, build_run_generator, load_reward_m
 from grpo.train.step import train_step
 from grpo.train.rollouts import Rollouts
 from grpo.train.rollouts import summary as async_summary
-from grpo.vllm.decoder import close_shared_engine
 
 
 @dataclass
@@ -263,11 +262,7 @@ def train(
     try:
         return _train(c, world, device, resume=resume, progress=progress, overwrite=overwrite, rows=rows, policy=policy)
     finally:
-        # Under torchrun, vLLM's engine is shut down while the process group is still there
-        # (at exit, after world.close(), its shutdown would fail on the destroyed group).
-        if world.world_size > 1:
-            close_shared_engine()
-        world.close()
+        world.close()  # after the run's generator shut its engine down (`Run.train`), as vLLM's shutdown needs
 
 
 def _one_of(**arguments):

@@ -277,24 +277,12 @@ class RemoteEngine:
         """Nothing: the server outlives the run (another run may use it)."""
 
 
-_REMOTE: dict = {}  # address -> this process's RemoteEngine for it
-
-
 def remote_engine(policy, options, world: World | None = None) -> RemoteEngine:
-    """This process's client of the server at options.server, admitted for `policy` (one
-    line before the first step when it is not up or does not fit): one per address, so that
-    every Sampler of the run shares what it holds. `world`: the training processes that
-    share the server (process 0 pushes for all: `RemoteEngine.sync`; None: this one alone)."""
+    """A client of the server at options.server, admitted for `policy` (one line before the
+    first step when it is not up or does not fit); the generator's `Engines` holds it, so that
+    every Sampler of the run shares what it holds. `world`: the training processes that share
+    the server (process 0 pushes for all: `RemoteEngine.sync`; None: this one alone)."""
     world = world or SingleProcess()
-    engine = _REMOTE.get(options.server)
-    if engine is None:
-        engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport, world=world)
-    else:
-        engine.world = world
-        info = engine.health()
-        if info["boot"] != engine.info["boot"]:  # another server process since: it holds none of ours
-            engine.holds = engine.token = None
-        engine.info = info
+    engine = RemoteEngine(options.server, timeout=options.timeout, transport=options.transport, world=world)
     engine.admit(policy, options)
-    _REMOTE[options.server] = engine
     return engine

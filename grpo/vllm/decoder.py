@@ -2,23 +2,24 @@
 in the training process (`grpo.vllm.engine.LocalEngine`) or a `grpo vllm-serve` server's
 (`grpo.vllm.client.RemoteEngine`, the same methods over HTTP).
 
-One engine per process, built at the first `start` or `prepare` and shared by every Sampler
-that asks for the same model and options (`shared_engine`); `prepare(policy, version)` syncs
-and checks the weights when the version differs, and `release` frees its memory (CUDA sleep
-mode) without destroying it. A prompt's G completions are one request with `n = G` and an
-int seed drawn from the Sampler's generator, so a seeded run draws the same tokens again
-(vLLM's own, not those `fast` or `hf` draw). Nothing at import time needs torch or vLLM.
+The engine is built at the first `start` or `prepare` into the holder the Sampler gives
+(`grpo.rollout.decoders.Engines`: the generator's, shared by its samplers when they ask for
+the same model and options, and shut down by the generator's `close`; one engine per process
+at a time, as vLLM allows); `prepare(policy, version)` syncs and checks the weights when the
+version differs, and `release` frees its memory (CUDA sleep mode) without destroying it. A
+prompt's G completions are one request with `n = G` and an int seed drawn from the Sampler's
+generator, so a seeded run draws the same tokens again (vLLM's own, not those `fast` or `hf`
+draw). Nothing at import time needs torch or vLLM.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import weakref
 from dataclasses import dataclass
 
-from grpo.rollout.decoders import Decoder, DecoderSettings
+from grpo.rollout.decoders import Decoder, DecoderSettings, Engines
 from grpo.rollout.params import SamplingParams
 
 
@@ -47,7 +48,6 @@ class EngineOptions:
         return cls(max_model_len=max_model_len, seed=seed, **{name: getattr(section, name) for name in names})
 
 
-_SHARED: dict = {}  # "key" -> what the engine was built for, "engine" -> it
 BUILT = {"engines": 0}  # engines built in this process (tests: one per run)
 
 
@@ -59,44 +59,36 @@ def _dtype(options: EngineOptions, autocast, policy):
     return autocast or next(policy.parameters()).dtype
 
 
-def shared_engine(policy, options: EngineOptions, autocast=None):
-    """This process's engine for `policy`'s architecture and `options`: the one already built
-    when it was built for the same, else a new one (the old one shut down first: one engine
-    per process at a time)."""
-    from grpo.vllm.engine import LocalEngine, base_model
+def engine_key(policy, options: EngineOptions, autocast=None) -> tuple:
+    """What an engine for `policy` is built for: its architecture, device, dtype and the
+    options that shape it (not the seed: every request brings its own, so samplers with
+    other seeds share it)."""
+    from grpo.vllm.engine import base_model
 
     device = next(policy.parameters()).device
-    dtype = _dtype(options, autocast, policy)
-    key = (json.dumps(base_model(policy).config.to_dict(), sort_keys=True, default=str), str(device), str(dtype))
-    key += (options.max_model_len, options.max_num_seqs, options.gpu_memory_utilization, options.sleep)
-    key += (options.kv_cache_gb,)  # not the seed: every request brings its own (a Sampler without one reuses it)
-    if _SHARED.get("key") == key:
-        return _SHARED["engine"]
-    close_shared_engine()
+    key = (json.dumps(base_model(policy).config.to_dict(), sort_keys=True, default=str), str(device))
+    key += (str(_dtype(options, autocast, policy)), options.max_model_len, options.max_num_seqs)
+    return key + (options.gpu_memory_utilization, options.sleep, options.kv_cache_gb)
+
+
+def local_engine(policy, options: EngineOptions, autocast=None):
+    """A new engine in this process for `policy`'s architecture and `options`
+    (`grpo.vllm.engine.LocalEngine`); its owner shuts it down (`Engines.close`)."""
+    from grpo.vllm.engine import LocalEngine
+
     engine = LocalEngine(
         policy,
-        device=device,
+        device=next(policy.parameters()).device,
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
-        dtype=dtype,
+        dtype=_dtype(options, autocast, policy),
         seed=options.seed,
         gpu_memory_utilization=options.gpu_memory_utilization,
         sleep=options.sleep,
         kv_cache_gb=options.kv_cache_gb,
     )
-    _SHARED.update(key=key, engine=engine)
     BUILT["engines"] += 1
     return engine
-
-
-def close_shared_engine() -> None:
-    """Shut this process's engine down (its memory freed); the next `shared_engine` builds one."""
-    engine = _SHARED.pop("engine", None)
-    _SHARED.pop("key", None)
-    if engine is not None:
-        engine.close()
-        del engine
-        gc.collect()
 
 
 class VllmDecoder(Decoder):
@@ -109,14 +101,22 @@ class VllmDecoder(Decoder):
     @classmethod
     def options_of(cls, settings: DecoderSettings) -> dict:
         """The engine's options: rollout.vllm's, with the longest sequence it holds
-        (max_prompt_length + max_new_tokens; the model's positions without a prompt limit)."""
+        (max_prompt_length + max_new_tokens; the model's positions without a prompt limit);
+        and the holder the engine is built into (the Sampler's owner's)."""
+        held = {} if settings.engines is None else {"engines": settings.engines}
         r = settings.rollout
         if r is None:
-            return {}
+            return held
         longest = r.max_prompt_length + r.max_new_tokens if r.max_prompt_length else None
-        return {"options": EngineOptions.of(r.vllm, max_model_len=longest, seed=settings.seed or 0)}
+        return {"options": EngineOptions.of(r.vllm, max_model_len=longest, seed=settings.seed or 0), **held}
 
-    def __init__(self, params: SamplingParams, autocast=None, options: EngineOptions | None = None):
+    def __init__(
+        self,
+        params: SamplingParams,
+        autocast=None,
+        options: EngineOptions | None = None,
+        engines: Engines | None = None,
+    ):
         from grpo.vllm.engine import unsupported
         from grpo.errors import UserError
 
@@ -125,12 +125,15 @@ class VllmDecoder(Decoder):
             raise UserError(reason)
         self.params, self.autocast = params, autocast
         self.options = options or EngineOptions()
+        # The holder its engine is built into: the Sampler's (its owner's). None (a decoder made
+        # alone): one of its own, which nothing closes; its maker closes `self.engine`.
+        self.engines = Engines() if engines is None else engines
         self.engine = None
 
     @staticmethod
-    def refuses(model, total_length: int, options: EngineOptions | None = None) -> str | None:
+    def refuses(model, total_length: int, options: EngineOptions | None = None, engines=None) -> str | None:
         """Why this process cannot run an engine for `model` (nothing to say with a server:
-        it built its own; the client admits it at `start`)."""
+        it built its own; the client admits it at `start`). `engines`: its holder, no matter."""
         from grpo.vllm.engine import refusal
 
         if options is not None and options.server:
@@ -145,9 +148,11 @@ class VllmDecoder(Decoder):
             if self.options.server:
                 from grpo.vllm.client import remote_engine
 
-                self.engine = remote_engine(policy, self.options, world)
+                key = ("server", self.options.server)
+                self.engine = self.engines.get(key, lambda: remote_engine(policy, self.options, world))
             else:
-                self.engine = shared_engine(policy, self.options, self.autocast)
+                key = engine_key(policy, self.options, self.autocast)
+                self.engine = self.engines.get(key, lambda: local_engine(policy, self.options, self.autocast))
         return self.engine
 
     def tolerance(self) -> float:

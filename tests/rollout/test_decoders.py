@@ -85,7 +85,8 @@ def test_each_decoder_builds_its_own_options_from_what_the_sampler_knows(make_co
         make_config(rollout={"max_prompt_length": 40, "max_new_tokens": 9, "vllm": {"max_num_seqs": 8}})
     ).rollout
     built = Sampler.from_config(TOKENIZER, rollout, prompt_column="prompt", seed=5, spare_bytes=123)
-    assert built.options("vllm") == {"options": EngineOptions.of(rollout.vllm, max_model_len=49, seed=5)}
+    held = {"engines": built.settings.engines}  # the holder its engine is built into (the Sampler's own here)
+    assert built.options("vllm") == {"options": EngineOptions.of(rollout.vllm, max_model_len=49, seed=5), **held}
     assert built.options("vllm")["options"].max_num_seqs == 8
     assert built.options("fast") == {"spare_bytes": 123} and built.options("hf") == {}
     unlimited = dataclasses.replace(rollout, max_prompt_length=0)
@@ -93,7 +94,7 @@ def test_each_decoder_builds_its_own_options_from_what_the_sampler_knows(make_co
         EngineOptions.of(rollout.vllm, max_model_len=None, seed=0)
     )  # the model's own positions; no seed: 0
     plain = sampler()  # built without a config: every decoder's defaults
-    assert plain.options("vllm") == {} and plain.options("fast") == {"spare_bytes": 0}
+    assert plain.options("vllm") == {"engines": plain.settings.engines} and plain.options("fast") == {"spare_bytes": 0}
     plain.decoder_options = {"fast": {"spare_bytes": 7}}
     assert plain.decoder(model_of(), 4).spare_bytes == 7
 

@@ -9,3 +9,29 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+import pytest  # noqa: E402 (after the environment vLLM reads)
+
+
+@pytest.fixture
+def built_engines(monkeypatch):
+    """The engines this process builds meanwhile (`grpo.vllm.decoder.local_engine`), in order,
+    each with `closed` set once it is shut down."""
+    from grpo.vllm import decoder
+
+    build, built = decoder.local_engine, []
+
+    def recorded(*args, **kwargs):
+        engine = build(*args, **kwargs)
+        close = engine.close
+
+        def closed():
+            close()
+            engine.closed = True
+
+        engine.close, engine.closed = closed, False
+        built.append(engine)
+        return engine
+
+    monkeypatch.setattr(decoder, "local_engine", recorded)
+    return built

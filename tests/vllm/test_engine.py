@@ -2,7 +2,7 @@
 trainer's (fp32: ~1e-5 a token, models.assert_same_logprobs) before any update and after
 optimizer updates (the weight sync works: a tied head with Qwen2's biases, and an untied
 Llama), at temperature and repetition penalty; its check catches a stale sync; one engine
-serves every sampler of a model."""
+serves every sampler given its holder."""
 
 import copy
 import random
@@ -12,11 +12,12 @@ import torch
 
 from grpo.errors import UserError
 from grpo.rollout import Sampler
+from grpo.rollout.decoders import Engines
 from grpo.tasks.tiny import char_tokenizer
 from grpo.train.models import apply_lora
 from grpo.train.layouts import policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
-from grpo.vllm.decoder import EngineOptions, VllmDecoder, shared_engine
+from grpo.vllm.decoder import EngineOptions, VllmDecoder, engine_key, local_engine
 from grpo.vllm.engine import StaleWeights, policy_weights
 from tests.vllm.models import ALPHABET, WORST_GAP, assert_same_logprobs, build
 
@@ -32,17 +33,18 @@ ROWS = [
     {"prompt": "the quick brown fox jumps over a lazy dog " * 4},
 ]
 OPTIONS = EngineOptions(max_model_len=192, max_num_seqs=16, seed=0)
+ENGINES = Engines()  # the module's holder, as a generator's: every sampler below is given it
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def policy(request):
-    """The module's model, with its engine built once (the shared one) and reused by every test."""
+    """The module's model, with its engine built once into ENGINES and reused by every test."""
     model = build(request.param, TOKENIZER)
     before = (torch.get_rng_state(), random.getstate())
-    shared_engine(model, OPTIONS)
+    ENGINES.get(engine_key(model, OPTIONS), lambda: local_engine(model, OPTIONS))
     model.streams_kept = torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate()
     yield model
-    vllm_decoder.close_shared_engine()
+    ENGINES.close()
 
 
 def sampler(**options):
@@ -53,7 +55,7 @@ def sampler(**options):
         group_size=4,
         backend="vllm",
         seed=0,
-        decoder_options={"vllm": {"options": OPTIONS}},
+        decoder_options={"vllm": {"options": OPTIONS, "engines": ENGINES}},
         **options,
     )
 
@@ -88,7 +90,7 @@ def test_the_engine_s_log_probs_are_the_trainer_s_before_any_update(policy, temp
 
 def test_after_two_updates_the_synced_engine_still_scores_as_the_trainer(policy):
     before = assert_trainer_scores_the_samples(policy, 0.7, 1.3, version=0)
-    engine = shared_engine(policy, OPTIONS)
+    engine = ENGINES.engine
     assert engine.holds[1] == 0
     update(policy)
     after = assert_trainer_scores_the_samples(policy, 0.7, 1.3, version=2)
@@ -102,7 +104,7 @@ def test_after_two_updates_the_synced_engine_still_scores_as_the_trainer(policy)
 
 
 def test_a_version_the_engine_holds_is_not_synced_again(policy, monkeypatch):
-    engine = shared_engine(policy, OPTIONS)
+    engine = ENGINES.engine
     s = sampler()
     s.sample(policy, ROWS, version=7)
     calls = []
@@ -118,7 +120,7 @@ def test_a_version_the_engine_holds_is_not_synced_again(policy, monkeypatch):
 def test_the_check_catches_a_sync_that_leaves_the_tied_head_stale(policy):
     """The spike's stale case: the weights sent without `lm_head.weight` and the head not
     repacked leave a tied head computing from the old embedding; the check refuses that."""
-    engine = shared_engine(policy, OPTIONS)
+    engine = ENGINES.engine
     engine.sync(policy, check=True, tolerance=1e-3)
     assert engine.check(policy, 1e-3) < WORST_GAP
     update(policy, steps=1, lr=0.1)
@@ -161,9 +163,10 @@ def test_building_the_engine_leaves_the_global_random_streams_as_they_were(polic
     assert policy.streams_kept  # vLLM seeds them; the trainer's draws must not depend on when it was built
 
 
-def test_one_engine_serves_every_sampler_of_the_model(policy):
+def test_one_engine_serves_every_sampler_given_its_holder(policy):
     built = vllm_decoder.BUILT["engines"]
     for step in range(2):
+        assert sampler().decoder(policy, 8).start(policy) is ENGINES.engine
         sampler().sample(policy, ROWS, step=step)
     assert vllm_decoder.BUILT["engines"] == built
 

@@ -184,10 +184,13 @@ def run_config(make_config, model, address, **train):
     return config
 
 
-def test_grpo_through_the_server_learns(make_config, model_dir, server):
+def test_grpo_through_the_server_learns(make_config, model_dir, server, monkeypatch):
+    clients, make = [], client.remote_engine
+    monkeypatch.setattr(client, "remote_engine", lambda *args: clients.append(make(*args)) or clients[-1])
     result = grpo.train(run_config(make_config, model_dir, server.address), progress=False)
     assert gain(result.metrics) >= 0.25, [round(m["reward/mean"], 3) for m in result.metrics]
-    assert client._REMOTE[server.address].holds[1] == 29  # pushed after every update
+    (engine,) = clients  # one client for the run
+    assert engine.holds[1] == 29  # pushed after every update
 
 
 def test_no_server_is_one_line_before_the_first_step(make_config, model_dir, tmp_path, capsys):

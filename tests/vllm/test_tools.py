@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo.config import VllmConfig
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Toolbox
-from grpo.vllm import decoder as vllm_decoder
 from grpo.vllm.decoder import EngineOptions
 from tests.rollout.test_tools import sampled_and_appended, spy_on
 from tests.rollout.tool_models import MULTIPLY_PROMPT, async_add, multiply, save_tool_model
@@ -20,8 +19,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def tool_lm(tmp_path_factory):
     directory = save_tool_model(tmp_path_factory.mktemp("vllm_tool_model"), hidden_size=128, heads=2)
-    yield AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()
-    vllm_decoder.close_shared_engine()
+    return AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()
 
 
 def test_vllm_samples_multi_turn_rollouts_with_the_tokens_as_sampled(tool_lm):
@@ -39,7 +37,10 @@ def test_vllm_samples_multi_turn_rollouts_with_the_tokens_as_sampled(tool_lm):
         decoder_options={"vllm": {"options": engine}},
     )
     records = spy_on(sampler, model)
-    rollout = sampler.sample(model, [{"prompt": MULTIPLY_PROMPT}], version=0)
+    try:
+        rollout = sampler.sample(model, [{"prompt": MULTIPLY_PROMPT}], version=0)
+    finally:
+        sampler.close()  # the engine it built, its own
     assert rollout.tool_calls.tolist() == [1.0, 1.0]
     for i in range(len(rollout)):
         mask = sampled_and_appended(rollout, records, sampler, i)

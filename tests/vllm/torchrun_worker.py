@@ -4,7 +4,7 @@ every sample the vLLM engine draws scored by the trainer right there, and the ga
 `python -m tests.vllm.torchrun_worker CONFIG OUT`: process r writes OUT/rank-r.json with, for
 each sampling call, the largest |engine log-prob - trainer log-prob| over the tokens drawn and
 how many tokens that was, the number of engines the process built, and whether torchrun's
-process group was still there once the run had shut its engine down. The trainer's log-probs
+process group was still there each time an engine was shut down (the run's generator's `close`). The trainer's log-probs
 are grpo's own (`policy_logprobs`), taken inside `world.gathered(policy)` as the sampler is, so
 under FSDP2 they come from the whole policy that the engine was synced to just before."""
 
@@ -20,11 +20,12 @@ from grpo.rollout.sampler import Sampler
 from grpo.train import loop
 from grpo.train.layouts import policy_logprobs
 from grpo.vllm import decoder as vllm_decoder
+from grpo.vllm.engine import LocalEngine
 
 calls = []
 group_kept = []
 sample = Sampler.sample
-close_shared_engine = loop.close_shared_engine
+close = LocalEngine.close
 
 
 def scored_sample(self, model, rows, *args, **kwargs):
@@ -37,14 +38,14 @@ def scored_sample(self, model, rows, *args, **kwargs):
     return rollout
 
 
-def closed_engine():
-    close_shared_engine()
+def closed_engine(self):
+    close(self)
     group_kept.append(dist.is_initialized())
 
 
 def main(config: str, out: str) -> None:
     Sampler.sample = scored_sample
-    loop.close_shared_engine = closed_engine
+    LocalEngine.close = closed_engine
     loop.train(config, progress=False)
     record = {"calls": calls, "engines": vllm_decoder.BUILT["engines"], "group_kept": group_kept}
     (Path(out) / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(record))
