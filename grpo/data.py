@@ -184,15 +184,23 @@ def check_chat_template(
 
 
 def load_rows_for_options(
-    path: str, *, prompt_column: str = "prompt", column_option: str = "--prompt-column"
+    path: str,
+    *,
+    prompt_column: str = "prompt",
+    column_option: str = "--prompt-column",
+    split: str = "train",
+    config: str | None = None,
 ) -> list[dict]:
-    """`load_rows` for a command's options: its errors name `--data` and `column_option`
-    where they would name the config keys data.path and data.prompt_column."""
+    """`load_rows` for a command's options: its errors name `--data`, `column_option`,
+    `--split` and `--data-config` where they would name the config keys data.path,
+    data.prompt_column, data.split and data.config."""
     try:
-        return load_rows(path, prompt_column=prompt_column)
+        return load_rows(path, prompt_column=prompt_column, split=split, config=config)
     except UserError as err:
         text = str(err)
-        for key, flag in (("data.path:", "--data:"), ("data.prompt_column:", f"{column_option}:")):
+        flags = {"data.path:": "--data:", "data.prompt_column:": f"{column_option}:"}
+        flags.update({"data.split:": "--split:", "data.config:": "--data-config:"})
+        for key, flag in flags.items():
             if text.startswith(key):
                 raise UserError(flag + text[len(key) :]) from None
         raise

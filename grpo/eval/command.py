@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpo.config.fields import REQUIRED, opt
-from grpo.data import is_reasoning_gym, load_rows_for_options
+from grpo.data import is_reasoning_gym, load_rows_for_options, with_system_prompt
 from grpo.errors import UserError
 from grpo.infra.contain import run_workers
 from grpo.infra.devices import resolve_device
@@ -57,6 +57,14 @@ class EvalConfig:
         f"task (seed {TASK_SEED}), e.g. arithmetic:100 or mypkg.tasks:mytask:100; a task named here also checks "
         "the answers unless --task or --verifier says otherwise; or 'reasoning_gym:NAME?size=N&seed=S' for rows "
         "of a reasoning-gym task (quote it in a shell), checked by its own scorer (task reasoning_gym).",
+    )
+    data_config: str | None = opt(
+        None, "The dataset's configuration, for a --data that is a dataset name or folder (as data.config in training)."
+    )
+    split: str = opt("test", "The split to read, for a --data that is a dataset name or a saved DatasetDict.")
+    system_prompt: str = opt(
+        "",
+        "A system message put before every prompt (a plain-string prompt becomes a chat), as data.system_prompt in training. Default: none.",
     )
     n: int = opt(64, "Samples per prompt.")
     k: str | None = opt(None, "Comma-separated k to report, each <= n. Default: the powers of 2 up to n.")
@@ -148,9 +156,11 @@ def data_task(spec: str) -> tuple[str, str] | None:
     return task, count
 
 
-def load_data(spec: str, prompt_column: str, load_task: LoadTask) -> list[dict]:
+def load_data(
+    spec: str, prompt_column: str, load_task: LoadTask, *, split: str = "test", config: str | None = None
+) -> list[dict]:
     """The rows of --data: 'TASK:N' has the task generate them, anything else (a reasoning-gym
-    spec included) is read by load_rows."""
+    spec included) is read by load_rows (`split` and `config` for a dataset)."""
     named = data_task(spec)
     if named is not None:
         task_spec, count = named
@@ -163,7 +173,7 @@ def load_data(spec: str, prompt_column: str, load_task: LoadTask) -> list[dict]:
         if prompt_column != "prompt":
             rows = [{prompt_column: row["prompt"], **{k: v for k, v in row.items() if k != "prompt"}} for row in rows]
         return rows
-    return load_rows_for_options(spec, prompt_column=prompt_column)
+    return load_rows_for_options(spec, prompt_column=prompt_column, split=split, config=config)
 
 
 def _check_model(path: str) -> None:
@@ -336,7 +346,8 @@ def run(
         raise UserError(f"--temperature: must be > 0 (pass@k and maj@k need sampling), got {c.temperature}")
     if not 0 < c.top_p <= 1:
         raise UserError(f"--top-p: must be in (0, 1], got {c.top_p}")
-    rows = load_data(c.data, c.prompt_column, load_task)
+    rows = load_data(c.data, c.prompt_column, load_task, split=c.split, config=c.data_config)
+    rows = with_system_prompt(rows, c.prompt_column, c.system_prompt)
     verifier = _verifier(c, rows, load_task)
     toolbox = _toolbox(c)
     _check_model(c.model)

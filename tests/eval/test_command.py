@@ -352,3 +352,29 @@ def test_eval_logged_to_a_file_writes_a_line_every_log_every_prompts(model_dir, 
     assert [line.split("  ")[1] for line in lines] == ["prompts 1/5", "prompts 2/5", "prompts 4/5", "prompts 5/5"]
     assert all(re.search(r"  pass@1 [01]\.\d{3}  elapsed \d+:\d\d  [\d.]+ completions/s$", line) for line in lines)
     assert "\r" not in err
+
+
+def test_a_datasets_configuration_split_and_system_prompt(tmp_path, capsys, monkeypatch):
+    """--data-config, --split and --system-prompt read the held-out rows as the eval section
+    of a training config reads them (data.config, eval.split, data.system_prompt)."""
+    from grpo.tasks.tiny import save_tiny_tool_model
+    from tests.dataset_folders import gsm8k_rows, offline_datasets, write_gsm8k_folder
+
+    offline_datasets(tmp_path, monkeypatch)
+    folder = str(write_gsm8k_folder(tmp_path / "gsm8k"))
+    model = str(save_tiny_tool_model(tmp_path / "model", hidden_size=32, layers=1, heads=2))
+    out = tmp_path / "results.json"
+    common = ["--model", model, "--data", folder, "--prompt-column", "question", "--n", "1", "--max-new-tokens", "2"]
+    common += ["--verifier", "tests.eval.test_command:seven_tenths", "--quiet"]
+    code, _, err = run(capsys, *common, "--data-config", "socratic", "--system-prompt", "Be brief.", "--out", str(out))
+    assert code == 0, err
+    prompts = [p["prompt"] for p in json.loads(out.read_text())["per_prompt"]]
+    system = {"role": "system", "content": "Be brief."}
+    assert prompts == [[system, {"role": "user", "content": r["question"]}] for r in gsm8k_rows("socratic", "test")]
+    code, _, err = run(capsys, *common, "--data-config", "main", "--split", "train", "--out", str(out))
+    assert code == 0, err
+    assert [p["prompt"] for p in json.loads(out.read_text())["per_prompt"]] == [
+        r["question"] for r in gsm8k_rows("main", "train")
+    ]
+    code, _, err = run(capsys, *common, "--data-config", "nope")
+    assert code == 2 and err.startswith("grpo: error: --data-config:") and "socratic" in err, err
