@@ -168,7 +168,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
     import transformers  # noqa: F401
 
     import grpo
-    import grpo.train.assembly as assembly
+    import grpo.train.models as models
     import grpo.train.loop as loop
     import grpo.train.rollouts as rollouts
     import grpo.train.step as step
@@ -176,7 +176,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
     phases = Phases()
     runtime = {}
     build = phases.wrap("build", loop.build_engine)
-    load_tokenizer = assembly.load_tokenizer
+    load_tokenizer = models.load_tokenizer
 
     def measured_tokenizer(model: str, *args, **kwargs):  # the first thing build_engine loads
         if "mb" in runtime:
@@ -187,7 +187,7 @@ def main(config_path: str, result_path: str, *overrides: str) -> None:
         runtime["mb"] = _status("VmRSS")
         return tokenizer
 
-    assembly.load_tokenizer = measured_tokenizer
+    models.load_tokenizer = measured_tokenizer
     loop.build_engine = build
     rollouts.Rollouts.take = phases.wrap("sample", rollouts.Rollouts.take)
     step._passes = phases.wrap("passes", step._passes)

@@ -316,13 +316,14 @@ def check_inputs(
             config=d.config,
             system_prompt=d.system_prompt,
         )
-    if rows is None:
+    given = rows is not None
+    if not given:
         rows = environment_rows(c)
-    else:  # chat prompts (the data's, or made by data.system_prompt) need a chat template
-        check_chat_template(rows, d.prompt_column, lambda: policy_tokenizer(c.model, policy), d.system_prompt)
     if toolbox is not None:
         toolbox.check_prompts(rows, c.data.prompt_column)
     held = held_out(c)  # the eval section's rows and verifier, tried on every row
+    if given:  # chat prompts (the data's, or made by data.system_prompt) need a chat template
+        check_chat_template(rows, d.prompt_column, lambda: policy_tokenizer(c.model, policy), d.system_prompt)
     check_models(c, policy)
     resumable = folder.claim(resume=resume, overwrite=overwrite)
     state = load_latest_checkpoint(folder.out, world_size=world.world_size, rank=world.rank) if resumable else None
