@@ -198,6 +198,11 @@ def _check_train(c: Config) -> None:
         re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None,
         f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}",
     )
+    repo = tr.push_to_hub
+    _require(
+        not repo or re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) is not None,
+        f"train.push_to_hub: expected a repository id such as user/name, got {repo!r}",
+    )
 
 
 def _check_loss(c: Config) -> None:
@@ -238,8 +243,13 @@ def _check_reward_model_update(c: Config) -> None:
 
 
 def _check_lora(c: Config) -> None:
-    """lora: its rank (whether the sampler decodes an adapter: `grpo.train.preflight`)."""
-    _require(c.lora.r >= 0, "lora.r: must be >= 0")
+    """lora: its rank, and what needs an adapter (whether the sampler decodes one:
+    `grpo.train.preflight`)."""
+    lo = c.lora
+    _require(lo.r >= 0, "lora.r: must be >= 0")
+    for name, value in (("save", lo.save != "merged"), ("init_adapter", bool(lo.init_adapter))):
+        _require(lo.r > 0 or not value, f"lora.{name}: needs an adapter (lora.r > 0)")
+    _require(lo.r > 0 or lo.quantize == "none", "lora.quantize: a 4-bit base trains through an adapter: set lora.r > 0")
 
 
 def lookahead(c: Config) -> int:

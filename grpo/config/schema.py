@@ -277,6 +277,15 @@ class TrainConfig(Frozen):
         10,
         "Every N steps, write a sample of completions with their rewards to samples.jsonl and, as a table, to each dashboard of report_to (0 = never).",
     )
+    push_to_hub: str = opt(
+        "",
+        "A Hub repository id (user/name): push the model card and the weights there when the run ends (TRL's push_to_hub with hub_model_id); empty: no push.",
+    )
+    hub_private: bool = opt(False, "With push_to_hub: create the repository private (TRL's hub_private_repo).")
+    hub_strategy: Literal["end", "every_save"] = opt(
+        "end",
+        "With push_to_hub: push at the end only, or also after every checkpoint (TRL's hub_strategy names).",
+    )
     keep_best: str | None = opt(
         None,
         "With an eval section: keep the checkpoint with the best value of this metric (e.g. eval/pass@1) as output_dir/best/, kept across --resume (docs/evaluation.md).",
@@ -429,6 +438,17 @@ class LoraConfig(Frozen):
     )
     alpha: float = opt(16.0, "LoRA alpha.")
     target_modules: list[str] | str = opt("all-linear", "Modules to adapt (peft's target_modules).")
+    save: Literal["merged", "adapter", "both"] = opt(
+        "merged",
+        "What final/ and best/ hold: the adapter merged into the base (a plain model), the adapter alone (peft's files, which vLLM serves as a LoRA), or both (the adapter in adapter/).",
+    )
+    init_adapter: str = opt(
+        "", "Start from this peft adapter folder (e.g. `grpo sft --lora`'s output) instead of a new adapter."
+    )
+    quantize: Literal["none", "nf4", "fp4"] = opt(
+        "none",
+        "QLoRA: load the base in 4 bits through bitsandbytes; only the adapter trains, and samplers get the adapter, never a merge into 4 bits (docs/memory.md).",
+    )
 
 
 @dataclass
