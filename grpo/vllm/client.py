@@ -103,8 +103,8 @@ class RemoteEngine:
     """A `grpo vllm-serve` server, with the methods of `LocalEngine` that `VllmDecoder` calls
     (module doc). `timeout`: the seconds a generate request or a push may take."""
 
-    # The check is the colocated engine's: it reads only `vocab` and `prompt_logprobs`,
-    # which this class answers over HTTP.
+    # The check is the colocated engine's: it reads only `vocab`, `longest` and
+    # `prompt_logprobs`, which this class answers over HTTP.
     check = LocalEngine.check
 
     def __init__(
@@ -122,6 +122,7 @@ class RemoteEngine:
 
         self.dtype = getattr(torch, self.info["dtype"])
         self.vocab = int(self.info["identity"]["vocab_size"])
+        self.longest = self.info.get("max_model_len")  # the server's; the weight check's sequence fits it
         self.asleep = False  # the server's memory is its own: nothing to free here
         self.holds = None  # (weakref to the policy, its version) whose weights it holds; the decoder's
         self.token = None  # the last push's: the server's weights are those while it holds it

@@ -16,6 +16,7 @@ and `policy_weights`, the pieces that hold no engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import tempfile
@@ -161,13 +162,16 @@ class LocalEngine:
 
         model = base_model(policy)
         self.device = device
+        self.longest = max_model_len  # None: the model's positions
         self.dtype = dtype or next(model.parameters()).dtype
         self.vocab = model.get_input_embeddings().weight.shape[0]
         self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.sleep_mode = sleep and device.type == "cuda"
         self.asleep = self.kv_cache_asleep = False  # weights (they must be synced again) and KV cache freed
         self._dir = tempfile.TemporaryDirectory(prefix="grpo-vllm-")  # config.json only: vLLM's dummy load
-        model.config.to_json_file(str(Path(self._dir.name) / "config.json"))
+        config = json.loads(model.config.to_json_string())
+        config.pop("quantization_config", None)  # a 4-bit base is sent dequantized (`policy_weights`)
+        (Path(self._dir.name) / "config.json").write_text(json.dumps(config))
         options = dict(
             model=self._dir.name,
             load_format="dummy",  # random weights; the first sync loads the policy's
@@ -252,8 +256,10 @@ class LocalEngine:
 
     def check(self, policy, tolerance: float, length: int = 32) -> float:
         """The mean |log-prob difference| over one fixed sequence, engine against `policy`
-        (run in the trainer, in float32); raises StaleWeights over `tolerance`."""
-        ids = fixed_sequence(self.vocab, length)
+        (run in the trainer, in float32); raises StaleWeights over `tolerance`. The sequence
+        is cut to the engine's max_model_len: a run of short prompts and completions builds
+        an engine that scores no longer one."""
+        ids = fixed_sequence(self.vocab, min(length, self.longest or length))
         engine = torch.tensor(self.prompt_logprobs(ids))
         device = next(policy.parameters()).device
         with torch.no_grad():

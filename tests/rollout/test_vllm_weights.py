@@ -90,3 +90,30 @@ if __name__ == "__main__":
     import sys
 
     _worker(sys.argv[1])
+
+
+@pytest.mark.parametrize("longest", [None, 12])
+def test_the_weight_check_scores_a_sequence_the_engine_can_hold(longest):
+    """The check's fixed sequence is cut to the engine's max_model_len: a run of short prompts
+    and completions builds an engine that refuses a longer one. An engine that answers the
+    policy's own log-probs passes, one that answers others fails."""
+    from grpo.vllm.engine import LocalEngine, StaleWeights
+
+    model = tiny(False).eval()
+    engine = object.__new__(LocalEngine)  # no vLLM: the engine's answer is the policy's own
+    engine.vocab, engine.longest, asked = model.config.vocab_size, longest, []
+
+    def prompt_logprobs(ids, shift=0.0):
+        asked.append(len(ids))
+        if longest is not None and len(ids) > longest:
+            raise ValueError(f"{len(ids)} tokens exceed max_model_len {longest}")  # as vLLM refuses
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+        return (logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1) + shift).tolist()
+
+    engine.prompt_logprobs = prompt_logprobs
+    assert engine.check(model, tolerance=1e-4) <= 1e-4
+    assert asked == [longest or 32]
+    engine.prompt_logprobs = lambda ids: prompt_logprobs(ids, shift=0.5)
+    with pytest.raises(StaleWeights):
+        engine.check(model, tolerance=1e-4)
