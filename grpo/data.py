@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -361,9 +362,19 @@ def _read_dataset_dir(path: Path, name: str, split: str, config: str | None) -> 
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             splits = ", ".join(loaded)
-            raise UserError(f"data.path: {name} has no split {split!r} (splits: {splits})")
+            raise UserError(f"data.split: {name} has no split {split!r} (splits: {splits})")
         loaded = loaded[split]
     return _numbered(loaded.to_list())
+
+
+def _split_problem(err: Exception, name: str, split: str) -> str | None:
+    """The line for a split the dataset lacks (`datasets` says 'Unknown split ... Should be
+    one of [...]'), naming data.split and the splits there are; None for any other failure."""
+    found = re.search(r"Unknown split .*Should be one of (\[[^\]]*\])", str(err))
+    if found is None:
+        return None
+    splits = ", ".join(re.findall(r"'([^']*)'", found.group(1)))
+    return f"data.split: {name} has no split {split!r} (splits: {splits})"
 
 
 def _read_hub(name: str, split: str, config: str | None) -> list[Located]:
@@ -379,6 +390,7 @@ def _load_dataset(datasets: ModuleType, target: str, name: str, split: str, conf
     except Exception as err:  # network, unknown name, configuration or split, bad files: all one line
         raise UserError(
             _configuration_problem(datasets, target, name, config)
+            or _split_problem(err, name, split)
             or f"data.path: cannot load dataset {name!r} ({first_line(err)})"
         ) from err
     return _numbered(loaded.to_list())

@@ -136,7 +136,7 @@ def test_save_to_disk_dataset_dict_takes_the_split(tmp_path, datasets_offline):
     assert load_rows(str(tmp_path / "saved"), split="test") == other
     message = user_error(load_rows, str(tmp_path / "saved"), split="validation")
     saved = tmp_path / "saved"
-    assert message == f"data.path: {saved} has no split 'validation' (splits: train, test)"
+    assert message == f"data.split: {saved} has no split 'validation' (splits: train, test)"
 
 
 def test_directory_of_data_files(tmp_path, datasets_offline):

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
-from grpo.data import is_reasoning_gym, load_rows, with_system_prompt
+from grpo.data import is_reasoning_gym, with_system_prompt
 from grpo.errors import UserError
 from grpo.eval.alarm import Alarm
 from grpo.eval.command import REASONING_GYM_TASK, answer_extractor, data_task, load_data, parse_ks, try_on_rows
@@ -70,13 +70,10 @@ def _rows(c: Config, prompt_column: str) -> list[dict]:
     data.system_prompt, as the training prompts are; the first eval.prompts of them."""
     ev = c.eval
     try:
-        if data_task(ev.data) is not None:
-            rows = load_data(ev.data, prompt_column, load_task)
-        else:
-            rows = load_rows(ev.data, prompt_column=prompt_column, split=ev.split, config=ev.config)
+        rows = load_data(ev.data, prompt_column, load_task, split=ev.split, config=ev.config)  # as grpo eval's
     except UserError as err:
-        names = {"--data:": "eval.data:", "data.path:": "eval.data:", "data.split:": "eval.split:"}
-        raise _renamed(err, {**names, "data.config:": "eval.config:", "data.prompt_column:": "eval.prompt_column:"})
+        names = {"--data:": "eval.data:", "--split:": "eval.split:", "--data-config:": "eval.config:"}
+        raise _renamed(err, {**names, "--prompt-column:": "eval.prompt_column:"})
     rows = with_system_prompt(rows, prompt_column, c.data.system_prompt)
     return rows[: ev.prompts] if ev.prompts else rows
 

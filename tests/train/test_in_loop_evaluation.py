@@ -160,11 +160,31 @@ def test_mistakes_in_the_eval_section_are_one_line(tiny_model, prompts_file, tmp
         check(tiny_model, prompts_file, tmp_path, eval={"data": prompts_file, "task": "no_such_task"})
     with pytest.raises(UserError, match=r"cannot score any row of eval\.data"):  # the arithmetic task reads 'answer'
         check(tiny_model, prompts_file, tmp_path, eval={"data": prompts_file, "task": "arithmetic"})
+    with pytest.raises(UserError, match=r"^eval\.prompt_column: .*'question'"):
+        check(tiny_model, prompts_file, tmp_path, eval={"data": prompts_file, "prompt_column": "question"})
     # Found before the model (which does not exist here) is looked at.
     config = config_of(str(tmp_path / "no-model"), prompts_file, tmp_path / "run", eval={"data": "nope.jsonl"})
     with pytest.raises(UserError, match=r"^eval\.data:"):
         train(config, progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_datasets_configuration_and_split_are_named_as_eval_keys(tiny_model, prompts_file, tmp_path, monkeypatch):
+    """eval.config and eval.split read a dataset folder as grpo eval's --data-config and
+    --split do; their mistakes name the eval keys."""
+    from tests.dataset_folders import gsm8k_rows, offline_datasets, write_gsm8k_folder
+
+    offline_datasets(tmp_path, monkeypatch)
+    folder = str(write_gsm8k_folder(tmp_path / "gsm8k"))
+    section = {"data": folder, "prompt_column": "question", "verifier": SEVENS}
+    config = config_from_dict(
+        config_of(tiny_model, prompts_file, tmp_path / "run", eval={**section, "config": "socratic"})
+    )
+    assert [row["question"] for row in held_out(config).rows] == [r["question"] for r in gsm8k_rows("socratic", "test")]
+    with pytest.raises(UserError, match=r"^eval\.config: .*socratic"):
+        check(tiny_model, prompts_file, tmp_path, eval={**section, "config": "nope"})
+    with pytest.raises(UserError, match=r"^eval\.split: "):
+        check(tiny_model, prompts_file, tmp_path, eval={**section, "config": "main", "split": "validation"})
 
 
 def test_the_held_out_rows_and_verifier_default_as_grpo_eval_s(tiny_model, prompts_file, tmp_path):
