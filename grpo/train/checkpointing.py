@@ -25,6 +25,7 @@ from grpo.infra.checkpoint import list_checkpoints, load_shards, save_checkpoint
 from grpo.infra.seed import rng_state, set_rng_state
 from grpo.infra.space import writing
 from grpo.rollout.weights import base_model, policy_weights
+from grpo.train.card import write_card
 from grpo.train.evaluation import NoEvaluation
 from grpo.train.step import Engine
 
@@ -43,8 +44,9 @@ class Checkpointer:
     window; grpo.train.evaluation) and the random state, into `output_dir/checkpoints/step-N`
     (the newest `train.keep_checkpoints` kept)."""
 
-    def __init__(self, e: Engine, c: Config, prompts, updater, evaluation=NoEvaluation()):
+    def __init__(self, e: Engine, c: Config, prompts, updater, evaluation=NoEvaluation(), rows: int | None = None):
         self.e, self.c, self.prompts, self.updater = e, c, prompts, updater
+        self.rows = rows  # the prompts' rows, for the model card
         self.evaluation = evaluation
         self.output_dir = Path(c.output_dir)
         self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
@@ -175,6 +177,13 @@ class Checkpointer:
         processes (process 0 writes it, from the whole weights gathered to it)."""
         with writing(final_dir):
             self._save_final(final_dir)
+            self.write_card(final_dir, self.c.train.steps)
+
+    def write_card(self, directory: Path, step: int, after: dict | None = None) -> None:
+        """The model card of the policy after `step` steps, written by process 0 beside its
+        weights in `directory` (grpo.train.card; `after`: its evaluation, not logged yet)."""
+        if self.e.world.is_main:
+            write_card(directory, self.c, step=step, rows=self.rows, after=after)
 
     def save_copy(self, directory: Path) -> None:
         """The policy as `save_final` writes it, in the middle of a run: a LoRA policy's

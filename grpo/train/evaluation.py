@@ -182,7 +182,8 @@ class NoEvaluation:
 class Evaluation:
     """The run's evaluations of its policy on the held-out problems (module doc). `engine`
     is the run's (its policy, tokenizer and processes); `tools`: the run's toolbox (multi-turn
-    samples, as training's); `save_best(directory)` writes the policy as final/ is written."""
+    samples, as training's); `save_best(directory, step, metrics)` writes the policy as final/
+    is written, with the card of that step's evaluation."""
 
     def __init__(self, c: Config, held: HeldOut, engine, *, save_best, tools=None):
         self.held, self.engine, self.world, self.tools = held, engine, engine.world, tools
@@ -260,7 +261,7 @@ class Evaluation:
         final, tmp, old = self.out / BEST, self.out / f"{BEST}.tmp", self.out / f"{BEST}.old"
         if self.world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        self.save_best(tmp)  # collective: every process gathers, process 0 writes
+        self.save_best(tmp, step, metrics)  # collective: every process gathers, process 0 writes
         if self.world.is_main:
             with writing(tmp / RECORD):
                 (tmp / RECORD).write_text(json.dumps(record) + "\n")

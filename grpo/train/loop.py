@@ -422,10 +422,9 @@ class Run:
         # The held-out evaluations (at step 0, every eval.every steps, the last), best/ kept.
         self.evaluation = NoEvaluation()
         if inputs.held_out is not None:
-            save = lambda directory: self.checkpoints.save_copy(directory)  # noqa: E731
-            self.evaluation = Evaluation(c, inputs.held_out, e, save_best=save, tools=inputs.toolbox)
+            self.evaluation = Evaluation(c, inputs.held_out, e, save_best=self.save_best, tools=inputs.toolbox)
         # The stream's position, and the evaluation's best so far, with the weights.
-        self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater, self.evaluation)
+        self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater, self.evaluation, rows=len(inputs.rows))
         self.dashboards, self.sinks = dashboards, Sinks([])  # metrics.jsonl opens once the folder is the run's
         self.held = models_held(e, c)
         self.steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
@@ -587,8 +586,15 @@ class Run:
         if saved is not None and self.world.is_main:
             print(f"grpo: {saved}", file=sys.stderr)
 
+    def save_best(self, directory: Path, step: int, metrics: dict) -> None:
+        """train.keep_best's best/: the policy after `step` steps as final/ is written, with
+        its card (`metrics`: its evaluation)."""
+        self.checkpoints.save_copy(directory)
+        self.checkpoints.write_card(directory, step, {"step": step, **metrics})
+
     def finish(self) -> TrainResult:
-        """The final model, and summary.json: what the run cost and what it reached."""
+        """The final model with its card, and summary.json: what the run cost and what it
+        reached."""
         out = self.out
         self.checkpoints.save_final(out / "final")
         self.world.barrier()
