@@ -27,6 +27,7 @@ from grpo.cli_help import (
     DESCRIPTION,
     EPILOG,
     EVAL_HELP,
+    PLAN_HELP,
     PROBE_HELP,
     RM_EVAL_HELP,
     RM_HELP,
@@ -192,6 +193,13 @@ def _probe(args: argparse.Namespace) -> int:
     from grpo.train.probe import command
 
     return command(args.config, overrides=args.set, prompts=args.prompts, threshold=args.threshold, json_path=args.json)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from grpo.train.plan import command
+
+    given = {k: getattr(args, k) for k in ("memory", "device", "prompt_tokens", "completion_tokens")}
+    return command(args.config, overrides=args.set, json_path=args.json, **given)
 
 
 def _vllm_serve(args: argparse.Namespace) -> int:
@@ -543,6 +551,37 @@ def _add_probe(commands) -> None:
     probe.set_defaults(handler=_probe)
 
 
+def _add_plan(commands) -> None:
+    from grpo.train.plan import size_type
+
+    plan = _command(
+        commands, "plan", "before a run: its peak memory by phase, and what brings it under a size", PLAN_HELP
+    )
+    _config_and_set(plan)
+    add = plan.add_argument
+    add(
+        "--memory",
+        type=size_type,
+        metavar="SIZE",
+        help="the memory to fit in (e.g. 24G, 512M): a verdict and the savers that bring the peak under it",
+    )
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="plan for (default: train.device's)")
+    add(
+        "--prompt-tokens",
+        type=positive_int,
+        metavar="N",
+        help="the prompts' length (default: rollout.max_prompt_length, else 256)",
+    )
+    add(
+        "--completion-tokens",
+        type=positive_int,
+        metavar="N",
+        help="the completions' length in the passes (default: rollout.max_new_tokens, the longest)",
+    )
+    add("--json", metavar="FILE", help="write every number and the verdict here (JSON)")
+    plan.set_defaults(handler=_plan)
+
+
 def _add_vllm_serve(commands) -> None:
     parser = _command(
         commands, "vllm-serve", "serve a vLLM engine for training runs elsewhere (rollout.vllm.server)", VLLM_SERVE_HELP
@@ -575,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (
         _add_train,
         _add_probe,
+        _add_plan,
         _add_rm,
         _add_eval,
         _add_sft,

@@ -50,6 +50,31 @@ Nothing is written into output_dir; --json FILE writes every number and the verd
 docs/evaluation.md has the rules of the verdict.
 """
 
+PLAN_HELP = """\
+Before a run, before anything loads: the peak memory of its step, phase by phase, and which
+savers bring it under --memory SIZE.
+
+CONFIG is the run's config (as `grpo train` reads it, --set included). Only the model's
+config.json is read (the model is built on torch's meta device, which holds nothing), and
+the reward and value models' alike. It prints what each state holds (the policy's weights,
+the reference, PPO's critic, reward models, AdamW's moments, the gradients), what sampling
+adds (the KV cache of G x (prompt + completion), logits, the fast loop's copies), what the
+update adds (the activations its largest pass saves, with and without checkpointing, and
+the LM head's chunks), a colocated vLLM engine's share, each phase's total (sample, the
+no-grad passes, update) and the peak: the largest phase. Completions count at
+rollout.max_new_tokens unless --completion-tokens says their length; prompts at
+rollout.max_prompt_length, else --prompt-tokens (default 256). On a CPU the runtime (the
+libraries, the model's code, the tokenizer) is measured in this process; on a GPU every
+figure is a prediction until measured.
+
+The savers, each alone, cheapest first, with the peak each gives and what it costs: the
+chunked head, checkpointing, fewer rows a pass (train.micro_batch_size), fewer completions a
+sampling call, the step in the backward, a bf16 reference, 8-bit moments, LoRA, QLoRA (nf4)
+and no reference (loss.beta 0). With --memory, a verdict: fits; fits with the cheapest
+saver (or savers, added cheapest first) and the --set that applies it; or does not fit.
+--json FILE writes every number. docs/memory.md#planning-memory-grpo-plan explains them.
+"""
+
 RM_HELP = """\
 Reward models: a network that gives each (prompt, completion) one scalar score, trained on
 comparisons (which of two completions of a prompt is better) with the Bradley-Terry loss.
