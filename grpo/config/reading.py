@@ -215,6 +215,14 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         None,
         "no periodic reference sync; train.iterations resets the reference to the policy at each iteration",
     ),
+    "push_to_hub": ("train.push_to_hub", "a repository id here (TRL's hub_model_id), which turns the push on"),
+    "hub_model_id": ("train.push_to_hub", "the repository id (user/name); empty: no push"),
+    "hub_private_repo": ("train.hub_private", "create the repository private"),
+    "hub_strategy": (
+        "train.hub_strategy",
+        "end or every_save (each checkpoint's model, never its resumable state); TRL's checkpoint and all_checkpoints have no counterpart",
+    ),
+    "hub_token": (None, "no token in a config: huggingface_hub's own (HF_TOKEN, or `hf auth login`)"),
 }
 
 

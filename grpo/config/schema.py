@@ -279,7 +279,7 @@ class TrainConfig(Frozen):
     )
     push_to_hub: str = opt(
         "",
-        "A Hub repository id (user/name): push the model card and the weights there when the run ends (TRL's push_to_hub with hub_model_id); empty: no push.",
+        "A Hub repository id (user/name): push the model card and the weights there when the run ends (TRL's push_to_hub with hub_model_id); empty: no push (docs/training.md#the-model-card-and-the-hub).",
     )
     hub_private: bool = opt(False, "With push_to_hub: create the repository private (TRL's hub_private_repo).")
     hub_strategy: Literal["end", "every_save"] = opt(

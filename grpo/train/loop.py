@@ -52,6 +52,7 @@ from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
 from grpo.train.checkpointing import Checkpointer, kept
 from grpo.train.evaluation import Evaluation, HeldOut, NoEvaluation, held_out
+from grpo.train.hub import check_hub, hub_for
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import (
     OutputFolder,
@@ -364,6 +365,7 @@ def _train(
     folder = OutputFolder(out, main=world.is_main)
     opened = Sinks([])
     try:
+        world.checked(lambda: check_hub(c) if world.is_main else None)  # process 0 pushes: its token
         inputs = world.checked(
             lambda: check_inputs(c, world, folder, resume=resume, overwrite=overwrite, rows=rows, policy=policy)
         )
@@ -425,6 +427,7 @@ class Run:
             self.evaluation = Evaluation(c, inputs.held_out, e, save_best=self.save_best, tools=inputs.toolbox)
         # The stream's position, and the evaluation's best so far, with the weights.
         self.checkpoints = Checkpointer(e, c, self.rollouts, self.updater, self.evaluation, rows=len(inputs.rows))
+        self.hub = hub_for(c, world, self.checkpoints.save_copy, self.checkpoints.write_card)  # train.push_to_hub
         self.dashboards, self.sinks = dashboards, Sinks([])  # metrics.jsonl opens once the folder is the run's
         self.held = models_held(e, c)
         self.steps_per_iteration = math.ceil(c.train.steps / c.train.iterations)
@@ -548,6 +551,8 @@ class Run:
         diverging = self.evaluation.check_stop(number)  # alike in every process: their numbers are the same
         if due or stop or give_up or diverging:
             self.checkpoints.save(number, (number - 1) // self.steps_per_iteration, metrics=metrics)
+        if due and number < c.train.steps and not (stop or give_up or diverging):
+            self.hub.after_checkpoint(number)  # hub_strategy every_save (the last step's is final/)
         if diverging:
             raise Stopped(f"{diverging}; checkpoint saved: continue with `grpo train CONFIG --resume`", 1)
         if stop:
@@ -593,8 +598,8 @@ class Run:
         self.checkpoints.write_card(directory, step, {"step": step, **metrics})
 
     def finish(self) -> TrainResult:
-        """The final model with its card, and summary.json: what the run cost and what it
-        reached."""
+        """The final model with its card, summary.json (what the run cost and what it
+        reached), then train.push_to_hub's push."""
         out = self.out
         self.checkpoints.save_final(out / "final")
         self.world.barrier()
@@ -602,4 +607,5 @@ class Run:
         summary = run_summary(self.c, metrics, self.held, parameters_held(self.engine, self.reward_models))
         if self.world.is_main:
             write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self.hub.at_end(out / "final", self.c.train.steps)  # after every file of the run is written
         return TrainResult(out, out / "final", metrics, self.held, summary)

@@ -80,6 +80,7 @@ RUN_FILES = (
     "best",  # train.keep_best's best evaluated policy, and its swap's folders (grpo.train.evaluation)
     "best.tmp",
     "best.old",
+    "hub.tmp",  # train.hub_strategy every_save: a checkpoint's model while it is pushed (grpo.train.hub)
     "tensorboard",
     "wandb",
     "wandb_run_id",
