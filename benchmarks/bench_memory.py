@@ -39,6 +39,11 @@ for the step times; the memory numbers do not depend on it.
 peak plus the runtime ("live + runtime"), against the floor: what the peak would be if the
 allocator held nothing but live tensors. The resident peaks and the step time are then the
 earlier steps' (steps 2..N-1 timed: run --steps 4 or more).
+
+Each variant's peak is also predicted by `grpo plan` (grpo/train/plan.py: from the config
+alone, before anything loads), run as its own process on the variant's config with the
+workload's prompt length and the longest step's mean completion length; a second table
+prints the prediction beside the measured peak and their ratio.
 """
 
 from __future__ import annotations
@@ -134,6 +139,52 @@ def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = Fals
     return {**result, **medians}
 
 
+def planned(w: dict, root: Path, variant: str, run: dict) -> dict:
+    """`grpo plan`'s prediction for the variant's config, in a process of its own as the
+    command runs (its runtime measured there), for the prompts' length the workload has and
+    the longest step's mean completion (the lengths the reward recorded; else
+    max_new_tokens): {"peak_mb", "phase", "ratio"} against the measured peak, or "error"."""
+    s = w.get("settings", step_bench.SETTINGS)
+    records = step_bench.read_lengths(root / f"lengths-memory-{w['name']}-{variant}.jsonl")
+    means = [sum(r["lengths"]) / len(r["lengths"]) for r in records if r["lengths"]]
+    completion = max(1, round(max(means))) if means else s["max_new_tokens"]
+    prompt = w.get("prompt_tokens", step_bench.PROMPT_LENGTH)
+    out = root / f"plan-{w['name']}-{variant}.json"
+    command = [sys.executable, "-m", "grpo", "plan", str(root / f"memory-{w['name']}-{variant}.yaml"), "--device"]
+    command += ["cpu", "--prompt-tokens", str(prompt), "--completion-tokens", str(completion), "--json", str(out)]
+    command += [f"--set={override}" for override in VARIANTS[variant]]
+    done = subprocess.run(command, cwd=ROOT, env=step_bench.child_env(w), capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": step_bench._tail(done.stderr)}
+    plan = json.loads(out.read_text())
+    peak = plan["peak"] / MB
+    return {
+        "peak_mb": peak,
+        "phase": plan["peak_phase"],
+        "ratio": peak / run["peak_mb"],
+        "completion_tokens": completion,
+    }
+
+
+def plan_table(name: str, runs: dict) -> str:
+    """grpo plan's predicted peak beside the measured one, each variant."""
+    lines = [
+        f"{name}: grpo plan's prediction",
+        "",
+        "| variant | predicted MB | phase | measured MB | predicted / measured |",
+    ]
+    lines.append("| --- | --- | --- | --- | --- |")
+    for variant, run in runs.items():
+        p = run.get("plan", {})
+        if "peak_mb" in p:
+            lines.append(
+                f"| {variant} | {p['peak_mb']:,.0f} | {p['phase']} | {run['peak_mb']:,.0f} | {p['ratio']:.2f} |"
+            )
+        else:
+            lines.append(f"| {variant} | not predicted: {p.get('error')} | | {run['peak_mb']:,.0f} | |")
+    return "\n".join(lines)
+
+
 def trl_peak(w: dict, root: Path, steps: int) -> dict:
     """TRL's peak RSS and median step time at the workload's settings, or why not."""
     why = step_bench.trl_unavailable()
@@ -214,6 +265,9 @@ def measure(
         run = runs[variant]
         floors[variant] = floor_mb(variant, sizes, run["runtime_mb"], beta, run["runtime_bare_mb"])
     print(table(name, runs, floors, {"error": "(measuring)"}), flush=True)  # ours, before TRL's run
+    for variant, run in runs.items():
+        run["plan"] = planned(w, root, variant, run)
+    print(plan_table(name, runs), flush=True)
     trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
     print(table(name, runs, floors, trl), flush=True)
     return {"parameters": sum(sizes), "largest_tensor": max(sizes), "runs": runs, "floors": floors, "trl": trl}
