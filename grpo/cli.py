@@ -461,6 +461,7 @@ def _add_sft(commands) -> None:
     flag("lora_r", type=int, metavar="R")
     flag("lora_alpha", type=positive_float, metavar="A")
     flag("lora_target_modules", metavar="NAMES")
+    flag("lora_save")
 
     scratch = parser.add_argument_group("from scratch (--task)")
     flag = functools.partial(field_flag, scratch, SFTConfig, unset=True)

@@ -124,8 +124,10 @@ The loss is on the completion (or each assistant message) and an EOS only. A pro
 encoded exactly as `grpo train` samples from it: chat messages through the tokenizer's chat
 template with the generation prompt. The model loads as `grpo train` loads one and trains on
 --device. With --lora-r the adapter is merged into the saved weights: DIR is a plain model
-directory. A row longer than the model's positions stops the command, unless --max-length
-cuts long rows to their last tokens. The defaults (below) are for a pretrained model: a light
+directory (--lora-save adapter keeps peft's adapter files instead, both keeps them in
+DIR/adapter/: what grpo train's lora.init_adapter starts from). A row longer than the
+model's positions stops the command, unless --max-length cuts long rows to their last
+tokens. The defaults (below) are for a pretrained model: a light
 fine-tuning, warm-up over a tenth of the updates, then cosine to 0.
 
 From scratch (--task arithmetic): a small Llama-style model (built from a config, no

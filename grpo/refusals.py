@@ -105,6 +105,13 @@ REFUSALS: dict[str, Refusal] = {
         "{sampler} cannot decode a LoRA-wrapped policy; use {auto} (falls back to {fallback}) or {able}",
         "design: the fast loop fuses the base model's weight matrices, without the adapters",
     ),
+    "adapter+iterations": Refusal(
+        "lora.save",
+        "`lora.save: adapter` or `both` with `train.iterations` >= 2 and a reference (`loss.beta` > 0)",
+        "{save} keeps an adapter of the base the run started from, but between iterations the adapter is merged "
+        "into the base (the reference's reset) and starts again from zero; set lora.save: merged, or train.iterations: 1",
+        "math: the adapters of several iterations add up to a change of higher rank than lora.r, which no one adapter holds",
+    ),
     "sampler+model": Refusal(
         "rollout.sampler",
         "a decoder named in `rollout.sampler` with a model it cannot run (the fast loop: a model outside the Llama "

@@ -140,6 +140,7 @@ TRIGGERS = {
     "sampler-logprobs+hf": minimal(rollout={"sampler": "hf"}, train={"old_logprobs": "sampler"}),
     "fast-only": launch(1, rollout={"sampler": "hf", "draw": "fast"}),
     "lora+sampler": launch(1, rollout={"sampler": "fast"}, lora={"r": 4}),
+    "adapter+iterations": minimal(lora={"r": 4, "save": "both"}, train={"iterations": 2}),
     "sampler+model": sample_with("fast"),
     "vllm+top_p+min_p": launch(1, rollout={"sampler": "vllm", "top_p": 0.9, "min_p": 0.1}),
     "server+not-vllm": minimal(rollout={"vllm": {"server": "127.0.0.1:8000"}}),

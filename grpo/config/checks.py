@@ -249,6 +249,8 @@ def _check_lora(c: Config) -> None:
     _require(lo.r >= 0, "lora.r: must be >= 0")
     for name, value in (("save", lo.save != "merged"), ("init_adapter", bool(lo.init_adapter))):
         _require(lo.r > 0 or not value, f"lora.{name}: needs an adapter (lora.r > 0)")
+    if lo.save != "merged" and c.train.iterations > 1 and c.loss.beta > 0:
+        refuse("adapter+iterations", save=lo.save)  # AdapterOff.reset_to merges the adapter
     _require(lo.r > 0 or lo.quantize == "none", "lora.quantize: a 4-bit base trains through an adapter: set lora.r > 0")
 
 

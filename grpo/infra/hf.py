@@ -77,13 +77,14 @@ def load_causal_lm(
 
 
 def _check_local(path: str, key: str) -> None:
-    """A one-line UserError for a directory that is missing or holds no model."""
+    """A one-line UserError for a directory that is missing or holds no model (a peft adapter
+    folder is one: transformers loads its base and puts the adapter on, peft installed)."""
     # Hub ids never start with '/', '.' or '~': such a path can only be a missing directory,
     # which the hub client would otherwise report as a malformed repository id.
     local = Path(path).expanduser()
     if path.startswith(("/", ".", "~")) and not local.exists():
         raise UserError(f"{key}: no such directory '{path}'")
-    if local.is_dir() and not (local / "config.json").is_file():
+    if local.is_dir() and not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise UserError(f"{key}: '{path}' holds no Hugging Face model (no config.json)")
 
 

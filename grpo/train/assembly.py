@@ -127,7 +127,7 @@ def load_policy(
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
     checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
     if c.lora.r:
-        policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules)
+        policy = apply_lora(policy, c.lora.r, c.lora.alpha, c.lora.target_modules, adapter=c.lora.init_adapter)
     taken = decide_layouts(policy, checkpointing, c.train.layout, world=world)
     chunked = c.train.chunked_head and chunkable_head(policy) is not None
     return policy, Decisions(

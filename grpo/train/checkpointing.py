@@ -27,6 +27,7 @@ from grpo.infra.space import writing
 from grpo.rollout.weights import base_model, policy_weights
 from grpo.train.card import write_card
 from grpo.train.evaluation import NoEvaluation
+from grpo.train.models import adapter_folder, save_adapter
 from grpo.train.step import Engine
 
 __all__ = ["FIRST_CHECKPOINT_MINUTES", "Checkpointer", "kept", "unwrapped_architecture"]
@@ -44,9 +45,12 @@ class Checkpointer:
     window; grpo.train.evaluation) and the random state, into `output_dir/checkpoints/step-N`
     (the newest `train.keep_checkpoints` kept)."""
 
+    lora_save = "merged"  # lora.save: what final/ and best/ hold of a LoRA policy
+
     def __init__(self, e: Engine, c: Config, prompts, updater, evaluation=NoEvaluation(), rows: int | None = None):
         self.e, self.c, self.prompts, self.updater = e, c, prompts, updater
         self.rows = rows  # the prompts' rows, for the model card
+        self.lora_save = c.lora.save
         self.evaluation = evaluation
         self.output_dir = Path(c.output_dir)
         self.unsaved: int | None = None  # the step whose checkpoint failed to write, not to be tried again
@@ -174,9 +178,11 @@ class Checkpointer:
 
     def save_final(self, final_dir: Path) -> None:
         """The trained policy as one plain Hugging Face directory, whatever the number of
-        processes (process 0 writes it, from the whole weights gathered to it)."""
+        processes (process 0 writes it, from the whole weights gathered to it); a LoRA
+        policy's adapter instead or beside it, as lora.save asks (`_save_adapter`)."""
         with writing(final_dir):
-            self._save_final(final_dir)
+            if self._save_adapter(final_dir):
+                self._save_final(final_dir)
             self.write_card(final_dir, self.c.train.steps)
 
     def write_card(self, directory: Path, step: int, after: dict | None = None) -> None:
@@ -191,6 +197,8 @@ class Checkpointer:
         is. Every process calls it; process 0 writes."""
         e = self.e
         with writing(directory):
+            if not self._save_adapter(directory):
+                return
             if not hasattr(e.policy, "merge_and_unload"):
                 self._save_final(directory)
                 return
@@ -208,6 +216,20 @@ class Checkpointer:
                 if e.world.world_size > 1:
                     unwrapped_architecture(directory, model)
             e.world.barrier()
+
+    def _save_adapter(self, directory: Path) -> bool:
+        """lora.save's adapter of a LoRA policy, with the tokenizer, into `directory` (adapter)
+        or its adapter/ (both); whether the merged model is still to be written there (both,
+        merged, or no LoRA). Every process calls it; process 0 writes."""
+        e = self.e
+        folder = adapter_folder(directory, self.lora_save) if hasattr(e.policy, "peft_config") else None
+        if folder is None:
+            return True
+        save_adapter(e.policy, folder, main=e.world.is_main)
+        if e.world.is_main:
+            e.tokenizer.save_pretrained(folder)
+        e.world.barrier()
+        return folder != directory
 
     def _save_final(self, final_dir: Path) -> None:
         e = self.e

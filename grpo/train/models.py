@@ -172,11 +172,16 @@ def activation_checkpointing(model, enabled: bool):
         model.eval()
 
 
-def apply_lora(model, r: int, alpha: float, target_modules):
+def apply_lora(model, r: int, alpha: float, target_modules, adapter: str = ""):
+    """`model` wrapped by peft, in eval mode: a new LoRA adapter of rank `r` (B = 0: the model
+    as it was), or with `adapter` the one saved in that peft folder (lora.init_adapter), trainable
+    (`load_adapter`). Dropout off either way: RL runs without it."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise UserError("lora.r > 0 needs peft: pip install 'grpo[lora]'") from None
+    if adapter:
+        return load_adapter(model, adapter, r)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, bias="none")
     return get_peft_model(model, config).eval()
 
@@ -298,3 +303,77 @@ def tie_gradients_in_place(model) -> bool:
     embedding.weight._grpo_tied_gradient = TiedGradient(embedding.weight)
     embedding.__class__ = _TiedEmbedding
     return True
+
+
+# ---- LoRA adapters as files (lora.save, lora.init_adapter) -------------------------------------
+
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a peft adapter
+ADAPTER_FOLDER = "adapter"  # lora.save: both: the adapter's folder inside final/ and best/
+
+
+def adapter_folder(directory, save: str):
+    """Where lora.save (or `grpo sft --lora-save`) puts a LoRA policy's adapter in a model
+    folder: the folder itself (adapter), its adapter/ beside the merged model (both), or
+    nowhere (merged)."""
+    from pathlib import Path
+
+    return {"adapter": Path(directory), "both": Path(directory) / ADAPTER_FOLDER}.get(save)
+
+
+def save_adapter(policy, directory, *, main: bool = True) -> None:
+    """A LoRA policy's adapter as peft writes it into `directory` (adapter_config.json and
+    adapter_model.safetensors): what PeftModel.from_pretrained(base, directory) loads, vLLM
+    serves as a LoRA request and lora.init_adapter starts from, its base_model_name_or_path the
+    base the policy was wrapped around. The trained tensors whole: an FSDP2 shard is gathered
+    one tensor at a time, in the same order in every process, so every process calls it and
+    process 0 (`main`) writes."""
+    from grpo.rollout.weights import _full
+
+    weights = {}
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if param.requires_grad:  # the adapter's: the base is frozen
+                tensor = _full(param).to("cpu", copy=True)
+                if main:
+                    weights[name] = tensor
+    if main:  # embeddings are never resized here: nothing of the base goes in (and no hub lookup)
+        policy.save_pretrained(str(directory), state_dict=weights, save_embedding_layers=False)
+
+
+def load_adapter(model, folder: str, r: int):
+    """`model` wrapped by peft with the LoRA adapter saved in `folder` (lora.init_adapter:
+    `grpo sft --lora-save adapter`'s output, a run's final/ with lora.save: adapter, or another
+    tool's), trainable and in eval mode, as a new adapter is: its rank, alpha and target
+    modules its own (lora.r, `r`, must be its rank; lora.alpha and lora.target_modules are not
+    read), its dropout off, and the base it names from now on `model`'s."""
+    import json
+    from pathlib import Path
+
+    from peft import LoraConfig, PeftModel
+
+    key, path = "lora.init_adapter", Path(folder).expanduser()
+    if not (path / ADAPTER_CONFIG).is_file():
+        if path.is_dir():
+            raise UserError(f"{key}: '{folder}' holds no peft adapter (no {ADAPTER_CONFIG})")
+        raise UserError(f"{key}: no such directory '{folder}'")
+    try:
+        settings = json.loads((path / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{key}: cannot read {path / ADAPTER_CONFIG} ({first_line(err)})") from None
+    kind = settings.get("peft_type")
+    if kind != "LORA":
+        raise UserError(f"{key}: '{folder}' holds a {kind} adapter; only a LoRA adapter trains here")
+    if settings.get("r") != r:
+        raise UserError(
+            f"lora.r: {r}, but lora.init_adapter '{folder}' is an adapter of rank {settings.get('r')}: "
+            f"set lora.r to {settings.get('r')} (its alpha and target modules are its own)"
+        )
+    config = LoraConfig.from_pretrained(str(path))
+    config.lora_dropout = 0.0
+    config.task_type = None  # wrapped as a new adapter is (a plain PeftModel), whatever trained it
+    config.base_model_name_or_path = getattr(model, "name_or_path", None) or None
+    try:
+        policy = PeftModel.from_pretrained(model, str(path), config=config, is_trainable=True, torch_device="cpu")
+    except Exception as err:  # shapes or names that are not this model's
+        raise UserError(f"{key}: cannot load the adapter in '{folder}' onto this model ({first_line(err)})") from None
+    return policy.eval()

@@ -163,7 +163,9 @@ def _computed_in(model: nn.Module, dtype: torch.dtype) -> None:
 class AdapterOff:
     """LoRA: the reference is the base weights, i.e. the policy with its adapter disabled.
     Resetting the reference to the policy merges the adapter into the base and starts a
-    fresh (zero) adapter, so the policy is unchanged and the reference catches up."""
+    fresh (zero) adapter, so the policy is unchanged and the reference catches up (and no
+    adapter of the starting base is left to save: lora.save adapter refuses it). An adapter
+    the run started from (lora.init_adapter) is switched off too: the reference is the base."""
 
     held = True
     networks: list = []  # the policy's own weights

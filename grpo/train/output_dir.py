@@ -65,6 +65,7 @@ RESUME_FIXED = (
     "lora.r",
     "lora.alpha",
     "lora.target_modules",
+    "lora.init_adapter",  # its rank and target modules shape the adapter the checkpoint holds
 )
 # Files a run writes into output_dir (what --overwrite removes; nothing else is touched),
 # and the logs a --resume with no checkpoint set aside (`previous`, `previous-2`, ...).

@@ -124,10 +124,16 @@ class FineTuneConfig:
         "How a batch's rows go through the model. auto: packed (no padding computed) where that gives the model's "
         "own outputs, else padded; packed: that or, with a warning, padded; padded: every row to the longest.",
     )
-    lora_r: int = opt(0, "LoRA rank (0 = full fine-tuning; needs peft): the adapter is merged into the saved weights.")
+    lora_r: int = opt(0, "LoRA rank (0 = full fine-tuning; needs peft).")
     lora_alpha: float = opt(16.0, "LoRA alpha.")
     lora_target_modules: str | tuple[str, ...] = opt(
         "all-linear", "Modules to adapt (peft's target_modules; several comma-separated on the command line)."
+    )
+    lora_save: Literal["merged", "adapter", "both"] = opt(
+        "merged",
+        "With LoRA, what the output holds (as grpo train's lora.save): the adapter merged into the model, the "
+        "adapter alone (peft's files, which grpo train's lora.init_adapter starts from), or both (the adapter in "
+        "adapter/).",
     )
     seed: int = opt(0, "Seeds the order of the rows and a LoRA adapter's initialisation.")
 
@@ -179,6 +185,10 @@ def _validate_fine_tune(c: FineTuneConfig) -> None:
         value, least = getattr(c, name), 0 if name in ("lora_r", "warmup_steps") else 1
         if value is not None and value < least:
             raise UserError(f"sft: {name} must be {'>= 0' if least == 0 else 'a positive integer'}, got {value}")
+    if c.lora_save not in ("merged", "adapter", "both"):
+        raise UserError(f"sft: lora_save must be merged, adapter or both, got {c.lora_save!r}")
+    if c.lora_save != "merged" and not c.lora_r:
+        raise UserError(f"sft: lora_save {c.lora_save} keeps an adapter: set lora_r > 0")
     for name in ("lr", "lora_alpha"):
         if not getattr(c, name) > 0:
             raise UserError(f"sft: {name} must be positive, got {getattr(c, name)}")
@@ -301,7 +311,11 @@ def _save(out: Path, model, tokenizer, provenance: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "sft_config.json").write_text(json.dumps(provenance, indent=2) + "\n")  # provenance
+    _write_provenance(out, provenance)
+
+
+def _write_provenance(out: Path, provenance: dict) -> None:
+    (out / "sft_config.json").write_text(json.dumps(provenance, indent=2) + "\n")  # the settings it was made with
 
 
 @run_workers()  # any worker it starts stops with it
@@ -392,7 +406,7 @@ def _fine_tune(
 
     from grpo.infra.devices import attention_for, autocast_dtype, resolve_device
     from grpo.infra.hf import context_length, load_causal_lm, load_tokenizer
-    from grpo.train.models import apply_lora, count_parameters, trainable_parameters
+    from grpo.train.models import adapter_folder, apply_lora, count_parameters, save_adapter, trainable_parameters
 
     _validate_fine_tune(c)
     out = Path(output)
@@ -458,9 +472,17 @@ def _fine_tune(
         log_every=log_every,
         packed=packed,
     )
-    if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
-        model = model.merge_and_unload()
-    _save(out, model, tokenizer, {**dataclasses.asdict(c), "shape": shape, "rows": len(rows), "steps_run": steps})
+    provenance = {**dataclasses.asdict(c), "shape": shape, "rows": len(rows), "steps_run": steps}
+    adapter = adapter_folder(out, c.lora_save) if c.lora_r else None
+    if adapter is not None:  # peft's files, which grpo train's lora.init_adapter takes
+        save_adapter(model, adapter)
+        tokenizer.save_pretrained(adapter)
+    if adapter != out:
+        if hasattr(model, "merge_and_unload"):  # LoRA: plain weights, which any loader reads
+            model = model.merge_and_unload()
+        _save(out, model, tokenizer, provenance)
+    else:
+        _write_provenance(out, provenance)
     return {
         "output": str(out),
         "model": c.model,
