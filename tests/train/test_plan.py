@@ -170,3 +170,34 @@ def test_help_and_a_missing_config(capsys):
     assert "--memory SIZE" in out and "meta device" in out
     assert main(["plan", "/no/such.yaml"]) == 2
     assert capsys.readouterr().err.strip() == "grpo: error: config file not found: /no/such.yaml"
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_a_layer_saves_what_the_planner_counts(make_config, tiny_model, attention):
+    """The activations a decoder layer saves for its backward, a token, as torch's
+    saved-tensor hooks count them in a forward of the tiny model (each storage once, the
+    weights left out): the planner's count within a tenth (the embedding's and the final
+    norm's outputs, shared among the layers, are the rest)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.train.plan import _layer_values, _scores_bytes, model_shape, settings
+
+    rows, prompt, completion = 8, 16, 8
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation=attention)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def keep(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model.model(torch.randint(0, model.config.vocab_size, (rows, prompt + completion)))
+    shape = model_shape(tiny_model)
+    measured = sum(saved.values()) / (rows * (prompt + completion) * shape.layers)
+    c = config_from_dict(make_config(), [f"train.attention={attention}"])
+    s = settings(c, "cpu", prompt, completion)
+    planned = _layer_values(shape, s) * 4 + _scores_bytes(shape, s)
+    assert abs(planned - measured) <= 0.1 * measured, (planned, measured)
