@@ -571,7 +571,7 @@ def _add_plan(commands) -> None:
         "--prompt-tokens",
         type=positive_int,
         metavar="N",
-        help="the prompts' length (default: rollout.max_prompt_length, else 256)",
+        help="the prompts' length in tokens (default: rollout.max_prompt_length, else 256)",
     )
     add(
         "--completion-tokens",

@@ -63,7 +63,7 @@ update adds (the activations its largest pass saves, with and without checkpoint
 the LM head's chunks), a colocated vLLM engine's share, each phase's total (sample, the
 no-grad passes, update) and the peak: the largest phase. Completions count at
 rollout.max_new_tokens unless --completion-tokens says their length; prompts at
-rollout.max_prompt_length, else --prompt-tokens (default 256). On a CPU the runtime (the
+--prompt-tokens, else rollout.max_prompt_length, else 256 tokens. On a CPU the runtime (the
 libraries, the model's code, the tokenizer) is measured in this process; on a GPU every
 figure is a prediction until measured.
 
