@@ -189,6 +189,14 @@ REFUSALS: dict[str, Refusal] = {
         "the reward model is updated between iterations; set train.iterations >= 2",
         "math: DeepSeekMath's Algorithm 1 updates the reward model between iterations",
     ),
+    # ---- QLoRA (lora.quantize)
+    "quantize+iterations": Refusal(
+        "lora.quantize",
+        "`lora.quantize` (a 4-bit base) with `train.iterations` >= 2 and a reference (`loss.beta` > 0)",
+        "the reference becomes the policy between iterations by merging the adapter into the base, which in 4 bits "
+        "rounds most of it away; set lora.quantize: none, train.iterations: 1, or loss.beta: 0",
+        "math: a merge into 4-bit weights loses the adapter's small deltas to their quantization step (TRL #3466)",
+    ),
     # ---- the optimizer
     "in-backward+clipping": Refusal(
         "train.max_grad_norm",
@@ -243,6 +251,14 @@ REFUSALS: dict[str, Refusal] = {
         "set it to false, or run on one process",
         "design: stepping FSDP2's shards as their reduce-scattered gradients arrive is not built",
     ),
+    "quantize+torchrun": Refusal(
+        "lora.quantize",
+        "`lora.quantize` (a 4-bit base) under torchrun (several processes)",
+        "a 4-bit base trains in one process in this version (this launch has {world_size}); set lora.quantize: none "
+        "to shard a LoRA run over the processes, or run on one process",
+        "not built: FSDP2 shards plain tensors, and bitsandbytes' packed 4-bit weights with their quantization state "
+        "are not; sharding them as peers do (QLoRA with FSDP's own wrapper) is not built here",
+    ),
     # ---- a policy handed to grpo.train as an object
     "given-policy+async": Refusal(
         "rollout.async",
@@ -257,6 +273,13 @@ REFUSALS: dict[str, Refusal] = {
         "the critic starts from the policy's folder, and the model handed to grpo.train has none here; name the "
         "critic's start in value.model (a folder or hub id)",
         "not built: the value model loads its backbone from a folder or hub id",
+    ),
+    "given-model+quantize": Refusal(
+        "lora.quantize",
+        "`lora.quantize` with a model handed to `grpo.train`",
+        "{quantize} loads the base from `model` in 4 bits, and a model handed to grpo.train is used as it was "
+        "loaded; load it in 4 bits yourself (BitsAndBytesConfig) and leave lora.quantize: none",
+        "design: a loaded model is trained as it is; quantizing it again in place is not built",
     ),
 }
 

@@ -104,6 +104,7 @@ VERIFIER = {"verifier": "exact_answer"}
 TOOLS = ["tests.rollout.tool_models:multiply"]
 SERVER = {"sampler": "vllm", "vllm": {"server": "127.0.0.1:8000"}}
 ASYNC = {"async": {"max_staleness": 1}}
+QLORA = {"r": 4, "quantize": "nf4"}
 
 
 def minimal(**sections) -> dict:
@@ -157,6 +158,7 @@ TRIGGERS = {
         reward_model_update={**VERIFIER, "reward": 0},
     ),
     "iterative+one-iteration": minimal(rewards=[MODEL_REWARD], reward_model_update=VERIFIER),
+    "quantize+iterations": minimal(lora=QLORA, train={"iterations": 2}),
     "nccl+cpu": launch(1, train={"backend": "nccl"}),
     "torchrun+uneven-prompts": launch(2, rollout={"prompts_per_step": 3}),
     "adamw_8bit+torchrun": launch(2, train={"optimizer": "adamw_8bit"}),
@@ -168,9 +170,11 @@ TRIGGERS = {
         train={"optimizer_in_backward": True, "max_grad_norm": 0, "micro_batch_tokens": 64}
     ),
     "in-backward+torchrun": launch(2, train={"optimizer_in_backward": True, "max_grad_norm": 0}),
+    "quantize+torchrun": launch(2, lora=QLORA),
     "async+server+torchrun": launch(2, rollout={**SERVER, **ASYNC}),
     "given-policy+async": lambda: check_given(config_from_dict(minimal(rollout=ASYNC)), GivenPolicy(None, object())),
     "given-model+critic": lambda: check_given(config_from_dict(minimal(algorithm="ppo")), GivenPolicy(object(), None)),
+    "given-model+quantize": lambda: check_given(config_from_dict(minimal(lora=QLORA)), GivenPolicy(object(), None)),
 }
 
 

@@ -252,6 +252,8 @@ def _check_lora(c: Config) -> None:
     if lo.save != "merged" and c.train.iterations > 1 and c.loss.beta > 0:
         refuse("adapter+iterations", save=lo.save)  # AdapterOff.reset_to merges the adapter
     _require(lo.r > 0 or lo.quantize == "none", "lora.quantize: a 4-bit base trains through an adapter: set lora.r > 0")
+    if lo.quantize != "none" and c.train.iterations > 1 and c.loss.beta > 0:
+        refuse("quantize+iterations")  # AdapterOff.reset_to merges the adapter
 
 
 def lookahead(c: Config) -> int:

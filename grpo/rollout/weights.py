@@ -7,7 +7,7 @@ or a server's: the engine loads them and checks them, grpo.vllm), `SharedFile` (
 process: one file of a private folder, in memory where /dev/shm is, read by the worker,
 grpo.rollout.worker). A NCCL broadcast would be one more class. What is sent is always
 `policy_weights`: Hugging Face names, whole tensors, LoRA merged, so that a receiver never
-needs to know how the trainer holds its model (sharded, adapted).
+needs to know how the trainer holds its model (sharded, adapted, its base in 4 bits).
 
 The files travel through a private folder (`weights_folder`): in /dev/shm where it has room
 for what the run sends, else the system's temporary folder, else a one-line refusal. A file's
@@ -46,13 +46,26 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (full() if callable(full) else t).detach()
 
 
+def _dequantized(param) -> torch.Tensor:
+    """A 4-bit weight (lora.quantize: bitsandbytes' packed bytes with their quantization
+    state) as the float tensor its layer computes with, in the dtype it was loaded in; any
+    other weight whole (`_full`)."""
+    state = getattr(param, "quant_state", None)
+    if state is None:
+        return _full(param)
+    from bitsandbytes.functional import dequantize_4bit
+
+    return dequantize_4bit(param.data, state)
+
+
 def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights as a model without adapters holds them: Hugging Face names,
-    whole tensors (an FSDP2 shard gathered), the head added under `lm_head.weight` when it is
-    tied to the embedding (vLLM's tied head is only rebuilt when it is sent too), and a LoRA
-    policy's adapted layers merged (W + scale * B @ A, computed, the model left as it is)
-    under the base model's names. Read lazily; inside `world.gathered(policy)` they are views
-    of the gathered weights, freed when the gathering ends: consume them there."""
+    whole tensors (an FSDP2 shard gathered; a 4-bit weight dequantized), the head added under
+    `lm_head.weight` when it is tied to the embedding (vLLM's tied head is only rebuilt when
+    it is sent too), and a LoRA policy's adapted layers merged (W + scale * B @ A, computed,
+    the model left as it is) under the base model's names: a QLoRA policy's merge is made in
+    the dequantized weights, never in 4 bits. Read lazily; inside `world.gathered(policy)`
+    they are views of the gathered weights, freed when the gathering ends: consume them there."""
     model = base_model(policy)
     lora = {  # peft's LoRA layers: the base layer's weight gets the adapter's delta
         name: module
@@ -64,7 +77,7 @@ def policy_weights(policy) -> Iterator[tuple[str, torch.Tensor]]:
         if _adapter(name):
             continue
         owner, _, leaf = name.rpartition(".")
-        tensor = _full(param)
+        tensor = _dequantized(param)
         if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora:
             layer = lora[owner.removesuffix(".base_layer")]
             if leaf == "weight" and not getattr(layer, "merged", False):
@@ -86,9 +99,15 @@ def _adapter(name: str) -> bool:
 def weights_bytes(policy) -> int:
     """The bytes `policy_weights` sends, from the parameters' shapes (nothing gathered): what
     a folder must hold for one version (a tied head counted once, as it is written once)."""
-    return sum(
-        math.prod(p.shape) * p.element_size() for name, p in base_model(policy).named_parameters() if not _adapter(name)
-    )
+    return sum(_sent_bytes(p) for name, p in base_model(policy).named_parameters() if not _adapter(name))
+
+
+def _sent_bytes(param) -> int:
+    """The bytes of `param` as `policy_weights` sends it: a 4-bit weight dequantized."""
+    state = getattr(param, "quant_state", None)
+    if state is not None:
+        return math.prod(state.shape) * state.dtype.itemsize
+    return math.prod(param.shape) * param.element_size()
 
 
 ROOM = "give /dev/shm more (docker run --shm-size), or point TMPDIR at a folder with room"  # what to change

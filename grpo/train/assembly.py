@@ -123,7 +123,7 @@ def load_policy(
     layouts (checkpointed; packed, shared prompt) serve its architecture, tried once on a
     small batch before sharding, and whether its head runs chunk by chunk (one probe pass):
     returned, for the engine to hand to the passes of the policy and of its reference."""
-    policy = policy_model(c.model, given, c.train.dtype, attention, device)  # handed over, or loaded
+    policy = policy_model(c.model, given, c.train.dtype, attention, device, c.lora.quantize)  # handed over, or loaded
     check_context(policy, c.rollout.max_prompt_length, c.rollout.max_new_tokens)  # before any step
     checkpointing = c.train.gradient_checkpointing and enable_checkpointing(policy)
     if c.lora.r:

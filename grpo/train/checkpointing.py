@@ -27,7 +27,7 @@ from grpo.infra.space import writing
 from grpo.rollout.weights import base_model, policy_weights
 from grpo.train.card import write_card
 from grpo.train.evaluation import NoEvaluation
-from grpo.train.models import adapter_folder, save_adapter
+from grpo.train.models import adapter_folder, dequantized_merge, is_quantized, save_adapter
 from grpo.train.step import Engine
 
 __all__ = ["FIRST_CHECKPOINT_MINUTES", "Checkpointer", "kept", "unwrapped_architecture"]
@@ -199,7 +199,7 @@ class Checkpointer:
         with writing(directory):
             if not self._save_adapter(directory):
                 return
-            if not hasattr(e.policy, "merge_and_unload"):
+            if not hasattr(e.policy, "merge_and_unload") or is_quantized(e.policy):  # _save_final copies QLoRA's
                 self._save_final(directory)
                 return
             model = base_model(e.policy)
@@ -234,7 +234,9 @@ class Checkpointer:
     def _save_final(self, final_dir: Path) -> None:
         e = self.e
         policy = e.policy
-        if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
+        if is_quantized(policy):  # QLoRA: merged into a dequantized copy, never into the 4-bit weights
+            policy = dequantized_merge(policy)
+        elif hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
             policy = policy.merge_and_unload()
         if e.world.world_size == 1:
             policy.save_pretrained(final_dir)

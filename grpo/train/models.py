@@ -1,6 +1,6 @@
 """A causal LM made ready to train: the policy loaded from `model`, or handed to `grpo.train`
-already loaded (`GivenPolicy`); activation checkpointing (on and off), LoRA, autocast, the
-parameters an optimizer moves. Loading from a folder or hub id is
+already loaded (`GivenPolicy`); activation checkpointing (on and off), LoRA on a base loaded whole or in 4 bits
+(QLoRA), autocast, the parameters an optimizer moves. Loading from a folder or hub id is
 `grpo.infra.hf.load_causal_lm`; the forward passes over a Rollout are `grpo.train.layouts`;
 the reference and the critic, `grpo.train.networks`.
 """
@@ -8,6 +8,8 @@ the reference and the critic, `grpo.train.networks`.
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from grpo.errors import UserError, first_line
-from grpo.infra.hf import load_causal_lm, load_tokenizer, model_config, with_pad_token
+from grpo.infra.hf import load_causal_lm, load_error, load_tokenizer, model_config, torch_dtype, with_pad_token
 from grpo.refusals import refuse
 
 # What config.yaml's `model` says of a policy handed to grpo.train as an object (its
@@ -71,7 +73,8 @@ def given_model_name(model) -> str:
 def check_given(c, given: GivenPolicy | None) -> None:
     """What a policy handed over as an object cannot do, before any model loads: reach a
     generator's process (rollout.async loads the policy there from `model`), or be the
-    critic's start (value.model: the policy's folder by default). And a resume from a
+    critic's start (value.model: the policy's folder by default), or be loaded in 4 bits
+    (lora.quantize: a model handed over is used as it was loaded). And a resume from a
     config.yaml whose model was handed over, without it."""
     if given is None:
         if c.model.startswith(GIVEN_MODEL):
@@ -83,6 +86,8 @@ def check_given(c, given: GivenPolicy | None) -> None:
         refuse("given-policy+async")
     if given.model is not None and c.loss.baseline == "critic" and not c.value.model:
         refuse("given-model+critic")
+    if given.model is not None and c.lora.quantize != "none":
+        refuse("given-model+quantize", quantize=c.lora.quantize)
 
 
 def policy_config(path: str, given: GivenPolicy | None):
@@ -97,13 +102,21 @@ def policy_tokenizer(path: str, given: GivenPolicy | None):
     return given.tokenizer if given is not None else load_tokenizer(path)
 
 
-def policy_model(path: str, given: GivenPolicy | None, dtype: str, attention: str | None, device):
+def policy_model(
+    path: str, given: GivenPolicy | None, dtype: str, attention: str | None, device, quantize: str = "none"
+):
     """The policy, before it is made ready to train: the model handed over (on `device`, in
     eval mode and with train.attention's implementation, as `load_causal_lm` loads one),
-    else loaded from `path` in `dtype`."""
+    else loaded from `path` in `dtype`, its linear layers in 4 bits with lora.quantize
+    (`load_4bit`)."""
     if given is None or given.model is None:
+        if quantize != "none":
+            return load_4bit(path, dtype, quantize, attention, device)
         return load_causal_lm(path, dtype, attention=attention, device=device)
     model = given.model
+    if is_quantized(model):  # loaded in 4 bits by the caller: it stays where it was loaded
+        prepare_4bit(model)
+        return model.eval()
     if attention is not None and model.config._attn_implementation != attention:
         try:
             model.set_attn_implementation(attention)
@@ -112,6 +125,109 @@ def policy_model(path: str, given: GivenPolicy | None, dtype: str, attention: st
                 f"train.attention: the model handed to grpo.train cannot use {attention!r} ({first_line(err)})"
             ) from None
     return model.to(device).eval()
+
+
+# ---- QLoRA: the base in 4 bits (lora.quantize) -------------------------------------------------
+
+
+def quantize_missing(quantize: str) -> str | None:
+    """Why lora.quantize cannot load a 4-bit base here (one line, with the install), or None;
+    asked before any model loads. transformers loads a 4-bit model through bitsandbytes and
+    accelerate."""
+    if quantize == "none":
+        return None
+    absent = [name for name in ("bitsandbytes", "accelerate") if importlib.util.find_spec(name) is None]
+    if not absent:
+        return None
+    return f"lora.quantize: {quantize} needs {' and '.join(absent)}, not installed here: pip install 'grpo[memory]'"
+
+
+def compute_dtype_4bit(device) -> torch.dtype:
+    """What a 4-bit layer computes in (bitsandbytes dequantizes each weight to it for its
+    matmul): bfloat16 on a GPU that has it, as QLoRA does; float32 elsewhere, where a bf16
+    matmul is slow (a CPU without AVX-512 BF16 or AMX) or missing, and where the log-probs are
+    then those of the dequantized weights to float32 rounding."""
+    if torch.device(device).type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_4bit(path: str, dtype: str, quant_type: str, attention: str | None, device):
+    """The causal LM at `path` with its linear layers (not the head) in 4 bits, `quant_type`
+    nf4 or fp4 with double quantization (QLoRA's recipe: bitsandbytes' Linear4bit), on
+    `device`, in eval mode; every other weight (embeddings, norms, the head) in `dtype`.
+
+    peft's prepare_model_for_kbit_training is not called: what it does is done here otherwise
+    (the base frozen by the adapter, checkpointing without the reentrant variant that needs
+    inputs with gradients) but for casting every unquantized weight to float32, which would
+    undo train.dtype: bfloat16's savings on the embedding and the head."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=quant_type,
+        bnb_4bit_compute_dtype=compute_dtype_4bit(device),
+        bnb_4bit_use_double_quant=True,
+    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=torch_dtype(dtype, "train.dtype"),
+            attn_implementation=attention,
+            quantization_config=config,
+            device_map={"": str(device)},
+        )
+    except Exception as err:  # transformers', accelerate's or bitsandbytes' refusal, of many kinds
+        raise UserError(f"lora.quantize: cannot load '{path}' in 4 bits ({load_error(err)})") from None
+    prepare_4bit(model)
+    return model.eval()
+
+
+def prepare_4bit(model) -> None:
+    """bitsandbytes' 4-bit layers made to hold still. Their weights stay as they were
+    quantized: on a CPU with AVX-512 BF16, bitsandbytes repacks a layer for inference at its
+    first pass without a gradient (a reference or sampling pass) and rounds its block scales
+    to bf16, so that every later pass, the policy's included, would compute with other weights
+    than the first. And a checkpoint's state loads back: its 4-bit weights are the base's as
+    loaded (they never train), so their packed bytes are copied and the quantization state
+    the load made is kept, where torch would refuse the state's entries as unexpected keys."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            module.register_load_state_dict_pre_hook(_kept_quantization_state)
+
+
+def _kept_quantization_state(module, state_dict, prefix, *args) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix + "weight.")]:  # weight.absmax, weight.quant_map, ...
+        del state_dict[key]
+
+
+def is_quantized(model) -> bool:
+    """Whether `model` (peft-wrapped or not) holds 4-bit layers (lora.quantize)."""
+    get = getattr(model, "get_base_model", None)
+    return bool(getattr(get() if callable(get) else model, "is_loaded_in_4bit", False))
+
+
+def dequantized_merge(policy):
+    """A plain transformers model holding what a 4-bit policy computes: each 4-bit weight
+    dequantized and its adapter's delta added (`policy_weights`), every weight in the dtype of
+    the unquantized ones (train.dtype), on the CPU; no adapter, no quantization config. What
+    final/ and best/ hold for a QLoRA run: merging the adapter into the 4-bit weights instead
+    would round it away (TRL #3466)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.rollout.weights import base_model, policy_weights
+
+    model = base_model(policy)
+    dtype = model.get_input_embeddings().weight.dtype
+    config = copy.deepcopy(model.config)
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        plain.load_state_dict({name: t.to("cpu", dtype) for name, t in policy_weights(policy)})
+    return plain.eval()
 
 
 def autocast(model, dtype: torch.dtype | None):

@@ -1,8 +1,9 @@
 """The checks of a run that need what the engines can do, made once its config is read and
 before the process group or any model: what the decoder rollout.sampler names cannot sample
 (`grpo.rollout.decoders`: the fast loop's own options, a LoRA policy; `grpo.vllm`: its order
-of the sampling filters), then the launch (`grpo.infra.distributed.check_launch`), then the
-packages the run's engines need (`check_installed`: vLLM, the 8-bit optimizer's).
+of the sampling filters), then the launch (`grpo.infra.distributed.check_launch`; a 4-bit
+base in one process), then the packages the run's engines need (`check_installed`: vLLM, the
+8-bit optimizer's, the 4-bit base's).
 
 `grpo.config` checks every value and combination of the config's own and imports no engine
 (it stands below them); the checks that ask an engine are here, each a row of
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING
 from grpo.config import Config
 from grpo.errors import UserError
 from grpo.infra.distributed import check_launch
+from grpo.refusals import refuse
 from grpo.rollout.decoders import fast_only_refusal, lora_refusal
+from grpo.train.models import quantize_missing
 from grpo.train.optimizers import missing as optimizer_missing
 from grpo.vllm import missing as vllm_missing
 from grpo.vllm import unsupported
@@ -40,9 +43,11 @@ def check_sampler(c: Config) -> None:
 def check_installed(c: Config) -> None:
     """A package the run's engines need that this environment lacks, as one line with its
     install: vLLM where rollout.sampler is vllm in this process (a vLLM server's run needs
-    none here), bitsandbytes for train.optimizer adamw_8bit."""
+    none here), bitsandbytes for train.optimizer adamw_8bit, bitsandbytes and accelerate for
+    lora.quantize."""
     absent = vllm_missing() if c.rollout.sampler == "vllm" and not c.rollout.vllm.server else None
     absent = absent or optimizer_missing(c.train.optimizer)
+    absent = absent or quantize_missing(c.lora.quantize)
     if absent is not None:
         raise UserError(absent)
 
@@ -53,6 +58,8 @@ def preflight(c: Config, world_size: int, device: torch.device) -> str:
     config and the environment alone, so that all reach the same verdict before any waits for
     another or loads a model."""
     check_sampler(c)
+    if world_size > 1 and c.lora.quantize != "none":
+        refuse("quantize+torchrun", world_size=world_size)
     backend = check_launch(
         world_size,
         device,
