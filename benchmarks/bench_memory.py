@@ -23,11 +23,17 @@ under by default (mimalloc where installed: grpo/infra/allocator.py) unless name
 - `freed_memory`: train.return_freed_memory (freed memory given back at once, not kept);
 - `three_savers`: the three that change what is held (8-bit moments, the step in the
   backward, the bf16 reference), freed memory kept for reuse as by default;
-- `savers`: the four together.
+- `savers`: the four together;
+- `lora`: a LoRA adapter (rank 16 on every linear layer) on the fp32 base; its reference is
+  the base with the adapter off;
+- `qlora`: the same adapter on the base's linear layers in nf4 (lora.quantize), its peak
+  printed against `lora`'s.
 
 The floor of a variant is what its states must hold plus the runtime, from the parameter
 count P (bytes): weights 4P; gradients 4P, or with the step in the backward the largest
-tensor's; moments 8P, or 2P with 8-bit AdamW; the reference 4P, or 2P in bf16. The table
+tensor's; moments 8P, or 2P with 8-bit AdamW; the reference 4P, or 2P in bf16. With an
+adapter of A values on linear layers of L: weights 4P + 4A (in nf4, L of them in half a byte
+and a 1-byte scale per 64 values); gradients 4A; moments 8A; no reference. The table
 prints each peak against its floor, against the "bare" floor (its runtime read before the
 model's code was imported and the tokenizer loaded, as up to 2026-12-05), against `exact`'s,
 and against TRL's (its GRPOTrainer
@@ -81,6 +87,11 @@ VARIANTS = {
     "three_savers": ["train.optimizer=adamw_8bit", "train.reference_dtype=bfloat16", *IN_BACKWARD],
 }
 VARIANTS["savers"] = [*VARIANTS["three_savers"], *VARIANTS["freed_memory"]]
+# LoRA on the fp32 base, and QLoRA: the same adapter on the base's linear layers in nf4.
+LORA_RANK = 16
+LORA = [f"lora.r={LORA_RANK}", "lora.alpha=32"]
+VARIANTS["lora"] = LORA
+VARIANTS["qlora"] = [*LORA, "lora.quantize=nf4"]
 ALLOCATOR = {"exact_glibc": "system"}  # GRPO_ALLOCATOR of a variant; the command's default otherwise
 PHASES = ("build", "sample", "passes", "update", "other")
 
@@ -94,11 +105,51 @@ def tensor_sizes(model_dir: str) -> list[int]:
     return [p.numel() for p in model.parameters()]
 
 
-def floor_mb(variant: str, sizes: list[int], runtime_mb: float, beta: float, runtime_bare_mb: float) -> dict:
+def adapted_sizes(model_dir: str, r: int) -> dict:
+    """The values of the linear layers a LoRA adapter of rank `r` adapts (peft's all-linear:
+    every one but the head) and of that adapter (r x (in + out) each), from the config alone."""
+    import torch
+    from torch import nn
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    head = model.get_output_embeddings()
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
+    return {
+        "linear": sum(m.weight.numel() for m in linear),
+        "adapter": sum(r * (m.in_features + m.out_features) for m in linear),
+    }
+
+
+def lora_states(overrides: list[str], p: int, adapted: dict) -> dict:
+    """The bytes a LoRA variant's states hold: the base's weights (its linear layers in nf4
+    with lora.quantize: half a byte a value, and bitsandbytes' double-quantized scales, one
+    byte per 64 values and an fp32 per 256 of those) and the adapter's weights, gradients and
+    AdamW moments in fp32; no reference (the adapter off)."""
+    linear, adapter = adapted["linear"], adapted["adapter"]
+    base = 4 * p
+    if "lora.quantize=nf4" in overrides:
+        base = 4 * (p - linear) + linear * (0.5 + 1 / 64 + 4 / (64 * 256))
+    return {"weights": base + 4 * adapter, "gradients": 4 * adapter, "moments": 8 * adapter, "reference": 0}
+
+
+def floor_mb(
+    variant: str,
+    sizes: list[int],
+    runtime_mb: float,
+    beta: float,
+    runtime_bare_mb: float,
+    adapted: dict | None = None,
+) -> dict:
     """The bytes the variant's states must hold, by state, and with the runtime ("total") or
-    the bare runtime ("bare_total")."""
+    the bare runtime ("bare_total"). `adapted`: `adapted_sizes`, for the LoRA variants."""
     overrides = VARIANTS[variant]
     p = sum(sizes)
+    if variant in ("lora", "qlora"):
+        states = {k: v / MB for k, v in lora_states(overrides, p, adapted).items()}
+        held = sum(states.values())
+        return {**states, "runtime": runtime_mb, "total": held + runtime_mb, "bare_total": held + runtime_bare_mb}
     eight_bit = "train.optimizer=adamw_8bit" in overrides
     states = {
         "weights": 4 * p,
@@ -239,6 +290,16 @@ def table(name: str, runs: dict, floors: dict, trl: dict) -> str:
     return "\n".join(lines)
 
 
+def qlora_line(runs: dict) -> str:
+    """QLoRA's peak against LoRA's on the fp32 base, overall and in the update."""
+    q, lo = runs["qlora"], runs["lora"]
+    return (
+        f"qlora against lora (fp32 base): peak {q['peak_mb']:,.0f} / {lo['peak_mb']:,.0f} MB = "
+        f"{q['peak_mb'] / lo['peak_mb']:.2f}; update {q['phases'].get('update', 0):,.0f} / "
+        f"{lo['phases'].get('update', 0):,.0f} MB"
+    )
+
+
 def live_cells(run: dict, floor: float) -> str:
     """The live tensors at the update's peak plus the runtime, and that against the floor."""
     if "live" not in run:
@@ -263,13 +324,16 @@ def measure(
         print(f"[memory] {name}: {variant}", flush=True)
         runs[variant] = run_variant(w, root, steps, variant, live)
         run = runs[variant]
-        floors[variant] = floor_mb(variant, sizes, run["runtime_mb"], beta, run["runtime_bare_mb"])
+        adapted = adapted_sizes(w["model_dir"], LORA_RANK) if variant in ("lora", "qlora") else None
+        floors[variant] = floor_mb(variant, sizes, run["runtime_mb"], beta, run["runtime_bare_mb"], adapted)
     print(table(name, runs, floors, {"error": "(measuring)"}), flush=True)  # ours, before TRL's run
     for variant, run in runs.items():
         run["plan"] = planned(w, root, variant, run)
     print(plan_table(name, runs), flush=True)
     trl = {"error": "--skip-trl"} if skip_trl else trl_peak(w, root, steps)
     print(table(name, runs, floors, trl), flush=True)
+    if "qlora" in runs and "lora" in runs:
+        print(qlora_line(runs), flush=True)
     return {"parameters": sum(sizes), "largest_tensor": max(sizes), "runs": runs, "floors": floors, "trl": trl}
 
 

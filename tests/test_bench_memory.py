@@ -3,6 +3,8 @@ phase, each peak the highest of its phases, each floor what its states hold."""
 
 import json
 
+import pytest
+
 from benchmarks import bench_memory
 from grpo.infra.allocator import library
 
@@ -51,3 +53,15 @@ def test_live_counts_the_states_and_what_the_update_adds(tmp_path, capsys):
     seen = live["profiled_at_peak_mb"]
     assert seen["optimizer_state"] >= floor["moments"] - 0.01 and sum(seen.values()) <= live["peak_mb"] + 0.01
     assert "| live + runtime MB | live / floor |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_qlora_holds_its_base_in_4_bits_and_prints_its_peak_against_lora(tmp_path, capsys):
+    """The lora and qlora variants: the same adapter's states, no reference, the base's linear
+    layers in nf4 in qlora's floor; the line of qlora's peak against lora's."""
+    tiny = _tiny(tmp_path, "lora,qlora")
+    lora, qlora = tiny["floors"]["lora"], tiny["floors"]["qlora"]
+    assert lora["reference"] == qlora["reference"] == 0 and 0 < qlora["gradients"] == lora["gradients"]
+    assert qlora["moments"] == 2 * lora["gradients"] and qlora["weights"] < lora["weights"]
+    assert all(tiny["runs"][v]["peak_mb"] == max(tiny["runs"][v]["phases"].values()) for v in ("lora", "qlora"))
+    assert "qlora against lora (fp32 base): peak" in capsys.readouterr().out
