@@ -91,10 +91,28 @@ def model_card(
     # make an import cycle of grpo -> grpo.train -> ... -> here.
     version = sys.modules["grpo"].__version__
     tree = config_to_dict(c)  # reward functions by name, as config.yaml records them
-    d, ro, tr, lo = c.data, c.rollout, c.train, c.loss
-    base, dataset = hub_id(c.model), hub_id(d.path)
-    name = (tr.push_to_hub or Path(c.output_dir).resolve().name).rpartition("/")[2]
-    location = location or tr.push_to_hub or str(Path(c.output_dir) / "final")
+    ro = c.rollout
+    name = (c.train.push_to_hub or Path(c.output_dir).resolve().name).rpartition("/")[2]
+    location = location or c.train.push_to_hub or str(Path(c.output_dir) / "final")
+    method = {"grpo": "GRPO", "ppo": "PPO"}[c.algorithm]
+    out = [*_header(c, name, adapter), "", f"# {name}", ""]
+    out.append(
+        f"`{c.model}` trained with {method} by grpo {version}: "
+        f"{steps} steps of {ro.prompts_per_step} prompts x {ro.group_size} completions."
+        + (" The folder holds the LoRA adapter (peft's files) for that base model." if adapter else "")
+    )
+    out += ["", "## Data", "", *_data(c, rows)]
+    out += ["", "## Rewards", "", *_rewards(tree)]
+    out += ["", "## Training", "", *_table(_settings(c, steps, rows, tokens))]
+    out += ["", "## Evaluation", "", *_evaluation(c, tree, before, after, location)]
+    out += ["", "## Reproduce", "", *_reproduce(tree, version)]
+    return "\n".join(out)
+
+
+def _header(c: Config, name: str, adapter: bool) -> list[str]:
+    """The card's YAML header: base_model and datasets where they are hub ids (the Hub checks
+    them), the library, the name, the pipeline and the tags."""
+    base, dataset = hub_id(c.model), hub_id(c.data.path)
     tags = list(dict.fromkeys(["grpo", c.algorithm, "reinforcement-learning", *(["lora"] if c.lora.r else [])]))
     header: dict = {}
     if base:
@@ -107,39 +125,43 @@ def model_card(
         pipeline_tag="text-generation",
         tags=tags,
     )
-    method = {"grpo": "GRPO", "ppo": "PPO"}[c.algorithm]
-    out = ["---", yaml.safe_dump(header, sort_keys=False).rstrip(), "---", "", f"# {name}", ""]
-    out.append(
-        f"`{c.model}` trained with {method} by grpo {version}: "
-        f"{steps} steps of {ro.prompts_per_step} prompts x {ro.group_size} completions."
-        + (" The folder holds the LoRA adapter (peft's files) for that base model." if adapter else "")
-    )
+    return ["---", yaml.safe_dump(header, sort_keys=False).rstrip(), "---"]
 
-    out += ["", "## Data", ""]
+
+def _data(c: Config, rows: int | None) -> list[str]:
+    """The data section: where the prompts came from, which configuration and split, how many."""
+    d = c.data
     if not d.path:
-        out.append("No dataset: each rollout's task comes from `rollout.environment`.")
-    else:
-        shown = "handed to `grpo.train(dataset=...)`" if d.path == GIVEN_DATASET else f"`{d.path}`"
-        facts = [("data", shown)]
-        if dataset:
-            facts.append(("configuration", f"`{d.config}`" if d.config else "default"))
-            facts.append(("split", f"`{d.split}`"))
-        facts.append(("prompt column", f"`{d.prompt_column}`"))
-        if rows is not None:
-            facts.append(("rows", rows))
-        if d.system_prompt:
-            facts.append(("system prompt", f"`{d.system_prompt!r}`"))
-        out += _table(facts)
+        return ["No dataset: each rollout's task comes from `rollout.environment`."]
+    shown = "handed to `grpo.train(dataset=...)`" if d.path == GIVEN_DATASET else f"`{d.path}`"
+    facts = [("data", shown)]
+    if hub_id(d.path):
+        facts.append(("configuration", f"`{d.config}`" if d.config else "default"))
+        facts.append(("split", f"`{d.split}`"))
+    facts.append(("prompt column", f"`{d.prompt_column}`"))
+    if rows is not None:
+        facts.append(("rows", rows))
+    if d.system_prompt:
+        facts.append(("system prompt", f"`{d.system_prompt!r}`"))
+    return _table(facts)
 
-    out += ["", "## Rewards", "", "| reward | weight |", "|---|---|"]
+
+def _rewards(tree: dict) -> list[str]:
+    """The rewards section: each reward (a function by name, or a reward model) with its weight."""
+    out = ["| reward | weight |", "|---|---|"]
     for entry in tree["rewards"]:
         what = f"`{entry['function']}`" if entry.get("function") else f"reward model `{entry['model']}`"
         out.append(f"| {what} | {entry['weight']:g} |")
     if not tree["rewards"]:
         out.append("| the environment's `get_reward` | 1 |")
+    return out
 
+
+def _settings(c: Config, steps: int, rows: int | None, tokens: int | None) -> list[tuple[str, object]]:
+    """The training section's facts: what was trained on and the settings that shape it."""
+    ro, tr, lo = c.rollout, c.train, c.loss
     prompts = steps * ro.prompts_per_step
-    settings = [
+    return [
         ("algorithm", c.algorithm),
         ("steps", steps),
         ("prompts trained on", prompts),
@@ -158,13 +180,14 @@ def model_card(
         ("LoRA", f"r {c.lora.r}, alpha {c.lora.alpha:g}" if c.lora.r else "none (all weights trained)"),
         ("seed", c.seed),
     ]
-    out += ["", "## Training", "", *_table(settings)]
 
-    out += ["", "## Evaluation", ""]
+
+def _evaluation(c: Config, tree: dict, before: dict | None, after: dict | None, location: str) -> list[str]:
+    """The evaluation section: before and after with their intervals, or the command that measures."""
     if after is None:
         functions = [r["function"] for r in tree["rewards"] if r.get("function")]
         verifier = f" --verifier {functions[0]}" if functions else ""
-        out += [
+        return [
             "Not evaluated during training (the config has no `eval` section). Measure pass@k and "
             "maj@k on held-out problems with:",
             "",
@@ -172,20 +195,18 @@ def model_card(
             f"grpo eval --model {location} --data HELD_OUT_DATA{verifier}",
             "```",
         ]
-    else:
-        ev = c.eval
-        out += [
-            f"Held out: `{ev.data}`, {ev.n} samples per problem at temperature {ev.temperature:g} "
-            "(pass@k and maj@k with their 95% intervals; the same numbers as `grpo eval`).",
-            "",
-            *_eval_rows(before, after),
-        ]
+    ev = c.eval
+    return [
+        f"Held out: `{ev.data}`, {ev.n} samples per problem at temperature {ev.temperature:g} "
+        "(pass@k and maj@k with their 95% intervals; the same numbers as `grpo eval`).",
+        "",
+        *_eval_rows(before, after),
+    ]
 
-    config = yaml.safe_dump(tree, sort_keys=False).rstrip()
-    out += [
-        "",
-        "## Reproduce",
-        "",
+
+def _reproduce(tree: dict, version: str) -> list[str]:
+    """The reproduce section: the command, and the resolved config folded away."""
+    return [
         f"With grpo {version} and the resolved config beside the weights (`{CONFIG}`):",
         "",
         "```bash",
@@ -195,13 +216,12 @@ def model_card(
         "<details><summary>The resolved config</summary>",
         "",
         "```yaml",
-        config,
+        yaml.safe_dump(tree, sort_keys=False).rstrip(),
         "```",
         "",
         "</details>",
         "",
     ]
-    return "\n".join(out)
 
 
 def write_card(directory: Path, c: Config, *, step: int, rows: int | None = None, after: dict | None = None) -> None:

@@ -30,6 +30,8 @@ ALLOWED = {
     # switches set for the duration of one forward and put back after it
     ("train/shared_prompt.py", "handed_a_cache", "layer._can_checkpoint_with_cache"),
     ("train/shared_prompt.py", "handed_a_cache", "module.gradient_checkpointing"),
+    # bitsandbytes' own switch on a 4-bit layer: its CPU kernel's bf16 repacking off, how it computes
+    ("train/models.py", "prepare_4bit", "module.support_avx512bf16_for_cpu"),
     # a KV cache's layer, not a model's
     ("train/shared_prompt.py", "_turn", "layer.__class__"),
 }
