@@ -196,7 +196,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from grpo.train.plan import command
+    from grpo.train.advice import command
 
     given = {k: getattr(args, k) for k in ("memory", "device", "prompt_tokens", "completion_tokens")}
     return command(args.config, overrides=args.set, json_path=args.json, **given)

@@ -12,7 +12,8 @@ from grpo.config import config_from_dict
 from grpo.rewards import load_rewards
 from grpo.train.assembly import build_engine
 from grpo.train import plan
-from grpo.train.plan import GiB, MiB, advise, parse_size, predict
+from grpo.train.advice import advise
+from grpo.train.plan import GiB, MiB, parse_size, predict
 from tests.helpers import run_generator, sampled_step
 
 
