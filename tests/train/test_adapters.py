@@ -21,10 +21,9 @@ from grpo.train.checkpointing import Checkpointer
 from grpo.train.layouts import policy_logprobs
 from grpo.train.models import apply_lora, save_adapter
 from tests.helpers import assert_close_scaled, logprob_scale
-from tests.train import rewards_for_tests
 from tests.train.test_distributed import torchrun
 from tests.train.test_engine import engine_for, train_step
-from tests.train.test_resume import results
+from tests.train.test_resume import FAILS_IN_STEP_3, results, straight_and_resumed
 from tests.train.test_sft_data import base, data, run  # noqa: F401 (the fine-tuning tests' model and rows)
 
 LORA = {"r": 4, "alpha": 8}
@@ -175,18 +174,11 @@ def test_a_run_from_an_adapter_resumed_is_the_run_never_interrupted(make_config,
         return make_config(
             output_dir=str(tmp_path / name),
             lora={"r": LORA["r"], "init_adapter": start, "save": "adapter"},
-            rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_raise"}],
+            rewards=FAILS_IN_STEP_3,
             train={"steps": 4, "checkpoint_minutes": 0},
         )
 
-    rewards_for_tests._calls["n"] = 0
-    grpo.train(config("straight"), progress=False)
-    monkeypatch.setenv("GRPO_TEST_RAISE_AT", "3")
-    rewards_for_tests._calls["n"] = 0
-    with pytest.raises(UserError, match="checkpoint of step 2 saved"):
-        grpo.train(config("resumed"), progress=False)
-    monkeypatch.delenv("GRPO_TEST_RAISE_AT")
-    grpo.train(config("resumed"), resume=True, progress=False)
+    straight_and_resumed(config, monkeypatch)
     assert results(tmp_path / "resumed") == results(tmp_path / "straight")
     got, want = (load_file(tmp_path / name / "final" / "adapter_model.safetensors") for name in ("resumed", "straight"))
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

@@ -25,9 +25,8 @@ from grpo.train.preflight import preflight
 from tests.helpers import FORWARD, assert_close_scaled, gap, logprob_scale
 from tests.train.test_engine import engine_for, train_step
 from tests.train.test_learning import gain
-from tests.train import rewards_for_tests
 from tests.train.test_models import rollout
-from tests.train.test_resume import results
+from tests.train.test_resume import FAILS_IN_STEP_3, results, straight_and_resumed
 
 pytest.importorskip("bitsandbytes")
 QLORA = {"r": 4, "alpha": 16, "quantize": "nf4"}
@@ -163,18 +162,11 @@ def test_a_qlora_run_resumed_is_the_run_never_interrupted(make_config, tmp_path,
         return make_config(
             output_dir=str(tmp_path / name),
             lora=QLORA,
-            rewards=[{"function": "tests.train.rewards_for_tests:sevens_then_raise"}],
+            rewards=FAILS_IN_STEP_3,
             train={"steps": 4, "checkpoint_minutes": 0, "lr": 1e-2},
         )
 
-    rewards_for_tests._calls["n"] = 0
-    grpo.train(config("straight"), progress=False)
-    monkeypatch.setenv("GRPO_TEST_RAISE_AT", "3")
-    rewards_for_tests._calls["n"] = 0
-    with pytest.raises(UserError, match="checkpoint of step 2 saved"):
-        grpo.train(config("resumed"), progress=False)
-    monkeypatch.delenv("GRPO_TEST_RAISE_AT")
-    grpo.train(config("resumed"), resume=True, progress=False)
+    straight_and_resumed(config, monkeypatch)
     assert results(tmp_path / "resumed") == results(tmp_path / "straight")
     got, want = (
         AutoModelForCausalLM.from_pretrained(tmp_path / n / "final").state_dict() for n in ("resumed", "straight")

@@ -41,6 +41,27 @@ def results(output_dir, keys=DETERMINISTIC):
     return [{k: json.loads(line)[k] for k in keys} for line in lines]
 
 
+FAILS_IN_STEP_3 = [{"function": "tests.train.rewards_for_tests:sevens_then_raise"}]  # with GRPO_TEST_RAISE_AT=3
+
+
+def straight_and_resumed(config, monkeypatch) -> None:
+    """`config(name)` (a config whose rewards are FAILS_IN_STEP_3, output_dir named by `name`)
+    run straight through as "straight", and as "resumed": stopped by its reward failing in
+    step 3 (the checkpoint of step 2 saved), then resumed to its end."""
+    import grpo
+    from grpo.errors import UserError
+    from tests.train import rewards_for_tests
+
+    rewards_for_tests._calls["n"] = 0
+    grpo.train(config("straight"), progress=False)
+    monkeypatch.setenv("GRPO_TEST_RAISE_AT", "3")
+    rewards_for_tests._calls["n"] = 0
+    with pytest.raises(UserError, match="checkpoint of step 2 saved"):
+        grpo.train(config("resumed"), progress=False)
+    monkeypatch.delenv("GRPO_TEST_RAISE_AT")
+    grpo.train(config("resumed"), resume=True, progress=False)
+
+
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(make_config, tmp_path):
     # 10 steps in 2 iterations (the reference is reset at step 6), checkpoints at 3 and 6.
     # The process is SIGKILLed inside step 8, after step 7 was logged: the resumed run must
