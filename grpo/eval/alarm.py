@@ -25,8 +25,9 @@ metric's starting point. The user's guide: docs/evaluation.md.
 
 from __future__ import annotations
 
-import math
 from dataclasses import astuple, dataclass
+
+from grpo.eval.metrics import fell_beyond, slope
 
 __all__ = ["Alarm", "METRIC"]
 
@@ -44,13 +45,6 @@ class _Point:
     def half(self) -> float:
         """The interval's half-width: its wider side (the runner clips intervals to [0, 1])."""
         return max(self.hi - self.metric, self.metric - self.lo)
-
-
-def _slope(xs: list[float], ys: list[float]) -> float:
-    """The least-squares slope of ys against xs (0.0 where the xs do not vary)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else 0.0
 
 
 class Alarm:
@@ -95,10 +89,10 @@ class Alarm:
         if len(paid) < 2:
             return False
         rewards = [p.reward for p in paid]
-        rising = _slope([p.step for p in paid], rewards) > 0 and rewards[-1] > rewards[0]
+        rising = slope([p.step for p in paid], rewards) > 0 and rewards[-1] > rewards[0]
         first, last = self.points[0], self.points[-1]
-        slope = _slope([p.step for p in self.points], [p.metric for p in self.points])
-        falling = first.metric - last.metric > math.hypot(first.half(), last.half()) and slope < 0
+        trend = slope([p.step for p in self.points], [p.metric for p in self.points])
+        falling = fell_beyond(first.metric, first.half(), last.metric, last.half()) and trend < 0
         return rising and falling
 
     def warning(self) -> str:

@@ -10,7 +10,9 @@ Both are exact expectations over the C(n, k) ways of choosing k of a prompt's n 
   any answer was drawn; k unanswered samples score 0.
 
 Beside them, what the reports put around those numbers: `mean_ci` (a mean over problems with
-its normal 95% interval) and `over_seeds` (several seeds' results of one setting as one).
+its normal 95% interval) and `over_seeds` (several seeds' results of one setting as one); and
+what the reward-hacking alarm (grpo.eval.alarm) asks of a series of evaluations: `slope` (a
+least-squares trend) and `fell_beyond` (a drop larger than two 95% intervals allow).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["pass_at_k", "maj_at_k", "mean_ci", "over_seeds"]
+__all__ = ["fell_beyond", "maj_at_k", "mean_ci", "over_seeds", "pass_at_k", "slope"]
 
 Z_95 = 1.96  # two-sided 95% quantile of the standard normal
 
@@ -139,3 +141,17 @@ def over_seeds(results: list[dict], metrics: Sequence[str] = ("pass@k", "maj@k")
         entry[f"{metric}_ci"] = {k: mean_ci([p[metric][k] for p in averaged])[1] for k in ks}
     entry["per_prompt"] = averaged
     return entry
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ys against xs (0.0 where the xs do not vary)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else 0.0
+
+
+def fell_beyond(first: float, first_half: float, last: float, last_half: float) -> bool:
+    """Whether a mean fell from `first` to `last` by more than sqrt(h_first^2 + h_last^2),
+    their 95% half-widths combined as those of two independent means: a one-sided test of
+    the difference at 2.5%."""
+    return first - last > math.hypot(first_half, last_half)
