@@ -3,8 +3,9 @@
 A tool is a plain Python function (sync or async; its type hints and Google-style docstring
 become the JSON schema the chat template shows); an environment is a class, one instance per
 rollout, whose public methods are its tools (`reset(**row)` starts an episode, an optional
-`get_reward()` scores it). The model calls a tool in the Qwen2.5 / Hermes format,
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (`parse_calls`, `HermesFormat`).
+`get_reward()` scores it). The model calls a tool in its chat template's format, Hermes
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), Qwen3's or Llama 3's
+(rollout.tool_format; `grpo.rollout.tool_formats`, whose Hermes names are here too).
 A call is contained as a reward's is (`grpo.infra.contain.call_function`, in a worker with
 rollout.tool_isolate): whatever goes wrong, a call written badly by the model included,
 becomes the tool message `{"error": "..."}` so that the model can learn from it (TRL leaves
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,133 +24,11 @@ from grpo.errors import UserError
 from grpo.infra import contain
 from grpo.infra.imports import import_object, one_line, spec_of
 from grpo.rewards.types import WeightedReward
+from grpo.rollout.tool_formats import TOOL_CALL, Call, HermesFormat, parse_calls  # the formats' part, here too
 
 __all__ = ["TOOL_CALL", "Call", "Episode", "HermesFormat", "Toolbox", "answer_turn", "parse_calls"]
 
-FORMAT = "the Qwen2.5/Hermes format, <tool_call>{json}</tool_call>"
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _RESERVED = ("reset", "get_reward")  # an environment's methods that are not tools
-
-
-# ---- parsing a turn ---------------------------------------------------------------------------
-
-
-@dataclass
-class Call:
-    """One tool call the model wrote: its name and arguments, or why it cannot be run."""
-
-    name: str
-    arguments: dict = field(default_factory=dict)
-    error: str | None = None  # set: the call is not run, this is the tool's answer
-
-    def as_message(self) -> dict:
-        """The call as a chat message's `tool_calls` entry (TRL's, and transformers' chat templates')."""
-        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def parse_calls(text: str) -> list[Call]:
-    """The calls in a model turn's text: each `<tool_call>...</tool_call>` block's JSON,
-    `{"name": str, "arguments": object}` (arguments may also be a JSON string of an object,
-    as some models write them). A block that is not such JSON is a Call with an error."""
-    calls = []
-    for block in TOOL_CALL.findall(text):
-        try:
-            data = json.loads(block)
-        except json.JSONDecodeError as err:
-            calls.append(Call("", error=f"the tool call is not JSON ({err.msg} at character {err.pos})"))
-            continue
-        name = data.get("name") if isinstance(data, dict) else None
-        arguments = data.get("arguments", {}) if isinstance(data, dict) else None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            calls.append(
-                Call(
-                    name if isinstance(name, str) else "",
-                    error='a tool call is {"name": string, "arguments": object}',
-                )
-            )
-            continue
-        calls.append(Call(name, arguments))
-    return calls
-
-
-# ---- the chat template ------------------------------------------------------------------------
-
-
-_PROBE = {
-    "type": "function",
-    "function": {
-        "name": "grpo_probe_tool",
-        "description": "Probe.",
-        "parameters": {"type": "object", "properties": {"x": {"type": "integer", "description": "X."}}},
-    },
-}
-
-
-class HermesFormat:
-    """The tokenizer's chat template, checked to speak the Qwen2.5/Hermes tool-call format:
-    it renders the tools' schemas into the prompt, an assistant message's `tool_calls` as
-    `<tool_call>` blocks, and `{"role": "tool", ...}` messages after them, each appended
-    message leaving what came before it as it was (prefix-preserving)."""
-
-    def __init__(self, tokenizer, template_kwargs: dict | None = None):
-        self.tokenizer = tokenizer
-        self.template_kwargs = dict(template_kwargs or {})  # rollout.chat_template_kwargs
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise UserError(
-                "rollout.tools: the model's tokenizer has no chat template (tools need one in " + FORMAT + ")"
-            )
-        self.eos = tokenizer.eos_token
-        call = {"role": "assistant", "content": "", "tool_calls": [Call("grpo_probe_tool", {"x": 1}).as_message()]}
-        try:
-            prompt = self.render([{"role": "user", "content": "hi"}], [_PROBE], generation=True)
-            called = self.render([{"role": "user", "content": "hi"}, call], [_PROBE], generation=False)
-        except Exception as err:
-            raise UserError(
-                f"rollout.tools: the model's chat template cannot render a tool call ({one_line(str(err))}); "
-                f"supported: {FORMAT}"
-            ) from None
-        blocks = [c for c in parse_calls(called) if c.error is None]
-        if "grpo_probe_tool" not in prompt or not any(c.name == "grpo_probe_tool" for c in blocks):
-            raise UserError(
-                f"rollout.tools: the model's chat template does not render tools in {FORMAT}, the one format "
-                "supported (the templates of Qwen2.5, Qwen3-Instruct-2507 and other Hermes-style ones; docs/tools.md)"
-            )
-        self.suffix([{"role": "tool", "name": "grpo_probe_tool", "content": "grpo_probe_result"}])  # renders, cuts
-
-    def render(self, messages: list[dict], tools: list[dict] | None, *, generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False, **self.template_kwargs
-        )
-
-    def suffix(self, tool_messages: list[dict]) -> str:
-        """What follows the model's end-of-turn token when a turn's `tool_messages` answer it,
-        up to the next assistant turn's start: rendered after a stand-in conversation and
-        cut where the stand-in's assistant turn ends (at its EOS)."""
-        name = tool_messages[0].get("name", "tool")
-        before = [
-            {"role": "user", "content": "x"},
-            {"role": "assistant", "content": "", "tool_calls": [Call(name, {}).as_message()]},
-        ]
-        prefix = self.render(before, None, generation=False)
-        full = self.render(before + tool_messages, None, generation=True)
-        if not full.startswith(prefix):
-            raise UserError(
-                "rollout.tools: the model's chat template renders a conversation differently once a tool message "
-                "follows (not prefix-preserving, as Qwen3's, which drops earlier turns' reasoning), so the sampled "
-                "tokens cannot be kept; save the model's tokenizer with a prefix-preserving template (docs/tools.md)"
-            )
-        end = prefix.rfind(self.eos) if self.eos else -1
-        if end < 0:
-            raise UserError(
-                f"rollout.tools: the chat template's assistant turn does not end with the tokenizer's EOS "
-                f"({self.eos!r}), where the model stops; cannot tell where a tool message starts"
-            )
-        return full[end + len(self.eos) :]
 
 
 # ---- running calls ----------------------------------------------------------------------------
