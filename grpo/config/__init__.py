@@ -16,7 +16,7 @@ The package imports nothing of grpo but `grpo.errors`, `grpo.refusals` and `grpo
 The names below are the package's: import them from `grpo.config`.
 """
 
-from grpo.config.checks import REPORTERS, lookahead, reporters, validate
+from grpo.config.checks import REPORTERS, hub_repo, lookahead, reporters, validate
 from grpo.config.fields import REQUIRED, as_tree, field_default, key_of, opt
 from grpo.config.reading import (
     TRL_NAMES,
@@ -66,6 +66,7 @@ __all__ = [
     "config_to_dict",
     "describe_fields",
     "field_default",
+    "hub_repo",
     "key_of",
     "load_config",
     "lookahead",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from pathlib import Path
 
 from grpo.config.schema import Config, TrainConfig
 from grpo.errors import UserError
@@ -198,10 +199,11 @@ def _check_train(c: Config) -> None:
         re.fullmatch(r"auto|cpu|cuda(:\d+)?", tr.device) is not None,
         f"train.device: expected auto, cpu, cuda or cuda:N, got {tr.device!r}",
     )
-    repo = tr.push_to_hub
+    repo = hub_repo(c)
     _require(
         not repo or re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) is not None,
-        f"train.push_to_hub: expected a repository id such as user/name, got {repo!r}",
+        f"train.push_to_hub: expected a repository id such as user/name, got {repo!r}"
+        + (f" (true names it after output_dir, {c.output_dir!r})" if tr.push_to_hub is True else ""),
     )
 
 
@@ -254,6 +256,16 @@ def _check_lora(c: Config) -> None:
     _require(lo.r > 0 or lo.quantize == "none", "lora.quantize: a 4-bit base trains through an adapter: set lora.r > 0")
     if lo.quantize != "none" and c.train.iterations > 1 and c.loss.beta > 0:
         refuse("quantize+iterations")  # AdapterOff.reset_to merges the adapter
+
+
+def hub_repo(c: Config) -> str:
+    """train.push_to_hub's repository id: the one given, or with `true` (TRL's spelling) one
+    named after output_dir's folder, in the token's own namespace, as TRL's hub_model_id
+    defaults; "" for no push (empty or false)."""
+    given = c.train.push_to_hub
+    if given is True:
+        return Path(c.output_dir).resolve().name
+    return given or ""
 
 
 def lookahead(c: Config) -> int:

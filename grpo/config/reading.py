@@ -215,7 +215,10 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         None,
         "no periodic reference sync; train.iterations resets the reference to the policy at each iteration",
     ),
-    "push_to_hub": ("train.push_to_hub", "a repository id here (TRL's hub_model_id), which turns the push on"),
+    "push_to_hub": (
+        "train.push_to_hub",
+        "a repository id (TRL's hub_model_id), or true for one named after output_dir, as TRL's default",
+    ),
     "hub_model_id": ("train.push_to_hub", "the repository id (user/name); empty: no push"),
     "hub_private_repo": ("train.hub_private", "create the repository private"),
     "hub_strategy": (
@@ -350,6 +353,8 @@ def config_to_dict(config: Config) -> dict:
         rollout["environment"] = spec_of(rollout["environment"])
     elif isinstance(rollout["environment"], dict):  # several, by name
         rollout["environment"] = {k: spec_of(v) if callable(v) else v for k, v in rollout["environment"].items()}
+    if callable(rollout["environment_action"]):
+        rollout["environment_action"] = spec_of(rollout["environment_action"])
     return data
 
 

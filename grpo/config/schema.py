@@ -277,9 +277,9 @@ class TrainConfig(Frozen):
         10,
         "Every N steps, write a sample of completions with their rewards to samples.jsonl and, as a table, to each dashboard of report_to (0 = never).",
     )
-    push_to_hub: str = opt(
+    push_to_hub: str | bool = opt(
         "",
-        "A Hub repository id (user/name): push the model card and the weights there when the run ends (TRL's push_to_hub with hub_model_id); empty: no push (docs/training.md#the-model-card-and-the-hub).",
+        "A Hub repository id (user/name) to push the card and weights to when the run ends (TRL's hub_model_id); true: one named after output_dir, as in TRL; empty or false: no push (docs/training.md#the-model-card-and-the-hub).",
     )
     hub_private: bool = opt(False, "With push_to_hub: create the repository private (TRL's hub_private_repo).")
     hub_strategy: Literal["end", "every_save"] = opt(

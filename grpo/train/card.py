@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo.config import Config, config_to_dict
+from grpo.config import Config, config_to_dict, hub_repo
 from grpo.data import GIVEN_DATASET
 from grpo.infra.logging import read_metrics, write_atomic
 
@@ -92,8 +92,8 @@ def model_card(
     version = sys.modules["grpo"].__version__
     tree = config_to_dict(c)  # reward functions by name, as config.yaml records them
     ro = c.rollout
-    name = (c.train.push_to_hub or Path(c.output_dir).resolve().name).rpartition("/")[2]
-    location = location or c.train.push_to_hub or str(Path(c.output_dir) / "final")
+    name = (hub_repo(c) or Path(c.output_dir).resolve().name).rpartition("/")[2]
+    location = location or hub_repo(c) or str(Path(c.output_dir) / "final")
     method = {"grpo": "GRPO", "ppo": "PPO"}[c.algorithm]
     out = [*_header(c, name, adapter), "", f"# {name}", ""]
     out.append(
@@ -236,7 +236,7 @@ def write_card(directory: Path, c: Config, *, step: int, rows: int | None = None
         before = after
     tokens = [m["tokens/completion"] for m in metrics if 0 < m.get("step", 0) <= step and "tokens/completion" in m]
     adapter = (directory / "adapter_config.json").exists() and not (directory / "config.json").exists()
-    location = c.train.push_to_hub or str(directory.with_name(directory.name.removesuffix(".tmp")))  # best.tmp: best
+    location = hub_repo(c) or str(directory.with_name(directory.name.removesuffix(".tmp")))  # best.tmp: best
     total = sum(tokens) if tokens else None
     text = model_card(
         c, steps=step, rows=rows, before=before, after=after, tokens=total, adapter=adapter, location=location

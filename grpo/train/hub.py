@@ -2,7 +2,8 @@
 
 What is sent is a folder as final/ is written (the weights as saved, merged or adapter, the
 tokenizer, the model card and the config beside it), through huggingface_hub's create_repo
-(exist_ok, train.hub_private) and upload_folder: at the end of the run, and with
+(exist_ok, train.hub_private) and upload_folder: at the end of the run (train.keep_best's
+best/ too, to the branch `best`), and with
 train.hub_strategy every_save after each checkpoint too (the policy written as final/ is, into
 output_dir/hub.tmp, then removed: never the resumable state). What can be known before any
 model loads is checked then (`check_hub`: the package, a token, offline mode); a push that
@@ -17,11 +18,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from grpo.config import Config
+from grpo.config import Config, hub_repo
 from grpo.errors import UserError, first_line
 
-__all__ = ["STAGING", "Hub", "NoHub", "by_hand", "check_hub", "hub_for", "push_folder"]
+__all__ = ["BEST_BRANCH", "STAGING", "Hub", "NoHub", "by_hand", "check_hub", "hub_for", "push_folder"]
 
+BEST_BRANCH = "best"  # where train.keep_best's best/ is pushed
 STAGING = "hub.tmp"  # output_dir/hub.tmp: a checkpoint's policy as final/ is written, while it is pushed
 
 
@@ -29,7 +31,7 @@ def check_hub(c: Config) -> None:
     """What can be wrong with train.push_to_hub before any model loads, as one line: the
     package, offline mode, a token (whether the network and the token's rights hold is
     known at the push)."""
-    if not c.train.push_to_hub:
+    if not hub_repo(c):
         return
     try:
         import huggingface_hub
@@ -46,18 +48,24 @@ def check_hub(c: Config) -> None:
         )
 
 
-def push_folder(folder: Path, repo: str, *, private: bool, message: str) -> None:
-    """`folder`'s files into the model repository `repo` (created if missing), as one commit."""
+def push_folder(folder: Path, repo: str, *, private: bool, message: str, branch: str | None = None) -> str:
+    """`folder`'s files into the model repository `repo` (created if missing; a name without
+    a namespace lands in the token's own), as one commit on `branch` (None: the main branch,
+    else created from it if missing). The repository's full id."""
     from huggingface_hub import HfApi
 
     api = HfApi()
-    api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=message, repo_type="model")
+    repo = api.create_repo(repo, private=private, exist_ok=True, repo_type="model").repo_id
+    if branch is not None:
+        api.create_branch(repo, branch=branch, exist_ok=True, repo_type="model")
+    api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=message, repo_type="model", revision=branch)
+    return repo
 
 
-def by_hand(repo: str, folder: Path, private: bool = False) -> str:
+def by_hand(repo: str, folder: Path, private: bool = False, branch: str | None = None) -> str:
     """The command that pushes `folder` as the run would have."""
-    return f"hf upload {repo} {folder} .{' --private' if private else ''}"
+    revision = f" --revision {branch}" if branch else ""
+    return f"hf upload {repo} {folder} .{revision}{' --private' if private else ''}"
 
 
 class NoHub:
@@ -66,7 +74,7 @@ class NoHub:
     def after_checkpoint(self, step: int) -> None:
         pass
 
-    def at_end(self, final_dir: Path, step: int) -> None:
+    def at_end(self, final_dir: Path, step: int, best_dir: Path | None = None) -> None:
         pass
 
 
@@ -77,17 +85,17 @@ class Hub:
 
     def __init__(self, c: Config, world, save_copy, write_card):
         self.repo, self.private, self.every_save = (
-            c.train.push_to_hub,
+            hub_repo(c),
             c.train.hub_private,
             c.train.hub_strategy == "every_save",
         )
         self.out, self.world = Path(c.output_dir), world
         self.save_copy, self.write_card = save_copy, write_card
 
-    def push(self, folder: Path, message: str, after_failure: str) -> bool:
-        """`folder` pushed (process 0); a failure is one warning line. Whether it arrived."""
+    def push(self, folder: Path, message: str, after_failure: str, branch: str | None = None) -> bool:
+        """`folder` pushed (process 0) to `branch`; a failure is one warning line. Whether it arrived."""
         try:
-            push_folder(folder, self.repo, private=self.private, message=message)
+            self.repo = push_folder(folder, self.repo, private=self.private, message=message, branch=branch)
         except Exception as err:  # the network, the server, the token's rights: the run goes on
             print(
                 f"grpo: warning: train.push_to_hub: the push to {self.repo} failed ({first_line(err)}); {after_failure}",
@@ -111,14 +119,23 @@ class Hub:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
-    def at_end(self, final_dir: Path, step: int) -> None:
-        """final/ pushed (process 0), once it and the run's logs are written."""
-        if self.world.is_main:
-            kept = f"the run is kept in {self.out}: push it with `{by_hand(self.repo, final_dir, self.private)}`"
-            if self.push(final_dir, f"grpo: the model after {step} steps", kept):
-                print(f"grpo: pushed {final_dir} to {self.repo}", file=sys.stderr)
+    def at_end(self, final_dir: Path, step: int, best_dir: Path | None = None) -> None:
+        """final/ pushed (process 0), once it and the run's logs are written; train.keep_best's
+        best/, where the run kept one, to the repository's branch `best`."""
+        if not self.world.is_main:
+            return
+        for folder, branch, message in (
+            (final_dir, None, f"grpo: the model after {step} steps"),
+            (best_dir, BEST_BRANCH, "grpo: the best model by the held-out evaluation"),
+        ):
+            if folder is None or not (folder / "config.json").exists():
+                continue  # no train.keep_best, or no evaluation kept one
+            kept = f"the run is kept in {self.out}: push it with `{by_hand(self.repo, folder, self.private, branch)}`"
+            if self.push(folder, message, kept, branch):
+                where = f"{self.repo}'s branch {branch}" if branch else self.repo
+                print(f"grpo: pushed {folder} to {where}", file=sys.stderr)
 
 
 def hub_for(c: Config, world, save_copy, write_card) -> Hub | NoHub:
     """The run's pushes: a `Hub` with train.push_to_hub, else `NoHub`."""
-    return Hub(c, world, save_copy, write_card) if c.train.push_to_hub else NoHub()
+    return Hub(c, world, save_copy, write_card) if hub_repo(c) else NoHub()

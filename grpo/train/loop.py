@@ -51,7 +51,7 @@ from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
 from grpo.train.checkpointing import Checkpointer, kept
-from grpo.train.evaluation import Evaluation, HeldOut, NoEvaluation, held_out
+from grpo.train.evaluation import BEST, Evaluation, HeldOut, NoEvaluation, held_out
 from grpo.train.hub import check_hub, hub_for
 from grpo.train.iterative import RewardModelUpdater
 from grpo.train.output_dir import (
@@ -607,5 +607,6 @@ class Run:
         summary = run_summary(self.c, metrics, self.held, parameters_held(self.engine, self.reward_models))
         if self.world.is_main:
             write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self.hub.at_end(out / "final", self.c.train.steps)  # after every file of the run is written
+        best = out / BEST if self.c.train.keep_best else None
+        self.hub.at_end(out / "final", self.c.train.steps, best)  # after every file of the run is written
         return TrainResult(out, out / "final", metrics, self.held, summary)

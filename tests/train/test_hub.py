@@ -15,11 +15,12 @@ import pytest
 
 from grpo.errors import UserError
 from grpo.train.card import CARD, CONFIG
-from grpo.train.hub import STAGING, by_hand
+from grpo.train.hub import BEST_BRANCH, STAGING, by_hand, check_hub
 from grpo.train.loop import train
 from tests.train.test_in_loop_evaluation import config_of, lines
 
-REPO = "someone/tiny-grpo"
+USER = "someone"  # the token's owner: a repository named without a namespace lands in theirs
+REPO = f"{USER}/tiny-grpo"
 TOKEN = "hf_stand_in_token"
 
 
@@ -33,15 +34,16 @@ class StandInHub(ThreadingHTTPServer):
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.failing = failing
         self.repos: dict[str, dict] = {}  # repo id -> create_repo's payload
-        self.commits: list[dict] = []  # {"repo", "summary", "files": {path: bytes}}
+        self.commits: list[dict] = []  # {"repo", "branch", "summary", "files": {path: bytes}}
+        self.branches: dict[str, set[str]] = {}  # repo id -> branches created besides main
         self.tokens: set[str] = set()
         self.unknown: list[str] = []
 
-    def files(self, repo: str) -> dict[str, bytes]:
-        """The repository's files after every commit."""
+    def files(self, repo: str, branch: str = "main") -> dict[str, bytes]:
+        """The files of the repository's `branch` after every commit."""
         merged: dict[str, bytes] = {}
         for commit in self.commits:
-            if commit["repo"] == repo:
+            if (commit["repo"], commit["branch"]) == (repo, branch):
                 merged.update(commit["files"])
         return merged
 
@@ -73,16 +75,21 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(500, {"error": "the stand-in fails"})
         if path == "/api/repos/create":
             payload = json.loads(body)
-            repo = f"{payload['organization']}/{payload['name']}"
+            repo = f"{payload['organization'] or USER}/{payload['name']}"
             hub.repos[repo] = payload
             return self._answer(200, {"url": f"{hub.url}/{repo}"})
         if path == "/api/validate-yaml":  # create_commit's check of README.md's header
             return self._answer(200, {"errors": [], "warnings": []})
-        if re.fullmatch(r"/api/models/(.+)/preupload/main", path):
+        if m := re.fullmatch(r"/api/models/(.+)/branch/(\w+)", path):
+            hub.branches.setdefault(m.group(1), set()).add(m.group(2))
+            return self._answer(200, {})
+        if m := re.fullmatch(r"/api/models/(.+)/preupload/(\w+)", path):
+            if m.group(2) != "main" and m.group(2) not in hub.branches.get(m.group(1), ()):
+                return self._answer(404, {"error": f"no branch {m.group(2)}"})
             files = json.loads(body)["files"]
             answer = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files]
             return self._answer(200, {"files": answer})
-        if m := re.fullmatch(r"/api/models/(.+)/commit/main", path):
+        if m := re.fullmatch(r"/api/models/(.+)/commit/(\w+)", path):
             items = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
             header = next(i["value"] for i in items if i["key"] == "header")
             files = {}
@@ -92,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
                     files[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
                 elif item["key"] != "header":
                     hub.unknown.append(f"commit item {item['key']}")
-            hub.commits.append({"repo": m.group(1), "summary": header["summary"], "files": files})
+            hub.commits.append({"repo": m.group(1), "branch": m.group(2), "summary": header["summary"], "files": files})
             oid = f"{len(hub.commits):040x}"
             return self._answer(200, {"commitUrl": f"{hub.url}/{m.group(1)}/commit/{oid}", "commitOid": oid})
         hub.unknown.append(f"POST {path}")
@@ -145,6 +152,42 @@ def test_the_files_that_arrive_are_final_s(tiny_model, prompts_file, tmp_path, s
     assert f"grpo: pushed {out / 'final'} to {REPO}" in capsys.readouterr().err
 
 
+def test_true_names_the_repository_after_output_dir(tiny_model, prompts_file, tmp_path, stand_in, capsys):
+    """TRL's spelling, push_to_hub: true: a repository named after output_dir, in the token's
+    namespace (create_repo's answer gives the full id, which the upload and the message use)."""
+    hub = stand_in()
+    out = tmp_path / "my-run"
+    train(config_of(tiny_model, prompts_file, out, steps=1, train={"push_to_hub": True}), progress=False)
+    assert hub.unknown == [] and list(hub.repos) == [f"{USER}/my-run"]
+    assert hub.files(f"{USER}/my-run") == written(out / "final")
+    assert f"grpo: pushed {out / 'final'} to {USER}/my-run" in capsys.readouterr().err
+
+
+def test_false_pushes_nothing_and_needs_no_token(tiny_model, prompts_file, tmp_path, monkeypatch):
+    from grpo.config import config_from_dict, hub_repo
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    config = config_from_dict(config_of(tiny_model, prompts_file, tmp_path / "run", train={"push_to_hub": False}))
+    assert hub_repo(config) == ""
+    check_hub(config)  # no error
+
+
+def test_best_goes_to_the_branch_best(tiny_model, prompts_file, tmp_path, stand_in, capsys):
+    """train.keep_best: final/ on main, best/ on the branch best, each byte for byte."""
+    hub = stand_in()
+    out = tmp_path / "run"
+    held_out = {"data": prompts_file, "n": 2, "k": [1], "every": 1, "threshold": 0.125, "seed": 3}
+    config = config_of(
+        tiny_model, prompts_file, out, steps=2, eval=held_out, train={"push_to_hub": REPO, "keep_best": "eval/pass@1"}
+    )
+    train(config, progress=False)
+    assert hub.unknown == [] and hub.branches == {REPO: {BEST_BRANCH}}
+    assert hub.files(REPO) == written(out / "final")
+    assert hub.files(REPO, BEST_BRANCH) == written(out / "best") and (out / "best" / "model.safetensors").exists()
+    assert f"grpo: pushed {out / 'best'} to {REPO}'s branch {BEST_BRANCH}" in capsys.readouterr().err
+
+
 def test_a_failing_push_keeps_the_run(tiny_model, prompts_file, tmp_path, stand_in, capsys):
     hub = stand_in(failing="/api/repos/create")
     out = tmp_path / "run"
@@ -193,7 +236,6 @@ def test_offline_mode_is_one_line_before_any_model_loads(tiny_model, prompts_fil
 
 def test_without_push_to_hub_no_token_is_needed(tiny_model, prompts_file, tmp_path, monkeypatch):
     from grpo.config import config_from_dict
-    from grpo.train.hub import check_hub
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
