@@ -17,7 +17,7 @@ from grpo.errors import UserError
 from grpo.eval.command import no_answer_warning
 from grpo.infra.child import train_in_child
 from grpo.tasks import Task, load_task
-from grpo.train.preflight import check_sampler
+from grpo.train.preflight import check_installed, check_sampler
 
 # What the second run takes from the first: the same data and budget.
 ALIGNED = [
@@ -166,11 +166,13 @@ def compare(
     eval_rows = _eval_rows(accuracy_task, eval_data, a["seed"])
     verifier = _verifier(accuracy_task, eval_rows, answer, answer_pattern)
     names = [f"A: {Path(config_a).stem}", f"B: {Path(config_b).stem}"]
+    for label, config in (("a", a), ("b", b)):  # both validated as they will run, before either trains
+        config["output_dir"] = str(out / label)
+        check_sampler(config_from_dict(config))
+        check_installed(config_from_dict(config))
     out.mkdir(parents=True, exist_ok=True)
     runs, warnings = [], []
     for name, (label, config) in zip(names, (("a", a), ("b", b))):
-        config["output_dir"] = str(out / label)
-        check_sampler(config_from_dict(config))  # validated as it will run
         run = train_in_child(config, out / f"{label}.yaml", progress=progress)
         run.update(_evaluate(out / label / "final", verifier, eval_rows, n, config["seed"], progress))
         warning = no_answer_warning("compare", run.get("no_answer") or 0.0, f"{name}: ")

@@ -215,3 +215,22 @@ def test_answers_no_extractor_reads_are_said_and_a_users_extractor_reads_them(
     assert main(["compare", *common, "--output", str(tmp_path / "pattern"), "--answer-pattern", r"^(\S)"]) == 0
     summary = json.loads((tmp_path / "pattern" / "compare.json").read_text())
     assert all(run["maj@n"] > 0.5 for run in summary["runs"])
+
+
+@pytest.mark.parametrize("what", ["sampler", "installed"])
+def test_a_refused_second_config_fails_before_the_first_trains(capsys, make_config, tmp_path, monkeypatch, what):
+    """B's refusals (its decoder's, a package its engines need) are one line before A trains."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump(make_config(train={"steps": 2})))
+    if what == "sampler":
+        b.write_text(yaml.safe_dump(make_config(train={"steps": 2}, rollout={"sampler": "hf", "draw": "fast"})))
+        expected = "rollout.draw"
+    else:
+        b.write_text(yaml.safe_dump(make_config(train={"steps": 2}, lora={"r": 4, "quantize": "nf4"})))
+        monkeypatch.setattr("grpo.train.preflight.quantize_missing", lambda q: None if q == "none" else "no bnb here")
+        expected = "no bnb here"
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--output", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo: error: ") and expected in err and len(err.splitlines()) == 1
+    assert not out.exists()
