@@ -27,7 +27,7 @@ from grpo.infra.space import writing
 from grpo.rollout.weights import base_model, policy_weights
 from grpo.train.card import write_card
 from grpo.train.evaluation import NoEvaluation
-from grpo.train.models import adapter_folder, dequantized_merge, is_quantized, save_adapter
+from grpo.train.models import adapter_folder, is_quantized, save_adapter, save_dequantized
 from grpo.train.step import Engine
 
 __all__ = ["FIRST_CHECKPOINT_MINUTES", "Checkpointer", "kept", "unwrapped_architecture"]
@@ -234,9 +234,11 @@ class Checkpointer:
     def _save_final(self, final_dir: Path) -> None:
         e = self.e
         policy = e.policy
-        if is_quantized(policy):  # QLoRA: merged into a dequantized copy, never into the 4-bit weights
-            policy = dequantized_merge(policy)
-        elif hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
+        if is_quantized(policy):  # QLoRA: merged into the dequantized weights tensor by tensor, never into 4 bits
+            save_dequantized(policy, final_dir)  # one process: torchrun is refused with lora.quantize
+            e.tokenizer.save_pretrained(final_dir)
+            return
+        if hasattr(policy, "merge_and_unload"):  # LoRA: save plain weights that any loader reads
             policy = policy.merge_and_unload()
         if e.world.world_size == 1:
             policy.save_pretrained(final_dir)

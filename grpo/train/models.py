@@ -169,18 +169,62 @@ def load_4bit(path: str, dtype: str, quant_type: str, attention: str | None, dev
         bnb_4bit_compute_dtype=compute_dtype_4bit(device),
         bnb_4bit_use_double_quant=True,
     )
+    options = dict(
+        dtype=torch_dtype(dtype, "train.dtype"),
+        attn_implementation=attention,
+        quantization_config=config,
+        device_map={"": str(device)},
+    )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=torch_dtype(dtype, "train.dtype"),
-            attn_implementation=attention,
-            quantization_config=config,
-            device_map={"": str(device)},
-        )
+        with contextlib.ExitStack() as files:
+            model = _load_read(path, files, options) or AutoModelForCausalLM.from_pretrained(path, **options)
     except Exception as err:  # transformers', accelerate's or bitsandbytes' refusal, of many kinds
         raise UserError(f"lora.quantize: cannot load '{path}' in 4 bits ({load_error(err)})") from None
     prepare_4bit(model)
     return model.eval()
+
+
+def _load_read(path: str, files: contextlib.ExitStack, options: dict):
+    """The model in the local folder `path` loaded as `load_4bit` asks (`options`), each tensor
+    of its safetensors files read into memory of its own as the load reaches it (safetensors'
+    pread backend, which transformers itself uses where a file cannot be mapped), or None where
+    `path` holds no such files or no transformers architecture: the caller loads it as usual.
+
+    A usual load maps each file and reads the tensors from the mapping; the tensors kept as
+    loaded (the embeddings, the norms, the head) keep the whole mapping, so every page the
+    quantization read, all the full-precision linear weights, would stay resident beside
+    their 4-bit copies for the whole run."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    folder = Path(path).expanduser()
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        names = ["model.safetensors"]
+    else:
+        return None
+    config = AutoConfig.from_pretrained(str(folder))
+    architecture = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if architecture is None:  # a model of its own code (trust_remote_code): loaded as usual
+        return None
+    weights = {}
+    for name in names:
+        handle = files.enter_context(safe_open(str(folder / name), framework="pt", device="cpu", backend="pread"))
+        weights.update({key: handle.get_slice(key) for key in handle.keys()})  # read when the load reaches them
+    generation = (
+        GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").is_file() else None
+    )
+    model = architecture.from_pretrained(
+        None, config=config, state_dict=weights, generation_config=generation, **options
+    )
+    model.name_or_path = model.config._name_or_path = path  # as a load from the folder names it
+    return model
 
 
 def prepare_4bit(model) -> None:
@@ -208,26 +252,74 @@ def is_quantized(model) -> bool:
     return bool(getattr(get() if callable(get) else model, "is_loaded_in_4bit", False))
 
 
-def dequantized_merge(policy):
-    """A plain transformers model holding what a 4-bit policy computes: each 4-bit weight
-    dequantized and its adapter's delta added (`policy_weights`), every weight in the dtype of
-    the unquantized ones (train.dtype), on the CPU; no adapter, no quantization config. What
-    final/ and best/ hold for a QLoRA run: merging the adapter into the 4-bit weights instead
-    would round it away (TRL #3466)."""
-    from transformers import AutoModelForCausalLM
+# safetensors' names of the dtypes a model's weights come in
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def save_dequantized(policy, directory) -> None:
+    """A 4-bit policy (QLoRA) written into `directory` as a plain transformers model of what it
+    computes: each 4-bit weight dequantized and its adapter's delta added (`policy_weights`),
+    every weight in the dtype of the unquantized ones (train.dtype); no adapter, no
+    quantization config. What final/ and best/ hold for a QLoRA run: merging the adapter into
+    the 4-bit weights instead would round it away (TRL #3466).
+
+    Written one tensor at a time into model.safetensors (`write_safetensors`): a whole
+    dequantized copy of the model never sits beside the 4-bit one."""
+    from pathlib import Path
 
     from grpo.rollout.weights import base_model, policy_weights
 
     model = base_model(policy)
     dtype = model.get_input_embeddings().weight.dtype
+    tied = getattr(model.config, "tie_word_embeddings", False)
     config = copy.deepcopy(model.config)
     for key in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, key):
             delattr(config, key)
-    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    with torch.no_grad():
-        plain.load_state_dict({name: t.to("cpu", dtype) for name, t in policy_weights(policy)})
-    return plain.eval()
+    config.architectures, config.dtype = [type(model).__name__], dtype
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(directory)
+    if model.can_generate() and model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
+    weights = (
+        (name, t.to("cpu", dtype))
+        for name, t in policy_weights(policy)
+        if not (tied and name == "lm_head.weight")  # the head is the embedding
+    )
+    names = [name for name, _ in model.named_parameters()] + ["lm_head.weight"]
+    write_safetensors(directory / "model.safetensors", weights, names)
+
+
+def write_safetensors(path, weights, names: list[str]) -> None:
+    """`weights` ((name, tensor) pairs, read lazily) into one safetensors file at `path`, each
+    tensor written and dropped before the next is read. Its header, written last, needs room
+    before the data: `names` bounds it (no tensor is named longer than these are, nor are there
+    more of them); the room it does not fill is spaces, which the format allows."""
+    import json
+    import struct
+
+    room = sum(len(name) + 100 for name in names) + 100  # a tensor's entry: its name, dtype, shape, offsets
+    room = -(-room // 8) * 8  # the data start 8-byte aligned, as safetensors writes it
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    with open(path, "wb") as f:
+        f.seek(8 + room)
+        for name, tensor in weights:
+            data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            f.write(memoryview(data.numpy()))
+            size = data.numel()
+            header[name] = {
+                "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
+            del tensor, data
+        text = json.dumps(header, separators=(",", ":")).encode()
+        if len(text) > room:
+            raise ValueError(f"{path}: the header of {len(header) - 1} tensors needs {len(text)} bytes, {room} kept")
+        f.seek(0)
+        f.write(struct.pack("<Q", room) + text + b" " * (room - len(text)))
 
 
 def autocast(model, dtype: torch.dtype | None):

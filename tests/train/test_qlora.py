@@ -19,7 +19,7 @@ from grpo.config import config_from_dict
 from grpo.errors import UserError
 from grpo.rollout.weights import weights_bytes
 from grpo.train.layouts import policy_logprobs
-from grpo.train.models import apply_lora, dequantized_merge, is_quantized, load_4bit, trainable_parameters
+from grpo.train.models import apply_lora, is_quantized, load_4bit, save_dequantized, trainable_parameters
 from grpo.train.networks import AdapterOff
 from grpo.train.preflight import preflight
 from tests.helpers import FORWARD, assert_close_scaled, gap, logprob_scale
@@ -126,11 +126,12 @@ def test_the_reference_is_the_4bit_base_with_the_adapter_off_and_only_the_adapte
     assert gap(adapted[mask], base_alone[mask], scale=scale) > 100 * FORWARD  # the adapter on moves them
 
 
-def test_samplers_and_final_get_the_adapter_merged_into_the_dequantized_weights(tiny_model):
+def test_samplers_and_final_get_the_adapter_merged_into_the_dequantized_weights(tiny_model, tmp_path):
     """`policy_weights` (what vLLM and a generator process load) and final/'s model: plain
     float32 weights, no adapter and no quantization config, computing the policy's log-probs."""
     policy = trained_adapter(apply_lora(load_4bit(tiny_model, "float32", "nf4", None, "cpu"), **adapter_of(QLORA)))
-    plain = dequantized_merge(policy)
+    save_dequantized(policy, tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert not four_bit_layers(plain) and not hasattr(plain.config, "quantization_config")
     assert {p.dtype for p in plain.parameters()} == {torch.float32}
     assert not any("lora" in k for k in plain.state_dict())
@@ -140,6 +141,60 @@ def test_samplers_and_final_get_the_adapter_merged_into_the_dequantized_weights(
     with torch.no_grad():
         want, got = policy_logprobs(policy, batch, 1.0), policy_logprobs(plain, batch, 1.0)
     assert_close_scaled(got[mask], want[mask], FORWARD, scale=logprob_scale(want[mask]))
+
+
+def test_the_dequantized_save_holds_one_tensor_at_a_time(tiny_model, tmp_path, monkeypatch):
+    """final/'s merge is written as it is computed: when `policy_weights` makes a tensor, none
+    it made before is still alive (a whole dequantized copy beside the 4-bit model would hold
+    them all)."""
+    import weakref
+
+    import grpo.rollout.weights as weights
+
+    policy = trained_adapter(apply_lora(load_4bit(tiny_model, "float32", "nf4", None, "cpu"), **adapter_of(QLORA)))
+    made, alive = [], []
+    real = weights.policy_weights
+
+    def watched(p):
+        for name, tensor in real(p):
+            alive.append(sum(ref() is not None for ref in made))
+            made.append(weakref.ref(tensor))
+            yield name, tensor
+            del tensor
+
+    monkeypatch.setattr(weights, "policy_weights", watched)
+    save_dequantized(policy, tmp_path)
+    assert len(made) > 10 and max(alive) <= 1, alive
+
+
+def test_a_4bit_load_reads_its_weights_without_keeping_the_file_mapped(tiny_model, tmp_path):
+    """The 4-bit base is the one transformers' own load makes, and no file of the checkpoint
+    stays mapped (its pages, all the full-precision weights, would stay resident)."""
+    import shutil
+    from pathlib import Path
+
+    from transformers import BitsAndBytesConfig
+
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs Linux's /proc/self/maps")
+    folder = str(shutil.copytree(tiny_model, tmp_path / "model"))  # a file no other test has mapped
+    model = load_4bit(folder, "float32", "nf4", None, "cpu")
+    checkpoint = str(Path(folder).resolve() / "model.safetensors")
+    assert Path(checkpoint).is_file() and checkpoint not in maps.read_text()
+    assert model.name_or_path == folder and model.generation_config is not None
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.float32,
+        bnb_4bit_use_double_quant=True,
+    )
+    usual = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, quantization_config=config, device_map={"": "cpu"}
+    )
+    got, want = model.state_dict(), usual.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want if isinstance(want[k], torch.Tensor))
 
 
 def test_a_short_qlora_run_composes_with_the_memory_savers_and_saves_a_plain_model(make_config):
