@@ -248,31 +248,39 @@ def _serve(spec: GeneratorSpec, requests, results) -> None:
         policy = load_causal_lm(spec.model, spec.dtype, device=spec.device)
         # A version's fused weights serve every batch it samples (`Sampler`'s hold_prepared).
         local = LocalGenerator.of(spec, tokenizer, Toolbox.from_config(spec.rollout), hold_prepared=True)
-        idle, since = 0.0, time.perf_counter()
-        while True:
-            message = requests.get()  # the trainer's death ends us meanwhile (`_end_with_the_trainer`)
-            if message[0] == "stop":
-                return
-            if message[0] == "weights":
-                _, version, path, layout, aliases = message
-                weights = read_weights(path, layout, aliases)
-                load_weights(policy, weights)
-                del weights
-                local.publish(policy, version)  # vLLM in this process: its engine syncs and checks
-                continue
-            _, purpose, step, rows, seeds = message
-            idle += time.perf_counter() - since  # waiting for a request and its weights
-            local.request(step, rows, seeds, purpose)
-            rollout = local.take(step, purpose)
-            if purpose == TRAIN and rollout.sampled_logprobs is None:
-                refuse("async+auto-hf")
-            seconds = {"generate": local.seconds["generate"], "idle": idle}
-            path = _put_rollout(spec.folder, step, rollout.to("cpu"), rows)
-            results.put(("rollout", purpose, step, path, seconds))
-            idle, since = 0.0, time.perf_counter()
+        try:
+            _answer(spec, local, policy, requests, results)
+        finally:
+            local.close()  # the engine it built (vLLM in this process) shut down, as the trainer's is
     except BaseException as err:  # anything: the trainer must hear of it, not wait for a batch
         message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {first_line(err)}"
         results.put(("error", message))
+
+
+def _answer(spec: GeneratorSpec, local: LocalGenerator, policy, requests, results) -> None:
+    """`_serve`'s loop: load the weights sent, sample the batches asked, until `stop`."""
+    idle, since = 0.0, time.perf_counter()
+    while True:
+        message = requests.get()  # the trainer's death ends us meanwhile (`_end_with_the_trainer`)
+        if message[0] == "stop":
+            return
+        if message[0] == "weights":
+            _, version, path, layout, aliases = message
+            weights = read_weights(path, layout, aliases)
+            load_weights(policy, weights)
+            del weights
+            local.publish(policy, version)  # vLLM in this process: its engine syncs and checks
+            continue
+        _, purpose, step, rows, seeds = message
+        idle += time.perf_counter() - since  # waiting for a request and its weights
+        local.request(step, rows, seeds, purpose)
+        rollout = local.take(step, purpose)
+        if purpose == TRAIN and rollout.sampled_logprobs is None:
+            refuse("async+auto-hf")
+        seconds = {"generate": local.seconds["generate"], "idle": idle}
+        path = _put_rollout(spec.folder, step, rollout.to("cpu"), rows)
+        results.put(("rollout", purpose, step, path, seconds))
+        idle, since = 0.0, time.perf_counter()
 
 
 def refuse_auto_generate(rollout, policy) -> None:
