@@ -189,7 +189,7 @@ class RolloutConfig(Frozen):
     vllm: VllmConfig = opt(VllmConfig(), "The vLLM engine, with sampler: vllm.")
     tools: list[str | Callable] = opt(
         [],
-        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a Hermes-style chat template; tool tokens stay out of the loss (docs/tools.md).",
+        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a chat template in one of rollout.tool_format's formats; tool tokens stay out of the loss (docs/tools.md).",
     )
     environment: str | type | dict[str, str | type] | None = opt(
         None,
@@ -211,6 +211,10 @@ class RolloutConfig(Frozen):
     tool_isolate: bool = opt(
         False,
         "With tools: run each of rollout.tools in a worker process of its own, so that a call past tool_timeout is killed and a crash is an error message; a round trip per call (docs/tools.md).",
+    )
+    tool_format: Literal["auto", "hermes", "qwen3", "llama3"] = opt(
+        "auto",
+        "With tools: how the model calls them, hermes (<tool_call> JSON: Qwen2.5, Qwen3-Instruct-2507), qwen3 (Qwen3's, through grpo's prefix-preserving template; thinking on or off with chat_template_kwargs enable_thinking) or llama3 (Llama 3.1/3.2 JSON calls); auto reads the chat template (docs/tools.md#tool-call-formats).",
     )
 
 

@@ -29,7 +29,8 @@ from grpo.rollout.decoders import Decoder
 from grpo.rollout.padding import pad_cat
 from grpo.rollout.params import SamplingParams
 from grpo.rollout.prompts import check_fits, encode_prompts, prompt_text
-from grpo.rollout.tools import HermesFormat, Toolbox
+from grpo.rollout.tool_formats import tool_format_for
+from grpo.rollout.tools import Toolbox
 from grpo.rollout.turns import sample_turns
 
 
@@ -67,6 +68,7 @@ class Sampler:
         decoder_options: dict[str, dict] | None = None,
         tools: Toolbox | None = None,
         chat_template_kwargs: dict | None = None,
+        tool_format: str = "auto",
         **sampling,
     ):
         decoders.check_name(backend)
@@ -96,10 +98,11 @@ class Sampler:
         # copy is dropped at once, so it never sits in memory through an update; in a
         # synchronous loop every sample has a new version, so there is nothing to reuse.
         self.hold_prepared = hold_prepared
-        # Multi-turn rollouts with tools (grpo.rollout.turns), the chat template checked to speak their format.
+        # Multi-turn rollouts with tools (grpo.rollout.turns), in the tool-call format rollout.tool_format
+        # names (auto: the chat template's), the template checked to speak it.
         self.tools = tools
         self.template_kwargs = dict(chat_template_kwargs or {})  # the chat template's own variables
-        self.format = None if tools is None else HermesFormat(self.tokenizer, self.template_kwargs)
+        self.format = None if tools is None else tool_format_for(self.tokenizer, tool_format, self.template_kwargs)
         self.rendering_checked = False  # whether turns.check_rendering has compared a conversation's tokens
 
     @classmethod
@@ -143,6 +146,7 @@ class Sampler:
             settings=decoders.DecoderSettings(rollout, seed, spare_bytes, engines),
             tools=tools,
             chat_template_kwargs=rollout.chat_template_kwargs,
+            tool_format=rollout.tool_format,
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:

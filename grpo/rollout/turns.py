@@ -27,7 +27,7 @@ from grpo.infra.seed import sampling_seed, turn_seed
 from grpo.rollout.batch import Rollout
 from grpo.rollout.padding import left_pad
 from grpo.rollout.prompts import check_fits, encode_prompts
-from grpo.rollout.tools import TOOL_CALL, Call, Episode, answer_turn, parse_calls, with_observation
+from grpo.rollout.tools import TOOL_CALL, Call, Episode, answer_turn, with_observation
 
 __all__ = ["check_rendering", "sample_turns"]
 
@@ -153,12 +153,13 @@ def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float
     row.append(new, True, None if logprobs is None else logprobs[: len(new)])
     raw = tok.decode(new, skip_special_tokens=False)
     finished = bool(new) and new[-1] in eos  # the turn ended; not cut off by the budget
-    calls = parse_calls(raw) if finished else []
-    message = {"role": "assistant", "content": _content(tok, raw)}
+    written = tok.decode(new[:-1] if finished else new)  # the turn's text, without its end of turn
+    calls = sampler.format.parse(written) if finished else []
+    message = {"role": "assistant", "content": _content(tok, sampler.format.content(raw))}
     if calls:
         message["tool_calls"] = [c.as_message() for c in calls]
     row.messages.append(message)
-    row.as_written.append({"role": "assistant", "content": tok.decode(new[:-1] if finished else new)})
+    row.as_written.append({"role": "assistant", "content": written})
     if not calls or (limit is not None and row.rounds >= limit):
         return []
     row.rounds += 1
