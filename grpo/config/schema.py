@@ -26,7 +26,7 @@ SAMPLERS = ("auto", "fast", "hf", "vllm")
 class DataConfig(Frozen):
     path: str = opt(
         "",
-        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, or 'reasoning_gym:NAME?size=N&seed=S' for a reasoning-gym task's rows (docs/reasoning-gym.md).",
+        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, or 'reasoning_gym:NAME?size=N&seed=S' for a reasoning-gym task's rows (docs/reasoning-gym.md), or 'verifiers:ID' for a verifiers taskset's tasks (docs/tools.md#verifiers-tasksets).",
     )
     prompt_column: str = opt(
         "prompt",
@@ -44,7 +44,7 @@ class DataConfig(Frozen):
     shuffle: bool = opt(True, "Shuffle the prompts by `seed`, reshuffling at each pass over the data.")
     task_options: dict[str, Any] = opt(
         {},
-        "With a reasoning_gym:NAME data.path: the task's own options (the fields of its config, e.g. {min_digits: 2}).",
+        "With a reasoning_gym:NAME data.path: the task's own options (the fields of its config, e.g. {min_digits: 2}); with a verifiers:ID one, the fields of the taskset's config (docs/tools.md#verifiers-tasksets).",
     )
 
 
