@@ -32,6 +32,7 @@ def run(args, **env):
     return subprocess.run(args, capture_output=True, text=True, env=full, timeout=120)
 
 
+@pytest.mark.slow  # commands in processes of their own
 def test_a_cpu_training_command_runs_under_mimalloc_by_default_and_under_the_system_one_when_asked(tmp_path):
     """MIMALLOC_VERBOSE=1 has mimalloc say so on stderr as it starts: the command is re-executed
     under it (and fails on its missing config as it would have); `grpo --version` is not a
@@ -46,6 +47,7 @@ def test_a_cpu_training_command_runs_under_mimalloc_by_default_and_under_the_sys
     assert "memory allocator: mimalloc" in asked
 
 
+@pytest.mark.slow  # commands in processes of their own
 def test_the_reexecuted_process_gives_its_children_the_environment_it_started_with():
     done = run([sys.executable, "-c", SHOW])
     name, preload, _ = done.stdout.split()
@@ -105,6 +107,7 @@ def test_missing_library_is_an_error_only_where_asked_for_by_name(monkeypatch):
         allocator.preload(CPU_TRAIN)
 
 
+@pytest.mark.slow  # commands in processes of their own
 def test_training_gives_the_same_numbers_under_either_allocator(make_config, tmp_path):
     metrics = {}
     for name in allocator.CHOICES:
@@ -119,6 +122,7 @@ def test_training_gives_the_same_numbers_under_either_allocator(make_config, tmp
     assert len(metrics["system"]) == 2
 
 
+@pytest.mark.slow  # commands in processes of their own
 def test_the_runs_forked_for_the_demo_get_the_commands_allocator(tmp_path):
     """The demo and `grpo compare` fork their runs from a helper (grpo.infra.forkserver): it makes
     the same choice as the command, before it imports torch."""

@@ -8,7 +8,7 @@ from grpo.vllm import decoder as vllm_decoder
 from tests.train.test_learning import gain
 from tests.vllm.test_training import qwen2, vllm_config  # noqa: F401 (qwen2: the fixture)
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.learning]
 
 
 def test_async_k1_with_vllm_learns_with_the_engine_in_the_generator(make_config, qwen2):  # noqa: F811

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import bench_vllm, gpu_check
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # each starts processes
 
 TOKENS = 8
 

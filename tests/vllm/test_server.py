@@ -32,7 +32,7 @@ from tests.train.test_learning import gain
 from tests.vllm.models import ALPHABET, WORST_GAP, assert_same_logprobs, save
 from tests.vllm.test_engine import update
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the server is another process
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = char_tokenizer(ALPHABET)
@@ -184,6 +184,7 @@ def run_config(make_config, model, address, **train):
     return config
 
 
+@pytest.mark.learning
 def test_grpo_through_the_server_learns(make_config, model_dir, server, monkeypatch):
     clients, make = [], client.remote_engine
     monkeypatch.setattr(client, "remote_engine", lambda *args: clients.append(make(*args)) or clients[-1])

@@ -28,7 +28,7 @@ from tests.train.test_learning import gain
 from tests.vllm.models import assert_same_logprobs, save
 from tests.vllm.test_server import Server, free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the server is another process
 
 _calls = {"n": 0}
 
@@ -110,6 +110,7 @@ def test_each_batch_is_drawn_by_the_version_it_carries_and_one_older_than_k_is_d
         assert (rollout.sampled_logprobs[valid] - later[valid]).abs().max() > 1e-2  # the test can tell versions
 
 
+@pytest.mark.learning
 def test_async_k1_through_the_server_learns_with_one_push_per_version(make_config, model_dir, server):
     before = pushes(server)
     result = grpo.train(async_config(make_config, model_dir, server.address), progress=False)

@@ -17,7 +17,7 @@ import yaml
 from tests.train.test_learning import gain
 from tests.vllm.models import WORST_GAP, save
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.torchrun]
 
 ROOT = Path(__file__).parents[2]
 STEPS = 8

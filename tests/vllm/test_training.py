@@ -25,6 +25,7 @@ def vllm_config(make_config, model, algorithm="grpo", **train):
     return config
 
 
+@pytest.mark.learning
 def test_grpo_with_vllm_learns_the_sevens_reward_on_one_engine(make_config, qwen2, built_engines):
     result = grpo.train(vllm_config(make_config, qwen2), progress=False)
     rewards = [round(m["reward/mean"], 3) for m in result.metrics]
@@ -39,11 +40,13 @@ def test_grpo_with_vllm_learns_the_sevens_reward_on_one_engine(make_config, qwen
         assert 0 < m["rollout/mismatch_kl"] < 1e-3 and m["rollout/mismatch_ratio_max"] <= 1 + WORST_GAP, m
 
 
+@pytest.mark.learning
 def test_ppo_with_vllm_learns_the_sevens_reward(make_config, qwen2):
     result = grpo.train(vllm_config(make_config, qwen2, "ppo"), progress=False)
     assert gain(result.metrics) >= 0.1, [round(m["reward/mean"], 3) for m in result.metrics]
 
 
+@pytest.mark.resume
 def test_a_resumed_run_continues_as_the_straight_run(make_config, qwen2, tmp_path):
     """Checkpoint at step 3, stop at 4, resume to 6: the same metrics as 6 steps straight.
     The resumed run builds its own engine (as every run does), given the checkpoint's
