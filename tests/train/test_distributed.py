@@ -135,7 +135,8 @@ def only_the_adapters_moved(weights, start, case):
 
 @pytest.fixture(scope="module")
 def two_process_run(tiny_model, prompts_file, tmp_path_factory):
-    """40 steps of the learning test's GRPO run, in 2 processes."""
+    """40 steps of the learning test's GRPO run, in 2 processes, with --overwrite over an earlier
+    run's metrics."""
     tmp = tmp_path_factory.mktemp("two")
     config = {
         "algorithm": "grpo",
@@ -152,7 +153,9 @@ def two_process_run(tiny_model, prompts_file, tmp_path_factory):
         "loss": {"beta": 0.04},
     }
     path = write_config(tmp, "config", config)
-    run = torchrun("-m", "grpo", "train", str(path), "--quiet")
+    (tmp / "run").mkdir()
+    (tmp / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')  # an earlier run's: --overwrite
+    run = torchrun("-m", "grpo", "train", str(path), "--quiet", "--overwrite")
     return config, run
 
 
@@ -294,14 +297,12 @@ def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(
     assert results(tmp_path / "failed") == straight_two_process_run
 
 
-def test_overwrite_under_torchrun_starts_afresh_in_every_process(make_config, tmp_path):
-    """Only process 0 clears the folder; the others must not take the old run for a reason to stop."""
-    config = make_config(train={"steps": 1, "lr": 1e-3})
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')  # an earlier run's
-    run = torchrun("-m", "grpo", "train", str(write_config(tmp_path, "again", config)), "--quiet", "--overwrite")
+def test_overwrite_under_torchrun_starts_afresh_in_every_process(two_process_run):
+    """Only process 0 clears the folder (the 2-process run's, which held an earlier run's
+    metrics); the others must not take the old run for a reason to stop."""
+    config, run = two_process_run
     assert run.returncode == 0, run.stderr[-3000:]
-    assert [m["step"] for m in metrics_of(tmp_path / "run")] == [1]
+    assert [m["step"] for m in metrics_of(config["output_dir"])] == list(range(1, 41))
 
 
 @pytest.mark.parametrize(
