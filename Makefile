@@ -65,11 +65,11 @@ test:
 	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm install-verifiers
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers"
+	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers"
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-		$(PY) -m pytest -q -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm and not verifiers"
-	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
-	$(VERIFIERS_PY) -m pytest -q -n 2 --dist loadfile -m "verifiers and not benchmark" tests/verifiers
+		$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm and not verifiers"
+	$(VLLM_PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
+	$(VERIFIERS_PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "verifiers and not benchmark" tests/verifiers
 
 # Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py
 # names (learning runs, torchrun, kill-and-resume, slow commands) and vLLM; `make test` runs all.
