@@ -191,9 +191,17 @@ class RolloutConfig(Frozen):
         [],
         "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a chat template in one of rollout.tool_format's formats; tool tokens stay out of the loss (docs/tools.md).",
     )
-    environment: str | type | dict[str, str | type] | None = opt(
+    environment: str | type | Callable | dict[str, str | type | Callable] | None = opt(
         None,
-        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class', one instance per rollout; or a mapping of names to classes, each row's 'environment' field naming its own (docs/tools.md).",
+        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class', one instance per rollout; or a mapping of names to classes, each row's 'environment' field naming its own; or an OpenEnv environment class, client factory or server URL (docs/tools.md).",
+    )
+    environment_action: str | type | None = opt(
+        None,
+        "With an OpenEnv rollout.environment: its Action class, 'pkg.module:Class', whose fields (but metadata) are the tool's parameters; null: read from the environment class or the server's /schema (docs/tools.md#openenv).",
+    )
+    environment_reward: Literal["last", "sum"] = opt(
+        "last",
+        "With an OpenEnv rollout.environment: an episode's reward, the last observation's reward (as TRL's OpenEnv examples keep it) or the sum of its observations' rewards (docs/tools.md#openenv).",
     )
     max_tool_calls: int | None = opt(
         None,

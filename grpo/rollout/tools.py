@@ -62,6 +62,12 @@ class Episode:
     failures: int = 0  # calls answered with an error
     isolated: dict[str, str] = field(default_factory=dict)  # tool name -> the spec its worker process imports
 
+    @property
+    def done(self) -> bool:
+        """Whether its environment says the episode is over (a `done` attribute that is True,
+        as an OpenEnv observation sets it): its rollout runs no further call."""
+        return getattr(self.environment, "done", None) is True
+
     def run(self, call: Call) -> dict:
         """The tool message that answers `call` (contained: module doc)."""
         return answer_turn([(self, [call])])[0][0]
@@ -92,6 +98,8 @@ class Episode:
         except contain.Failed as failure:
             self.failures += 1
             return _error(f"the tool {failure.description}")
+        except Lost:
+            raise  # the environment cannot go on: the run's failure, not the tool's
         except UserError as err:  # raised inside the tool: the tool's failure, not the run's
             self.failures += 1
             return _error(f"the tool raised {one_line(str(err))}")
@@ -129,6 +137,8 @@ def answer_turn(turn: Sequence[tuple[Episode, list[Call]]]) -> list[list[dict]]:
 def _schema(fn: Callable, name: str) -> dict:
     from transformers.utils import get_json_schema
 
+    if isinstance(getattr(fn, "tool_schema", None), dict):  # a tool that carries its schema (an OpenEnv action's)
+        return fn.tool_schema
     try:
         return get_json_schema(fn)
     except Exception as err:
@@ -158,6 +168,11 @@ def environment_tools(instance) -> dict[str, Callable]:
         for name, member in inspect.getmembers(instance, predicate=inspect.ismethod)
         if not name.startswith("_") and name not in _RESERVED
     }
+
+
+class Lost(UserError):
+    """An environment that cannot go on (its server gone): raised by one of its tools, it stops
+    the run in one line (the loop saves the last completed step) instead of answering the call."""
 
 
 ENVIRONMENT_COLUMN = "environment"  # with several environments: the row's field that picks one (TRL's)
@@ -205,8 +220,11 @@ class Toolbox:
         max_calls: int | None = None,
         timeout: float | None = None,
         isolate: bool = False,
+        environment_action: str | type | None = None,
+        environment_reward: str = "last",
     ):
         self.max_calls, self.timeout = max_calls, timeout
+        self.openenv = {"action": environment_action, "reward": environment_reward}  # grpo.rollout.openenv.adapt's
         self.functions: dict[str, Callable] = {}
         self.isolated: dict[str, str] = {}  # with `isolate`: tool name -> its spec
         for spec in tools:
@@ -240,8 +258,10 @@ class Toolbox:
     def _probe(self, name: str | None, spec: str | type) -> _Environment:
         if name is not None and (not isinstance(name, str) or not name):
             raise UserError(f"rollout.environment: {name!r} is not a name (a mapping of names to classes)")
-        factory = spec
-        if isinstance(spec, str):
+        from grpo.rollout import openenv
+
+        factory = openenv.adapt(spec, **self.openenv) or spec  # an OpenEnv environment, client or URL: TRL's shape
+        if isinstance(factory, str):
             factory = import_object(spec, kind="environment", form="pkg.module:Class")
         if not callable(factory):
             raise UserError(f"environment {spec_of(spec)!r}: not a class")
@@ -279,6 +299,8 @@ class Toolbox:
             max_calls=rollout.max_tool_calls,
             timeout=rollout.tool_timeout,
             isolate=rollout.tool_isolate,
+            environment_action=rollout.environment_action,
+            environment_reward=rollout.environment_reward,
         )
 
     def check_prompts(self, rows: list[dict], prompt_column: str) -> None:
@@ -331,6 +353,8 @@ class Toolbox:
             columns = {k: v for k, v in row.items() if k != ENVIRONMENT_COLUMN} if self.several else row
             try:
                 text = instance.reset(**columns)
+            except UserError:
+                raise  # already one line (an OpenEnv server that is gone, one that refused a session)
             except Exception as err:
                 raise UserError(f"environment {env.label!r}: reset raised {one_line(repr(err))}") from None
             if text is not None and not isinstance(text, str):

@@ -160,7 +160,7 @@ def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float
         message["tool_calls"] = [c.as_message() for c in calls]
     row.messages.append(message)
     row.as_written.append({"role": "assistant", "content": written})
-    if not calls or (limit is not None and row.rounds >= limit):
+    if not calls or (limit is not None and row.rounds >= limit) or row.episode.done:
         return []
     row.rounds += 1
     return calls
