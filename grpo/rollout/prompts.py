@@ -15,6 +15,8 @@ run past its context).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from grpo.errors import UserError
@@ -47,12 +49,21 @@ def keep_last_tokens(
 
 
 def encode_prompts(
-    tokenizer, texts: list[str], max_prompt_length: int
+    tokenizer, texts: list[str], max_prompt_length: int, *, chat: bool | Sequence[bool] = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """Rendered prompts -> (B, P) ids left-padded (by `tokenizer`, set to pad on the left),
     their (B, P) mask and (B,) bool cut, each prompt keeping its last `max_prompt_length`
-    tokens (module doc), and the texts as the model sees them (a cut prompt's kept tokens)."""
-    encoded = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=True)
+    tokens (module doc), and the texts as the model sees them (a cut prompt's kept tokens).
+    `chat` (for all texts, or one each): rendered by the chat template, which writes the
+    special tokens it wants (Llama 3's, Gemma's and Mistral's their BOS), so the tokenizer
+    adds none, as TRL tokenizes them; a plain prompt gets the tokenizer's own (its BOS)."""
+    flags = [chat] * len(texts) if isinstance(chat, bool) else list(chat)
+    if len(set(flags)) <= 1:
+        special = not (flags and flags[0])
+        encoded = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special)
+    else:  # plain and chat prompts in one batch: each tokenized as it is, then padded together
+        rows = [tokenizer(text, add_special_tokens=not flag)["input_ids"] for text, flag in zip(texts, flags)]
+        encoded = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
     ids, mask, cut = keep_last_tokens(encoded["input_ids"], encoded["attention_mask"], max_prompt_length)
     seen = [
         tokenizer.decode(row[row_mask.bool()], skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -239,8 +239,10 @@ def sample_single(sampler: Sampler, model, rows: list[dict], seeds, *, step: int
     prompt, decoded in one call per generation batch (`Sampler._decode`); the multi-turn
     strategy beside it is `grpo.rollout.turns.sample_turns`."""
     tok = sampler.tokenizer
-    texts = [prompt_text(row[sampler.prompt_column], tok, template_kwargs=sampler.template_kwargs) for row in rows]
-    unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)  # (B, P), (B, P), (B,)
+    prompts = [row[sampler.prompt_column] for row in rows]
+    texts = [prompt_text(prompt, tok, template_kwargs=sampler.template_kwargs) for prompt in prompts]
+    chat = [not isinstance(prompt, str) for prompt in prompts]
+    unique_ids, unique_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length, chat=chat)  # (B, P)
     check_fits(model, unique_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     device = next(model.parameters()).device
     unique_ids, unique_mask = unique_ids.to(device), unique_mask.to(device)

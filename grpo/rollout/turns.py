@@ -194,7 +194,7 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
     prompts = [with_observation(row[sampler.prompt_column], text) for row, text in zip(repeated, observations)]
     schemas = [toolbox.schemas_of(row) for row in repeated]  # with several environments, each row its own
     texts = [sampler.format.render(p, tools, generation=True) for p, tools in zip(prompts, schemas)]
-    prompt_ids, prompt_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length)
+    prompt_ids, prompt_mask, cut, texts = encode_prompts(tok, texts, sampler.max_prompt_length, chat=True)
     check_fits(model, prompt_ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     device = next(model.parameters()).device
 
@@ -288,7 +288,7 @@ def check_rendering(
             continue
         tok = sampler.tokenizer
         text = sampler.format.render(list(prompt) + row.as_written, tools, generation=False)
-        rendered = tok(text, add_special_tokens=True)["input_ids"]
+        rendered = tok(text, add_special_tokens=False)["input_ids"]  # as encode_prompts tokenizes a chat
         ours = row.context
         if rendered[: len(ours)] != ours:
             at = next((k for k, (a, b) in enumerate(zip(rendered, ours)) if a != b), min(len(rendered), len(ours)))

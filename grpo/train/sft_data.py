@@ -26,11 +26,12 @@ Pieces = list[tuple[str, bool]]
 Example = tuple[list[int], list[int]]
 
 
-def encode_pieces(tokenizer, pieces: Pieces) -> Example:
+def encode_pieces(tokenizer, pieces: Pieces, *, chat: bool = False) -> Example:
     """Token ids and labels of one sequence. A context piece is tokenized as the RL sampler
-    tokenizes a prompt (the tokenizer's special tokens, once, at the start of the sequence) and
-    labelled IGNORE_INDEX; a completion piece is tokenized without special tokens, followed by
-    EOS, and labelled with its own ids."""
+    tokenizes a prompt (`chat`: rendered by the chat template, which writes its own special
+    tokens; else the tokenizer's, once, at the start of the sequence) and labelled
+    IGNORE_INDEX; a completion piece is tokenized without special tokens, followed by EOS, and
+    labelled with its own ids."""
     ids: list[int] = []
     labels: list[int] = []
     for number, (text, learned) in enumerate(pieces):
@@ -38,7 +39,7 @@ def encode_pieces(tokenizer, pieces: Pieces) -> Example:
             part = [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
             labels += part
         else:
-            part = tokenizer(text, add_special_tokens=number == 0)["input_ids"]
+            part = tokenizer(text, add_special_tokens=number == 0 and not chat)["input_ids"]
             labels += [IGNORE_INDEX] * len(part)
         ids += part
     return ids, labels
@@ -71,7 +72,9 @@ def completion_batch(tokenizer, prompts: list, completions: list[str]) -> dict[s
     from grpo.rollout.prompts import prompt_text
 
     examples = [
-        encode_pieces(tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)])
+        encode_pieces(
+            tokenizer, [(prompt_text(prompt, tokenizer), False), (completion, True)], chat=not isinstance(prompt, str)
+        )
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
     return pad(examples, padding_id(tokenizer))
@@ -212,7 +215,8 @@ def encode_rows(rows: list[dict], shape: str, c: FineTuneConfig, tokenizer) -> t
             pieces, all_turns = row_pieces(row, shape, c, tokenizer, where)
         except TemplateError as err:
             raise UserError(f"{where}: the tokenizer's chat template cannot render it ({err})") from None
-        examples.append(encode_pieces(tokenizer, pieces))
+        chat = shape == "messages" or not isinstance(row.get(c.prompt_column), str)
+        examples.append(encode_pieces(tokenizer, pieces, chat=chat))
         last_only += not all_turns
     return examples, last_only
 

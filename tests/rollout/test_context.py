@@ -77,6 +77,27 @@ def test_special_tokens_count_toward_the_limit():
     assert rollout.prompts[0] == "0123456789"
 
 
+def test_a_template_that_writes_the_bos_gets_it_once():
+    """Llama 3's, Gemma's and Mistral's templates write the BOS their tokenizer also adds: a chat
+    prompt is tokenized without the tokenizer's special tokens (as TRL does), a plain one with
+    them, and a batch of both each its own way; the SFT examples as the sampler's prompts."""
+    from grpo.train.sft_data import completion_batch
+
+    tokenizer = copy.deepcopy(TOKENIZER)
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    bos = tokenizer.bos_token_id
+    chat, plain = [{"role": "user", "content": "12 ab"}], "12 ab|"
+    one_bos = [bos, *tokenizer("12 ab|", add_special_tokens=False)["input_ids"]]
+    for prompts in ([chat, chat], [plain, plain], [chat, plain]):
+        rollout = sample(prompts, tokenizer=tokenizer)
+        for row in (0, G):
+            assert rollout.input_ids[row, : len(one_bos)].tolist() == one_bos
+    batch = completion_batch(tokenizer, [chat, plain], ["7", "7"])
+    for row in range(2):
+        assert batch["input_ids"][row, : len(one_bos)].tolist() == one_bos
+
+
 def test_chat_prompts_are_cut_after_the_template():
     tokenizer = copy.deepcopy(TOKENIZER)
     tokenizer.chat_template = (

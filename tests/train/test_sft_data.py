@@ -106,10 +106,10 @@ def test_only_the_completion_and_its_eos_are_learned():
     batch = completion_batch(TOK, prompts, completions)
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
     for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        chat = isinstance(prompt, list)  # the template's own special tokens only, as apply_chat_template tokenizes
         context = TOK(
-            TOK.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-            if isinstance(prompt, list)
-            else prompt
+            TOK.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False) if chat else prompt,
+            add_special_tokens=not chat,
         )["input_ids"]
         target = [*TOK(completion, add_special_tokens=False)["input_ids"], TOK.eos_token_id]
         length = len(context) + len(target)
@@ -121,7 +121,8 @@ def test_only_the_completion_and_its_eos_are_learned():
 
 def test_a_chat_prompt_is_encoded_exactly_as_the_sampler_encodes_it(base):
     """The context sft trains on is, token for token, what `grpo train` samples from: the chat
-    template with its generation prompt, and the tokenizer's <s>."""
+    template with its generation prompt and only the special tokens it writes (a plain prompt:
+    the tokenizer's <s>)."""
     model = AutoModelForCausalLM.from_pretrained(base).eval()
     rows = [
         {"prompt": user("add 2 and 5")},
@@ -131,9 +132,8 @@ def test_a_chat_prompt_is_encoded_exactly_as_the_sampler_encodes_it(base):
     rollout = Sampler(TOK, prompt_column="prompt", group_size=1, max_new_tokens=2, backend="hf").sample(model, rows)
     p_len = rollout.input_ids.shape[1] - rollout.completion_mask.shape[1]
     batch = completion_batch(TOK, [r["prompt"] for r in rows], ["x"] * len(rows))
-    assert (
-        TOK.decode(batch["input_ids"][0, :31]) == "<s><|im_start|>user\nadd 2 and 5<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert TOK.decode(batch["input_ids"][0, :30]) == "<|im_start|>user\nadd 2 and 5<|im_end|>\n<|im_start|>assistant\n"
+    assert TOK.decode(batch["input_ids"][2, :14]) == "<s>plain 9 + 9 ="
     for row in range(len(rows)):
         sampled = rollout.input_ids[row, :p_len][rollout.attention_mask[row, :p_len].bool()].tolist()
         learned_from = batch["input_ids"][row][batch["labels"][row] == IGNORE_INDEX][: len(sampled)].tolist()
