@@ -28,13 +28,21 @@ VERIFIERS_VENV  := .venv-verifiers
 VERIFIERS_PY    := $(VERIFIERS_VENV)/bin/python
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 
-.PHONY: check test test-vllm demo install install-vllm install-verifiers clean smollm2 bench-install
+# openenv 0.10.0 (OpenEnv environments, grpo/rollout/openenv.py): its fastmcp needs mcp<2, which
+# verifiers cannot share: an environment of its own, the package with its openenv and test extras.
+OPENENV_VENV    := .venv-openenv
+OPENENV_PY      := $(OPENENV_VENV)/bin/python
+OPENENV_STAMP   := $(OPENENV_VENV)/.installed
+
+.PHONY: check test test-vllm demo install install-vllm install-openenv install-verifiers clean smollm2 bench-install
 
 install: $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
 install-verifiers: $(VERIFIERS_STAMP)
+
+install-openenv: $(OPENENV_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +63,12 @@ $(VERIFIERS_STAMP): pyproject.toml
 	$(VERIFIERS_PY) $(PIP) -e ".[verifiers,test]"
 	touch $@
 
+$(OPENENV_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_PY) $(PIP) "$(TORCH_SPEC)"
+	$(OPENENV_PY) $(PIP) -e ".[openenv,test]"
+	touch $@
+
 # The suite in two environments: everything but the vllm-marked tests in .venv, those in
 # .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
 # The numerics-marked tests (kernels compared to float rounding) run again with torch, oneDNN and
@@ -62,13 +76,14 @@ $(VERIFIERS_STAMP): pyproject.toml
 # The two environments install side by side (pip waits on the disk and the index more than it
 # computes); each suite runs on two processes of one thread (tests/conftest.py).
 test:
-	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm install-verifiers
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm install-openenv install-verifiers
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers"
+	$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "not benchmark and not vllm and not openenv and not verifiers"
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-		$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm and not verifiers"
+		$(PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "numerics and not slow and not benchmark and not vllm and not openenv and not verifiers"
 	$(VLLM_PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
+	$(OPENENV_PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "openenv and not benchmark" tests/openenv
 	$(VERIFIERS_PY) -m pytest -q --durations=25 -n 2 --dist loadfile -m "verifiers and not benchmark" tests/verifiers
 
 # Daily work: lint and the unit tests, in .venv only. It leaves out the tiers tests/conftest.py
@@ -76,7 +91,7 @@ test:
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not verifiers and not learning and not torchrun and not resume and not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not benchmark and not vllm and not openenv and not verifiers and not learning and not torchrun and not resume and not slow"
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -n 2 --dist loadfile -m "vllm and not benchmark" tests/vllm
@@ -97,4 +112,4 @@ bench-install: $(STAMP)
 	$(PY) $(PIP) -e ".[bench]"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERIFIERS_VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) .pytest_cache .hypothesis build *.egg-info

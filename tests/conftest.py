@@ -10,6 +10,7 @@ import torch
 from _pytest.mark.expression import Expression
 from hypothesis import HealthCheck, settings
 
+from grpo.errors import first_line
 from grpo.rewards.model import RewardModel
 from grpo.tasks.tiny import save_tiny_model
 
@@ -108,10 +109,47 @@ def _require_vllm(what: str) -> None:
         )
 
 
+# ---- tests needing an extra that .venv lacks, as the vllm ones: `make test` runs tests/NAME, marked
+# NAME, in .venv-NAME, and the rest in .venv. The marker -> the module its tests import.
+
+OWN_ENVIRONMENTS = {"openenv": "openenv.core.env_server"}
+
+
+def _own(path: Path) -> str | None:
+    """The marker whose directory (tests/NAME) holds `path`, if any."""
+    for name in OWN_ENVIRONMENTS:
+        directory = Path(__file__).parent / name
+        if path == directory or directory in path.parents:
+            return name
+    return None
+
+
+def _keeps(config, marker: str) -> bool | None:
+    """What -m says of a test marked `marker` (and nothing else), as `_keeps_vllm_tests`."""
+    expression = config.getoption("markexpr")
+    if not expression:
+        return None
+    return Expression.compile(expression).evaluate(lambda name, **kwargs: name == marker and not kwargs)
+
+
+def _require(marker: str, what: str) -> None:
+    """Stop the run in one line when the extra does not import: such a test fails, never skips."""
+    try:
+        importlib.import_module(OWN_ENVIRONMENTS[marker])
+    except Exception as err:
+        raise pytest.UsageError(
+            f"{what} needs {marker}, which does not import here ({type(err).__name__}: {first_line(err)}). Run "
+            f"tests/{marker} in .venv-{marker} (`make install-{marker}`), or deselect it: -m 'not {marker}'"
+        ) from None
+
+
 def pytest_ignore_collect(collection_path, config):
     """Where -m deselects the vllm tests, tests/vllm is not even imported: its modules may import
-    vllm at the top, which .venv does not have."""
+    vllm at the top, which .venv does not have (and so for each of OWN_ENVIRONMENTS)."""
     if _in_vllm_tests(collection_path) and _keeps_vllm_tests(config) is False:
+        return True
+    own = _own(collection_path)
+    if own is not None and _keeps(config, own) is False:
         return True
     return None
 
@@ -120,6 +158,9 @@ def pytest_pycollect_makemodule(module_path, parent):
     """A module of tests/vllm named on the command line (no directory walk to stop at)."""
     if _in_vllm_tests(module_path) and _keeps_vllm_tests(parent.config) is not False:
         _require_vllm(str(module_path.relative_to(VLLM_TESTS.parent.parent)))
+    own = _own(module_path)
+    if own is not None and _keeps(parent.config, own) is not False:
+        _require(own, str(module_path.relative_to(VLLM_TESTS.parent.parent)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -133,6 +174,9 @@ def pytest_collection_modifyitems(config, items):
         if marked != inside:
             where = "is marked vllm but does not live in tests/vllm" if marked else "lives in tests/vllm unmarked"
             raise pytest.UsageError(f"{item.nodeid} {where}: no `make test` environment would run it")
+        for name in OWN_ENVIRONMENTS:
+            if (item.get_closest_marker(name) is not None) != (_own(item.path) == name):
+                raise pytest.UsageError(f"{item.nodeid}: marked {name} outside tests/{name}, or unmarked in it")
 
 
 @pytest.fixture(scope="session")
