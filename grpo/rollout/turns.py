@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,12 +30,13 @@ from grpo.rollout.padding import left_pad
 from grpo.rollout.prompts import check_fits, encode_prompts
 from grpo.rollout.tools import TOOL_CALL, Call, Episode, answer_turn, with_observation
 
-__all__ = ["check_rendering", "sample_turns"]
+__all__ = ["Trajectory", "assemble", "check_rendering", "decode_turn", "sample_turns"]
 
 
-def _content(tokenizer, raw: str) -> str:
-    """A model turn's message content: its text without tool-call blocks or special tokens."""
-    text = TOOL_CALL.sub("", raw)
+def assistant_content(tokenizer, raw: str, *, calls: bool = True) -> str:
+    """A model turn's message content: its text without special tokens, and without its
+    tool-call blocks where they are its `calls`."""
+    text = TOOL_CALL.sub("", raw) if calls else raw
     for special in tokenizer.all_special_tokens:
         text = text.replace(special, "")
     return text.strip()
@@ -109,16 +111,19 @@ def _cached(chunk: list[Trajectory]):
     return Kept.join(parts)
 
 
-def _decode_turn(sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device) -> list[tuple]:
+def decode_turn(
+    sampler, decoder, rows: list[Trajectory], params, per_prompt: bool, device, goes_on: Callable[[Trajectory], bool]
+) -> list[tuple]:
     """Each row's next turn as the decoder draws it: (token ids, their log-probs or None),
     from calls of at most generation_batch_size rows; consecutive rows with the same
     context and stream share one prompt of a call (a prompt's G rows, at the first turn).
-    The fast loop keeps each row's cache for its next turn (`KEEP_CACHE`): a later turn runs
-    only the tokens its cache does not hold."""
-    drawn, limit = [], sampler.tools.max_calls
+    The fast loop keeps each row's cache for its next turn (`KEEP_CACHE`) where `goes_on`
+    says a row may have one: a later turn runs only the tokens its cache does not hold.
+    Shared by the tools' turns and an agent's requests (`grpo.rollout.agents`)."""
+    drawn = []
     for chunk in _calls(rows, sampler.batch_size or len(rows), per_prompt):
         # Kept for a next turn only where one of the chunk's rows may have one.
-        keeps = _keeps_cache(decoder, params) and (limit is None or any(row.rounds < limit for row in chunk))
+        keeps = _keeps_cache(decoder, params) and any(goes_on(row) for row in chunk)
         groups: list[list[Trajectory]] = []
         for row in chunk:
             if groups and groups[-1][0].context == row.context and groups[-1][0].stream is row.stream:
@@ -155,7 +160,7 @@ def _take_turn(sampler, row: Trajectory, tokens: list[int], logprobs: list[float
     finished = bool(new) and new[-1] in eos  # the turn ended; not cut off by the budget
     written = tok.decode(new[:-1] if finished else new)  # the turn's text, without its end of turn
     calls = sampler.format.parse(written) if finished else []
-    message = {"role": "assistant", "content": _content(tok, sampler.format.content(raw))}
+    message = {"role": "assistant", "content": assistant_content(tok, sampler.format.content(raw))}
     if calls:
         message["tool_calls"] = [c.as_message() for c in calls]
     row.messages.append(message)
@@ -209,7 +214,11 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
 
     decoder = sampler.decoder(model, prompt_ids.shape[1])
     decoder.prepare(model, version)
-    with_logprobs = True
+    with_logprobs, limit = True, toolbox.max_calls
+
+    def goes_on(row: Trajectory) -> bool:  # whether a row may have another turn
+        return limit is None or row.rounds < limit
+
     try:
         active, turn_number = trajectories, 0
         while active:
@@ -223,7 +232,7 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
             # This turn's most new tokens: the most any of its rows has left of the budget.
             longest = max(sampler.params.max_new_tokens - len(row.tokens) for row in active)
             turn = dataclasses.replace(sampler.params, max_new_tokens=longest)
-            drawn = _decode_turn(sampler, decoder, active, turn, seeds is not None, device)
+            drawn = decode_turn(sampler, decoder, active, turn, seeds is not None, device, goes_on)
             with_logprobs = with_logprobs and all(logprobs is not None for _, logprobs in drawn)
             calling = [
                 (row, calls)
@@ -237,6 +246,47 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         if not sampler.hold_prepared:
             decoder.release()
 
+    if not sampler.rendering_checked:
+        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), schemas)
+    return assemble(
+        sampler,
+        trajectories,
+        prompt_ids.to(device),
+        prompt_mask.to(device),
+        version,
+        with_logprobs=with_logprobs,
+        exact=exact,
+        prompts=texts,
+        # A row whose environment added text holds its prompt as the model saw it: what reward
+        # functions get as `prompts` (as TRL gives them) and samples.jsonl shows.
+        rows=[
+            row if text is None else {**row, sampler.prompt_column: prompt}
+            for row, text, prompt in zip(repeated, observations, prompts)
+        ],
+        prompt_truncated=cut.to(device),
+        environments=[e.environment for e in episodes] if toolbox.environments else None,
+        tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
+        tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
+    )
+
+
+def assemble(
+    sampler,
+    trajectories: list[Trajectory],
+    prompt_ids,
+    prompt_mask,
+    version,
+    *,
+    with_logprobs: bool,
+    exact: bool,
+    **fields,
+) -> Rollout:
+    """The Rollout of multi-turn rollouts (the tools' turns, an agent's requests): each row's
+    prompt, (N, P) left-padded, then its completion's tokens as sampled and appended, the
+    loss mask on the model's own, the sampler's log-probs (0 on the others'; None unless
+    every turn had them) and its messages; `fields`: the Rollout's other fields (prompts,
+    rows, prompt_truncated, the tools' counts, ...)."""
+    tok, device = sampler.tokenizer, prompt_ids.device
     n, pad = len(trajectories), sampler.params.pad_token_id
     width = max(max(len(row.tokens) for row in trajectories), 1)
     completion_ids = torch.full((n, width), pad, dtype=torch.long)
@@ -247,31 +297,19 @@ def sample_turns(sampler, model, rows: list[dict], seeds, *, step: int, version,
         completion_mask[i, :length] = 1.0
         loss_mask[i, :length] = torch.tensor(row.actions)
         sampled[i, :length] = torch.tensor(row.logprobs)
-    if not sampler.rendering_checked:
-        sampler.rendering_checked = check_rendering(sampler, prompts, trajectories, cut.tolist(), schemas)
     completion_mask, loss_mask = completion_mask.to(device), loss_mask.to(device)
     return Rollout(
-        input_ids=torch.cat([prompt_ids.to(device), completion_ids.to(device)], 1),
-        attention_mask=torch.cat([prompt_mask.to(device), completion_mask.long()], 1),
+        input_ids=torch.cat([prompt_ids, completion_ids.to(device)], 1),
+        attention_mask=torch.cat([prompt_mask, completion_mask.long()], 1),
         completion_mask=completion_mask,
-        prompts=texts,
         completions=tok.batch_decode(completion_ids, skip_special_tokens=True),
-        # A row whose environment added text holds its prompt as the model saw it: what reward
-        # functions get as `prompts` (as TRL gives them) and samples.jsonl shows.
-        rows=[
-            row if text is None else {**row, sampler.prompt_column: prompt}
-            for row, text, prompt in zip(repeated, observations, prompts)
-        ],
-        group_size=group_size,
-        prompt_truncated=cut.to(device),
+        group_size=sampler.group_size,
         loss_mask=loss_mask,
         sampled_logprobs=sampled.to(device) if with_logprobs else None,
         policy_version=0 if version is None else version,
         logprobs_exact=exact and with_logprobs,
         messages=[row.messages for row in trajectories],
-        environments=[e.environment for e in episodes] if toolbox.environments else None,
-        tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
-        tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
+        **fields,
     )
 
 
