@@ -112,7 +112,7 @@ def _require_vllm(what: str) -> None:
 # ---- tests needing an extra that .venv lacks, as the vllm ones: `make test` runs tests/NAME, marked
 # NAME, in .venv-NAME, and the rest in .venv. The marker -> the module its tests import.
 
-OWN_ENVIRONMENTS = {"openenv": "openenv.core.env_server"}
+OWN_ENVIRONMENTS = {"openenv": "openenv.core.env_server", "verifiers": "verifiers.v1"}
 
 
 def _own(path: Path) -> str | None:
