@@ -187,10 +187,22 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tool_model(tmp_path_factory):
-    """A tiny model that calls TRL's documentation tools (tests/rollout/tool_models.py)."""
+    """A tiny model that calls TRL's documentation tools (tests/rollout/tool_models.py). Under
+    pytest-xdist it is trained once a run, by the first worker that asks, in the folder above
+    the workers' own (the run's); the others wait for it and read it."""
+    import fcntl
+
     from tests.rollout.tool_models import save_tool_model
 
-    return str(save_tool_model(tmp_path_factory.mktemp("tool_model")))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return str(save_tool_model(tmp_path_factory.mktemp("tool_model")))
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "tool_model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        built = shared / "tool_model.built"
+        if not built.exists():
+            built.write_text(str(save_tool_model(shared / "tool_model")))
+    return built.read_text()
 
 
 @pytest.fixture(scope="session")
