@@ -193,7 +193,7 @@ class RolloutConfig(Frozen):
     )
     environment: str | type | Callable | dict[str, str | type | Callable] | None = opt(
         None,
-        "An environment class (TRL's environment_factory=) or its 'pkg.module:Class', one instance per rollout; or a mapping of names to classes, each row's 'environment' field naming its own; or an OpenEnv environment class, client factory or server URL (docs/tools.md).",
+        "An environment class (TRL's environment_factory=) or 'pkg.module:Class', one instance per rollout; a mapping of names to classes (each row's 'environment' field picks one); or an OpenEnv environment, client factory or server URL (docs/tools.md).",
     )
     environment_action: str | type | None = opt(
         None,
