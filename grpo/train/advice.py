@@ -198,6 +198,9 @@ LABELS = (
     ("packed copies", "single matrices packed in the gradients' room (the sample)"),
     ("activations", "what the update's largest pass saves for its backward"),
     ("head", "the LM head's logits or chunks (the update)"),
+    ("dequantized weight", "a 4-bit layer's weight dequantized for its matmul (QLoRA)"),
+    ("adapter's activations", "the unmerged adapters' outputs in generate's prefill (LoRA)"),
+    ("save's copies", "what the final save merges at a time (LoRA, QLoRA)"),
     ("vllm engine", "the colocated engine's share"),
 )
 

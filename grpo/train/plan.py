@@ -33,8 +33,9 @@ GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}
 DEFAULT_PROMPT_TOKENS = 256  # the prompts' length planned for when neither the config nor --prompt-tokens says
 # bitsandbytes' 4-bit weight, double-quantized as lora.quantize loads it: half a byte a value,
-# a one-byte scale a block of 64 values and an fp32 one a block of 256 scales.
-NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# a one-byte scale a block of 64 values and an fp32 one a block of 256 scales; and a layer's
+# own 16-value code, 256-value code of the scales and offset, in fp32 (`four_bit_bytes`).
+FOUR_BIT_BLOCK, SCALE_BLOCK, FOUR_BIT_LAYER = 64, 256, 4 * (16 + 256 + 1)
 # bitsandbytes' 8-bit AdamW: one byte a moment value and an fp32 scale a block of 256; tensors
 # under 4,096 values keep fp32 moments (docs/memory.md#the-optimizer).
 EIGHT_BIT_BLOCK, EIGHT_BIT_FROM = 256, 4096
@@ -168,6 +169,23 @@ def _quantized(shape: Shape) -> int:
     return sum(n_in * n_out for _, n_in, n_out in shape.linears)
 
 
+def four_bit_bytes(n: int) -> int:
+    """The bytes bitsandbytes holds for a weight of `n` values loaded in 4 bits (lora.quantize,
+    double quantization): the packed values, a uint8 scale a block, an fp32 scale a block of
+    scales, and the layer's codes and offset."""
+    blocks = -(-n // FOUR_BIT_BLOCK)
+    return -(-n // 2) + blocks + 4 * -(-blocks // SCALE_BLOCK) + FOUR_BIT_LAYER
+
+
+def _largest_linear(shape: Shape, targets=None) -> int:
+    """Values of the largest linear layer (not the head), among `targets` (lora.target_modules) if given."""
+    names = None if targets in (None, "all-linear") else {targets} if isinstance(targets, str) else set(targets)
+    return max(
+        (n_in * n_out for name, n_in, n_out in shape.linears if names is None or name.rsplit(".", 1)[-1] in names),
+        default=0,
+    )
+
+
 # ---- the accounting --------------------------------------------------------------------------
 
 
@@ -270,7 +288,7 @@ def states(shape: Shape, s: Settings, c: Config) -> dict[str, int]:
         base = p * b
         if s.quantize != "none":  # the linear layers in 4 bits, the rest (embeddings, norms, head) as loaded
             q = _quantized(shape)
-            base = (p - q) * b + int(q * NF4_BYTES)
+            base = (p - q) * b + sum(four_bit_bytes(n_in * n_out) for _, n_in, n_out in shape.linears)
         weights = base + sum(trained) * b
     else:
         trained, weights = list(shape.tensors), p * b
@@ -382,6 +400,29 @@ def sampling(shape: Shape, s: Settings, gradients: int) -> dict[str, int]:
     }
 
 
+def transients(shape: Shape, s: Settings, c: Config) -> dict[str, int]:
+    """What LoRA and QLoRA hold for a moment beside the states: a 4-bit layer's weight
+    dequantized for its matmul (the largest, in the compute dtype: bitsandbytes makes one a
+    matmul, forward or backward); the adapters' outputs that `generate`, sampling with the
+    adapter unmerged, adds to each adapted layer's in the prefill (A's r-wide one and B's,
+    scaled); and the final save's copies: QLoRA's merge is written a tensor at a time (a weight
+    dequantized, its adapter's delta and their sum: `grpo.train.models.save_dequantized`),
+    LoRA's merges each layer's delta into its weight in place."""
+    out = {"dequantized weight": 0, "adapter's activations": 0, "save's copies": 0}
+    if s.lora_r == 0:
+        return out
+    largest = _largest_linear(shape, c.lora.target_modules)
+    if s.quantize != "none":
+        out["dequantized weight"] = _largest_linear(shape) * (2 if s.device == "cuda" else 4)
+        out["save's copies"] = 3 * _largest_linear(shape) * s.dtype_bytes
+    else:
+        out["save's copies"] = largest * s.dtype_bytes
+    if s.sampler == "hf" and largest:
+        widest = max(n_out for _, _, n_out in shape.linears)
+        out["adapter's activations"] = s.generation_rows * s.prompt_tokens * (s.lora_r + 2 * widest) * s.compute_bytes
+    return out
+
+
 def _vllm_share(shape: Shape, s: Settings, c: Config, memory: int | None) -> int | None:
     """The colocated engine's share: on a GPU, gpu_memory_utilization of the GPU (None where
     the GPU's size is not known); on a CPU its weights and kv_cache_gb."""
@@ -446,10 +487,12 @@ def predict(
         )
         + acts["head"]
     )
+    extra = transients(shape, s, config)
     phases = {
-        "sample": fixed + sum(draw.values()),
-        "passes": fixed + no_grad,
-        "update": fixed + held["gradients"] + acts["held"] + acts["head"],
+        "sample": fixed + sum(draw.values()) + extra["dequantized weight"] + extra["adapter's activations"],
+        "passes": fixed + no_grad + extra["dequantized weight"],
+        "update": fixed + held["gradients"] + acts["held"] + acts["head"] + extra["dequantized weight"],
+        "save": fixed + extra["save's copies"],
     }
     if s.sampler == "vllm" and s.device == "cuda" and config.rollout.vllm.sleep:
         phases["update"] -= share or 0  # the engine sleeps through the update
@@ -461,6 +504,7 @@ def predict(
         "model": config.model,
         "parameters": shape.parameters,
         "components": {"runtime": runtime, **held, **draw, "activations": acts["held"], "head": acts["head"]}
+        | {k: v for k, v in extra.items() if v}
         | ({"vllm engine": share} if s.sampler == "vllm" else {}),
         "activations": acts,
         "phases": phases,

@@ -25,6 +25,16 @@ def _bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def _weights(model) -> list[torch.Tensor]:
+    """A model's parameters, and each 4-bit one's quantization state (lora.quantize)."""
+    out = list(model.parameters())
+    for p in model.parameters():
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            out += [state.absmax, state.code, state.offset, state.state2.absmax, state.state2.code]
+    return out
+
+
 def _state_tensors(state) -> list[torch.Tensor]:
     """Every tensor of more than one value in an optimizer's state dict (not the step counts)."""
     if isinstance(state, torch.Tensor):
@@ -45,21 +55,22 @@ def _state_tensors(state) -> list[torch.Tensor]:
         ["train.optimizer_in_backward=true", "train.max_grad_norm=0"],
         ["lora.r=4"],
         ["train.optimizer=adamw_8bit"],
+        ["lora.r=4", "lora.quantize=nf4"],
     ],
-    ids=["exact", "bf16-reference", "no-reference", "in-backward", "lora", "8-bit"],
+    ids=["exact", "bf16-reference", "no-reference", "in-backward", "lora", "8-bit", "qlora"],
 )
 def test_the_states_are_the_built_engines_tensors(make_config, overrides, tiny_model):
     """Each state the planner predicts is what the engine built from the same config holds:
-    the policy's weights, the reference's, the gradients (the trained weights' bytes; in the
+    the policy's weights (a 4-bit base's with their quantization state), the reference's, the gradients (the trained weights' bytes; in the
     backward the largest one's) and, after one step, the optimizer's moments (8-bit ones with
     their block scales and quantization maps)."""
-    if "train.optimizer=adamw_8bit" in overrides:
+    if "train.optimizer=adamw_8bit" in overrides or "lora.quantize=nf4" in overrides:
         pytest.importorskip("bitsandbytes")
     c = config_from_dict(make_config(rollout={"group_size": 4, "prompts_per_step": 2}), overrides)
     planned = predict(c, device="cpu", runtime=0)["components"]
     torch.manual_seed(c.seed)
     e = build_engine(c, load_rewards([(r.function, r.weight) for r in c.rewards]))
-    assert planned["policy weights"] == _bytes(e.policy.parameters())
+    assert planned["policy weights"] == _bytes(_weights(e.policy))
     assert planned.get("reference", 0) == _bytes(p for n in e.reference.networks for p in n.parameters())
     trained = [p for p in e.policy_params]
     biggest = max(p.numel() * p.element_size() for p in trained)
@@ -97,6 +108,22 @@ def test_the_savers_each_hold_less_and_the_verdict_moves_with_memory(make_config
     printed = capsys.readouterr().out
     written = json.loads(out.read_text())
     assert written["verdict"]["line"] == printed.strip().splitlines()[-1] and written["verdict"]["fits"]
+
+
+def test_the_verdict_moves_with_lora_and_its_4bit_base(make_config):
+    """QLoRA holds less than LoRA on the same adapter (the base's linear layers in 4 bits, a
+    layer dequantized at a time): a size between their peaks fits the QLoRA run as it is and
+    not the LoRA one, and a size under QLoRA's own peak does not fit it as it is either."""
+    lora, qlora = make_config(lora={"r": 4}), make_config(lora={"r": 4, "quantize": "nf4"})
+    low, high = (advise(c, device="cpu", runtime=0) for c in (qlora, lora))
+    assert low["peak"] < high["peak"]
+    assert low["components"]["policy weights"] < high["components"]["policy weights"]
+    assert low["components"]["dequantized weight"] > 0 and "dequantized weight" not in high["components"]
+    between = (low["peak"] + high["peak"]) // 2
+    assert advise(qlora, device="cpu", runtime=0, memory=between)["verdict"]["line"].startswith("fits: ")
+    assert not advise(lora, device="cpu", runtime=0, memory=between)["verdict"]["line"].startswith("fits: ")
+    under = advise(qlora, device="cpu", runtime=0, memory=low["peak"] - 1)["verdict"]
+    assert not under["line"].startswith("fits: ")
 
 
 def test_the_phases_follow_the_settings_that_move_them(make_config):
