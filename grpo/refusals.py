@@ -78,10 +78,17 @@ REFUSALS: dict[str, Refusal] = {
         "is not built",
     ),
     "multi-turn+process": Refusal(
-        "rollout.tools / rollout.environment",
-        "`rollout.tools` or `rollout.environment` with `loss.supervision: process`",
+        "rollout.tools / rollout.environment / rollout.agent",
+        "`rollout.tools`, `rollout.environment` or `rollout.agent` with `loss.supervision: process`",
         "process supervision of multi-turn rollouts is not supported; use loss.supervision: outcome",
         "design: steps are character offsets in one completion's text; placing them around tool messages is not built",
+    ),
+    "agent+tools": Refusal(
+        "rollout.agent",
+        "`rollout.agent` with `rollout.tools` or `rollout.environment`",
+        "an agent program runs its own turns and tools, while rollout.tools and rollout.environment are grpo's own "
+        "turn loop's; give the agent its tools (it sends them with its requests), or drop rollout.agent",
+        "design: one loop drives an episode, the agent's or grpo's",
     ),
     "sampler-logprobs+hf": Refusal(
         "train.old_logprobs",

@@ -138,6 +138,7 @@ TRIGGERS = {
     ),
     "process+critic": minimal(algorithm="ppo", loss={"supervision": "process"}),
     "multi-turn+process": minimal(rollout={"tools": TOOLS}, loss={"supervision": "process"}),
+    "agent+tools": minimal(rollout={"tools": TOOLS, "agent": "tests.train.test_agent:guess"}),
     "sampler-logprobs+hf": minimal(rollout={"sampler": "hf"}, train={"old_logprobs": "sampler"}),
     "fast-only": launch(1, rollout={"sampler": "hf", "draw": "fast"}),
     "lora+sampler": launch(1, rollout={"sampler": "fast"}, lora={"r": 4}),

@@ -72,7 +72,7 @@ def _check_inputs(c: Config) -> None:
         else "data.path: required (a prompt file or a datasets name; or a rollout.environment whose reset writes the prompt)",
     )
     _require(
-        len(c.rewards) > 0 or c.rollout.environment is not None,
+        len(c.rewards) > 0 or c.rollout.environment is not None or c.rollout.agent is not None,
         "rewards: at least one reward is required, e.g. [{function: exact_answer}]",
     )
     _require(c.seed >= 0, f"seed: must be >= 0, got {c.seed}")
@@ -114,8 +114,10 @@ def _check_rollout(c: Config) -> None:
         ro.tool_timeout is None or ro.tool_timeout > 0,
         f"rollout.tool_timeout: must be > 0 seconds or null, got {ro.tool_timeout}",
     )
-    if (ro.tools or ro.environment is not None) and lo.supervision != "outcome":
+    if (ro.tools or ro.environment is not None or ro.agent is not None) and lo.supervision != "outcome":
         refuse("multi-turn+process")
+    if ro.agent is not None and (ro.tools or ro.environment is not None):
+        refuse("agent+tools")
     _require(ro.prompts_per_step >= 1, f"rollout.prompts_per_step: must be >= 1, got {ro.prompts_per_step}")
     _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens: must be >= 1, got {ro.max_new_tokens}")
     _require(

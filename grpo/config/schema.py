@@ -212,6 +212,10 @@ class RolloutConfig(Frozen):
         "Asynchronous rollouts: sample the next batches in a worker process while this one trains (docs/async.md).",
         key="async",  # a Python keyword: the field is async_, the config key async
     )
+    agent: str | Callable | None = opt(
+        None,
+        "An agent program, 'pkg.module:function' or a function agent(base_url, row, *, model) -> reward: each rollout is one call, driving the policy through an OpenAI-compatible endpoint at base_url; its requests become one sample (docs/tools.md#agent-programs-the-openai-compatible-endpoint).",
+    )
     tool_timeout: float | None = opt(
         30.0,
         "With tools: seconds one tool call may take (null = no limit); a call past it, or one that raises or exits, becomes an error message to the model and the run goes on (docs/tools.md).",

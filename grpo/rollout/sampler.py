@@ -24,6 +24,7 @@ import torch
 from grpo.errors import UserError
 from grpo.infra.seed import sampling_seed
 from grpo.rollout import decoders
+from grpo.rollout.agents import load_agent, sample_agents
 from grpo.rollout.batch import Rollout
 from grpo.rollout.decoders import Decoder
 from grpo.rollout.padding import pad_cat
@@ -69,6 +70,7 @@ class Sampler:
         tools: Toolbox | None = None,
         chat_template_kwargs: dict | None = None,
         tool_format: str = "auto",
+        agent=None,
         **sampling,
     ):
         decoders.check_name(backend)
@@ -104,6 +106,8 @@ class Sampler:
         self.template_kwargs = dict(chat_template_kwargs or {})  # the chat template's own variables
         self.format = None if tools is None else tool_format_for(self.tokenizer, tool_format, self.template_kwargs)
         self.rendering_checked = False  # whether turns.check_rendering has compared a conversation's tokens
+        # An agent program drives each rollout through the endpoint (grpo.rollout.agents); None: our own loop.
+        self.agent = None if agent is None else load_agent(agent)
 
     @classmethod
     def from_config(
@@ -147,6 +151,7 @@ class Sampler:
             tools=tools,
             chat_template_kwargs=rollout.chat_template_kwargs,
             tool_format=rollout.tool_format,
+            agent=rollout.agent,
         )
 
     def decoder_name(self, model, prompt_length: int) -> str:
@@ -227,9 +232,12 @@ class Sampler:
         `version`: the optimizer steps `model`'s weights have taken (the Rollout's
         policy_version), so that a decoder does its per-version work once; None: redone.
         Prompts longer than max_prompt_length keep their last tokens (see the module doc).
-        Two strategies: `sample_single`, or with tools `grpo.rollout.turns.sample_turns`
-        (each completion a multi-turn rollout)."""
-        strategy = sample_turns if self.tools is not None else sample_single
+        Three strategies: `sample_single`, with tools `grpo.rollout.turns.sample_turns`
+        (each completion a multi-turn rollout), with an agent `grpo.rollout.agents.sample_agents`
+        (each completion an episode of the agent program)."""
+        strategy = (
+            sample_agents if self.agent is not None else sample_turns if self.tools is not None else sample_single
+        )
         return strategy(self, model, rows, seeds, step=step, version=version, generator=generator)
 
 

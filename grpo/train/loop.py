@@ -47,6 +47,7 @@ from grpo.infra.hf import model_config
 from grpo.train.models import GivenPolicy, check_given, given_model_name, given_policy, policy_config, policy_tokenizer
 from grpo.rollout import check_context
 from grpo.rollout.worker import refuse_in_generator
+from grpo.rollout.agents import agent_reward, load_agent
 from grpo.rollout.tools import Toolbox
 from grpo.infra.devices import resolve_device
 from grpo.infra.memory import return_freed_memory
@@ -303,7 +304,9 @@ def check_inputs(
     and `policy`: what grpo.train was handed instead of data.path and model (checked)."""
     functions = resolve_functions(c)
     toolbox = Toolbox.from_config(c.rollout)  # the tools' schemas built, the environment probed
-    if not c.rewards and not (toolbox is not None and toolbox.owns_reward):
+    if c.rollout.agent is not None:
+        load_agent(c.rollout.agent)  # importable and callable, before any model loads
+    if not c.rewards and not (toolbox is not None and toolbox.owns_reward) and c.rollout.agent is None:
         raise UserError("rewards: at least one reward is required (or a rollout.environment with a get_reward method)")
     u = c.reward_model_update
     verifier = load_rewards([(u.verifier, 1.0)])[0] if u.verifier else None
@@ -408,6 +411,8 @@ class Run:
         rewards, self.reward_models = load_reward_models(c, inputs.functions, device)
         if inputs.toolbox is not None:
             rewards += inputs.toolbox.rewards()  # the environment's get_reward, weight 1 (as TRL adds it)
+        if c.rollout.agent is not None:
+            rewards.append(agent_reward())  # what each episode's agent returned, weight 1
         self.engine = e = build_engine(c, rewards, device, world, given=inputs.policy)
         if inputs.verifier:
             self.updater = build_updater(c, inputs.verifier, self.reward_models, inputs.rows, world)
