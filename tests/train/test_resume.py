@@ -36,6 +36,14 @@ def grpo_train(config_path, *args, env=None):
     )
 
 
+def grpo_train_here(config_path, *args) -> int:
+    """`grpo train` in this process (the CLI's own entry, as tests/train/test_faults.py runs it):
+    the runs that are not killed need no interpreter of their own."""
+    from tests.train.test_faults import train
+
+    return train(config_path, *args)[0]
+
+
 def results(output_dir, keys=DETERMINISTIC):
     lines = (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
     return [{k: json.loads(line)[k] for k in keys} for line in lines]
@@ -75,15 +83,13 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(make_config, tmp_pa
         config["output_dir"] = str(tmp_path / name)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
 
-    straight = grpo_train(tmp_path / "straight.yaml")
-    assert straight.returncode == 0, straight.stderr
+    assert grpo_train_here(tmp_path / "straight.yaml") == 0
 
     killed = grpo_train(tmp_path / "killed.yaml", env={"GRPO_TEST_DIE_AT": "8"})
     assert killed.returncode == -signal.SIGKILL
     assert [m["step"] for m in results(tmp_path / "killed")] == list(range(1, 8))
 
-    resumed = grpo_train(tmp_path / "killed.yaml", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    assert grpo_train_here(tmp_path / "killed.yaml", "--resume") == 0
     assert results(tmp_path / "killed") == results(tmp_path / "straight")
     assert [m["iteration"] for m in results(tmp_path / "killed")] == [1] * 5 + [2] * 5
 
@@ -108,10 +114,9 @@ def test_resume_restores_an_iteratively_trained_reward_model(make_config, sevens
         config = make_config(**settings)
         config["output_dir"] = str(tmp_path / name)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
-    assert grpo_train(tmp_path / "straight.yaml").returncode == 0
+    assert grpo_train_here(tmp_path / "straight.yaml") == 0
     assert grpo_train(tmp_path / "killed.yaml", env={"GRPO_TEST_DIE_AT": "6"}).returncode == -signal.SIGKILL
-    resumed = grpo_train(tmp_path / "killed.yaml", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    assert grpo_train_here(tmp_path / "killed.yaml", "--resume") == 0
     assert results(tmp_path / "killed") == results(tmp_path / "straight")
     straight, killed = (
         [json.loads(line) for line in (tmp_path / run / "reward_model_updates.jsonl").read_text().splitlines()]
