@@ -355,6 +355,8 @@ def config_to_dict(config: Config) -> dict:
         rollout["environment"] = {k: spec_of(v) if callable(v) else v for k, v in rollout["environment"].items()}
     if callable(rollout["environment_action"]):
         rollout["environment_action"] = spec_of(rollout["environment_action"])
+    if callable(rollout["agent"]):
+        rollout["agent"] = spec_of(rollout["agent"])
     return data
 
 

@@ -306,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
             episode = self._route("chat/completions")
             length = int(self.headers.get("Content-Length") or -1)
             if not 0 <= length <= MAX_BODY:
-                raise EndpointError("the request needs a Content-Length of at most 64 MiB of JSON")
+                raise EndpointError(f"the request needs a Content-Length of at most {MAX_BODY} bytes of JSON")
             raw = self.rfile.read(length)
             try:
                 body = json.loads(raw)

@@ -6,6 +6,7 @@ import json
 import urllib.request
 
 import pytest
+import yaml
 
 import grpo
 from grpo.tasks.tiny import save_tiny_tool_model
@@ -67,7 +68,11 @@ def config(model, tmp_path, steps, **train):
 
 
 def test_a_run_on_an_agent_s_episodes_logs_its_metrics_and_conversations(random_tool_model, tmp_path):
-    result = grpo.train(config(random_tool_model, tmp_path, 2), progress=False)
+    given = config(random_tool_model, tmp_path, 2)
+    given["rollout"]["agent"] = digits  # a function, from Python
+    result = grpo.train(given, progress=False)
+    written = yaml.safe_load((result.output_dir / "config.yaml").read_text())
+    assert written["rollout"]["agent"] == "tests.train.test_agent:digits"
     for m in result.metrics:
         assert m["agent/failed"] == 0.0 and 0.0 <= m["agent/first"] <= 1.0
         assert m["reward/agent"] == pytest.approx(m["reward/mean"])
