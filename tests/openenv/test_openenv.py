@@ -17,7 +17,6 @@ import torch
 
 import grpo
 from grpo.errors import UserError
-from grpo.rollout.decoders import Decoder
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Call, Toolbox
 from grpo.tasks.tiny import tiny_llama, tool_chat_tokenizer
@@ -30,6 +29,7 @@ from tests.openenv.envs import (
     game_app,
     save_echo_model,
 )
+from tests.rollout.test_tools import Scripted
 from tests.rollout.tool_models import INCREMENT_PROMPT
 
 pytestmark = pytest.mark.openenv
@@ -81,23 +81,12 @@ def test_an_episode_steps_its_own_instance_and_scores_the_environment_s_reward(e
     assert get_reward.fn([e.environment for e in episodes]) == [expected, 1.0]
 
 
-class Turns(Decoder):
+class Turns(Scripted):
     """A decoder that writes the given turns, one a decoding call (the last one again after)."""
-
-    decodes_lora, in_auto = True, True
 
     def __init__(self, tokenizer, turns):
         self.turns = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in turns]
         self.calls = 0
-
-    def prepare(self, policy, version):
-        pass
-
-    def release(self):
-        pass
-
-    def exact_logprobs(self):
-        return False
 
     def decode(self, prompt_ids, prompt_mask, counts, generators, params=None):
         out = self.turns[min(self.calls, len(self.turns) - 1)][: params.max_new_tokens]
