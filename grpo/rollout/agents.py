@@ -364,8 +364,7 @@ def sample_agents(sampler, model, rows: list[dict], seeds, *, step: int, version
         )
     for episode in episodes:  # an agent that never asked: its row's prompt, an empty completion
         if episode.trajectory is None:
-            prompt = episode.row.get(sampler.prompt_column, "")
-            text = prompt_text(prompt, tok, template_kwargs=sampler.template_kwargs) if prompt else tok.eos_token
+            text = _row_prompt(sampler, episode.row)
             ids, mask, cut, texts = encode_prompts(tok, [text], sampler.max_prompt_length)
             episode.trajectory = Trajectory(ids[0][mask[0].bool()].tolist(), None, None)
             episode.text, episode.cut = texts[0], bool(cut[0])
@@ -387,6 +386,18 @@ def sample_agents(sampler, model, rows: list[dict], seeds, *, step: int, version
         tool_calls=torch.tensor([e.calls for e in episodes], dtype=torch.float32),
         tool_failures=torch.tensor([e.failures for e in episodes], dtype=torch.float32),
     )
+
+
+def _row_prompt(sampler, row: dict) -> str:
+    """The prompt of an episode whose agent never asked: its row's, as a sampler renders it
+    (the tokenizer's EOS where the row has none the template can render)."""
+    prompt = row.get(sampler.prompt_column)
+    try:
+        if prompt:
+            return prompt_text(prompt, sampler.tokenizer, template_kwargs=sampler.template_kwargs)
+    except Exception:
+        pass
+    return sampler.tokenizer.eos_token or " "
 
 
 def agent_reward() -> WeightedReward:

@@ -255,6 +255,8 @@ def test_an_agent_that_raises_scores_none_and_the_others_go_on(tool_lm):
         with lock:
             count["n"] += 1
             mine = count["n"]
+        if mine == 4:
+            raise SystemExit(3)  # before it ever asked
         post(f"{base_url}/chat/completions", {"messages": row["prompt"], "max_tokens": 2})
         if mine == 1:
             raise ValueError("the agent's own bug")
@@ -262,12 +264,21 @@ def test_an_agent_that_raises_scores_none_and_the_others_go_on(tool_lm):
             return "not a reward"
         return {"reward": 2.0, "metrics": {"steps": 1}}
 
-    rollout = agent_sampler(tok, agent, group_size=3).sample(model, [ROW])
-    results = sorted(rollout.environments, key=lambda r: r.reward is not None)
-    assert [r.reward for r in results] == [None, None, 2.0]
-    raised, returned = sorted(r.error for r in results[:2])
-    assert raised == "raised ValueError: the agent's own bug" and "expected a number" in returned
-    assert all(r.requests == 1 for r in results)
+    sampler = agent_sampler(tok, agent, group_size=4)
+    rollout = sampler.sample(model, [ROW])
+    errors = sorted(str(r.error) for r in rollout.environments)
+    assert errors == ["None", "called sys.exit(3)", "raised ValueError: the agent's own bug", errors[3]]
+    assert "expected a number" in errors[3]
+    assert sorted(r.reward is None for r in rollout.environments) == [False, True, True, True]
+    assert sorted(r.requests for r in rollout.environments) == [0, 1, 1, 1]
+    silent = next(i for i, r in enumerate(rollout.environments) if r.requests == 0)
+    assert rollout.completion_mask[silent].sum() == 0  # its row's prompt, an empty completion
+    t_len = rollout.completion_mask.shape[1]
+    prompt = rollout.input_ids[silent, :-t_len][rollout.attention_mask[silent, :-t_len].bool()].tolist()
+    assert rollout.prompts[silent] == tok.apply_chat_template(
+        MULTIPLY_PROMPT, add_generation_prompt=True, tokenize=False
+    )
+    assert prompt == tok(rollout.prompts[silent], add_special_tokens=True)["input_ids"]
 
 
 # ---- the queue --------------------------------------------------------------------------------
