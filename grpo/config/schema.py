@@ -214,7 +214,7 @@ class RolloutConfig(Frozen):
     )
     agent: str | Callable | None = opt(
         None,
-        "An agent program, 'pkg.module:function' or a function agent(base_url, row, *, model) -> reward: each rollout is one call, driving the policy through an OpenAI-compatible endpoint at base_url; its requests become one sample (docs/tools.md#agent-programs-the-openai-compatible-endpoint).",
+        "An agent program agent(base_url, row, *, model) -> reward ('pkg.module:function'): each rollout is one call, driving the policy through an OpenAI-compatible endpoint (docs/tools.md#agent-programs-the-openai-compatible-endpoint).",
     )
     tool_timeout: float | None = opt(
         30.0,

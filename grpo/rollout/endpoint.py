@@ -338,7 +338,10 @@ class Endpoint:
     def __init__(self, requests: Requests, model: str):
         self.requests = requests
         self.server = _Server(requests, model)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="grpo endpoint", daemon=True)
+        # A short poll: `close` waits for the serving loop to see it, at the end of every step.
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), name="grpo endpoint", daemon=True
+        )
         self.thread.start()
 
     @property
