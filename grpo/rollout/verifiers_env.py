@@ -106,9 +106,11 @@ async def _connect(stack: AsyncExitStack, mcp_urls: dict[str, str], timeout: flo
             client = await stack.enter_async_context(Client(url, read_timeout_seconds=timeout))
             listed = await client.list_tools()
         except Exception as err:
-            if not _loopback(url):
-                raise vf.HarnessError(f"tool server {name!r} at {url}: {_NETWORK} ({describe(err)})") from err
-            raise
+            cause = err
+            while isinstance(cause, BaseExceptionGroup) and cause.exceptions:  # the MCP client's task group
+                cause = cause.exceptions[0]
+            said = f"{_NETWORK} ({describe(cause)})" if not _loopback(url) else describe(cause)
+            raise vf.HarnessError(f"tool server {name!r} at {url}: {said}") from err
         for tool in listed.tools:
             full = f"{name}_{tool.name}" if name else tool.name
             schema = {"name": full, "description": tool.description or "", "parameters": tool.input_schema}
@@ -264,7 +266,8 @@ async def agent(base_url: str, row: dict, *, model: str) -> dict:
     if not trace.ok:
         error = trace.last_error
         text = f"{error.type}: {one_line(error.message)}" if error else "failed"
-        if error is not None and any(w in error.message.lower() for w in (*_NETWORK_WORDS, "connecterror", _NETWORK)):
+        said = text.lower()
+        if _NETWORK not in said and any(word in said for word in _NETWORK_WORDS):  # a name lookup failed
             text = f"{_NETWORK} ({text})"
         raise RuntimeError(f"the episode of task {task.data.idx} failed: {text}")
     metrics = {name: value for name, value in trace.metrics.items() if value is not None}

@@ -17,7 +17,7 @@ import verifiers.v1 as vf
 
 import grpo
 from grpo.errors import UserError
-from grpo.rollout.verifiers_env import make_rows
+from grpo.rollout.verifiers_env import agent, make_rows
 from tests.rollout.tool_models import call, user
 from tests.verifiers.serving import served
 from tests.verifiers.tasksets import PROMPT, MultiplyToolset, digits
@@ -141,3 +141,10 @@ def test_a_taskset_that_needs_the_network_says_so_in_one_line():
     with pytest.raises(UserError, match="the taskset needs the network") as raised:
         make_rows("verifiers:tests.verifiers.test_verifiers:OfflineTaskset")
     assert "\n" not in str(raised.value)
+
+
+def test_an_episode_whose_tool_server_is_on_an_unreachable_host_says_it_needs_the_network():
+    (row,) = make_rows(TOOL, task_options={"task": {"tools": {"url": "http://tools.example.invalid/mcp"}}})
+    with pytest.raises(RuntimeError, match="the taskset needs the network") as raised:  # before any model call
+        asyncio.run(agent("http://127.0.0.1:9/v1", row, model="policy"))
+    assert "\n" not in str(raised.value) and "tools.example.invalid" in str(raised.value)
