@@ -26,7 +26,7 @@ SAMPLERS = ("auto", "fast", "hf", "vllm")
 class DataConfig(Frozen):
     path: str = opt(
         "",
-        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, or 'reasoning_gym:NAME?size=N&seed=S' for a reasoning-gym task's rows (docs/reasoning-gym.md), or 'verifiers:ID' for a verifiers taskset's tasks (docs/tools.md#verifiers-tasksets).",
+        "Prompt data: a .jsonl/.json/.parquet/.csv file, a saved `datasets` directory or name, 'reasoning_gym:NAME?size=N&seed=S' (docs/reasoning-gym.md), or 'verifiers:ID', a verifiers taskset's tasks (docs/tools.md#verifiers-tasksets).",
     )
     prompt_column: str = opt(
         "prompt",
