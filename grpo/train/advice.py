@@ -95,22 +95,24 @@ def advise(
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
     runtime: int | None = None,
+    libraries: dict[str, int] | None = None,
 ) -> dict:
     """The prediction for `config` (with `overrides`), every saver's (alone), and with
     `memory` (bytes) the verdict: fits, fits with the cheapest saver (or savers, added
-    cheapest first) that brings the peak under it, or does not fit."""
+    cheapest first) that brings the peak under it, or does not fit. `runtime` and
+    `libraries`: as `predict` takes them, measured once for all the savers."""
     from grpo.train.loop import as_config
 
     c = as_config(config, list(overrides))
     if device == "auto":
         device = "cuda" if c.train.device.startswith("cuda") or (c.train.device == "auto" and _has_cuda()) else "cpu"
     kwargs = dict(device=device, memory=memory, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-    base = predict(c, runtime=runtime, **kwargs)
-    runtime = base["components"]["runtime"]
+    base = predict(c, runtime=runtime, libraries=libraries, **kwargs)
+    runtime, libraries = base["components"]["runtime"], base["libraries"]
 
     def with_(extra: tuple[str, ...]) -> dict | None:
         try:
-            return predict(as_config(config, [*overrides, *extra]), runtime=runtime, **kwargs)
+            return predict(as_config(config, [*overrides, *extra]), runtime=runtime, libraries=libraries, **kwargs)
         except UserError:  # a combination the config's checks refuse
             return None
 
@@ -187,6 +189,7 @@ LABELS = (
         "runtime",
         "libraries, the model's code, the tokenizer (measured here on a CPU; the CUDA context's estimate on a GPU)",
     ),
+    ("libraries", "peft and bitsandbytes, where the run imports them (measured here)"),
     ("policy weights", "the policy (with LoRA: the base and its adapters)"),
     ("reference", "the frozen copy for the KL penalty"),
     ("critic", "PPO's value model: weights, gradients, moments"),

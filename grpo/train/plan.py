@@ -447,6 +447,38 @@ def runtime_bytes(shape: Shape) -> int:
     return _resident() + TOKENIZER_BYTES_PER_ENTRY * shape.vocab
 
 
+# The libraries a run imports as it builds its engine, in the order they are measured
+# (peft imports bitsandbytes where installed: measured first, it is counted once).
+LIBRARIES = ("bitsandbytes", "peft")
+_LIBRARY_BYTES: dict[str, int] = {}
+
+
+def library_bytes() -> dict[str, int]:
+    """The resident bytes importing each of LIBRARIES adds in this process (after the model's
+    code): what a run that uses it holds besides `runtime_bytes`. Measured once, as each is
+    imported here; 0 for one imported before (unknown), or not installed."""
+    import importlib
+    import sys
+
+    for name in LIBRARIES:
+        if name not in _LIBRARY_BYTES:
+            before, imported = _resident(), name in sys.modules
+            try:
+                importlib.import_module(name)
+            except Exception:  # not installed, or failing to load: the run refuses it, not the plan
+                imported = True
+            _LIBRARY_BYTES[name] = 0 if imported else max(0, _resident() - before)
+    return dict(_LIBRARY_BYTES)
+
+
+def _libraries_used(s: Settings) -> tuple[str, ...]:
+    """What of LIBRARIES the run imports: peft (and through it bitsandbytes) for LoRA,
+    bitsandbytes for 8-bit moments or a 4-bit base."""
+    if s.lora_r > 0:
+        return LIBRARIES
+    return ("bitsandbytes",) if s.optimizer == "adamw_8bit" else ()
+
+
 def _resident() -> int:
     """This process's resident bytes now (Linux's VmRSS; elsewhere its peak)."""
     from grpo.infra.memory import peak_rss_mb
@@ -466,19 +498,27 @@ def predict(
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
     runtime: int | None = None,
+    libraries: dict[str, int] | None = None,
 ) -> dict:
     """The predicted bytes of each state and phase of a step of `config` on `device`, and the
     peak: {"components", "phases", "peak", "peak_phase", "activations", "assumed"}. `runtime`:
-    the runtime's bytes (default: measured here on a CPU; the CUDA context's estimate on a GPU)."""
+    the runtime's bytes (default: measured here on a CPU; the CUDA context's estimate on a GPU);
+    `libraries`: what importing each of LIBRARIES adds (default: measured here with the runtime
+    on a CPU, none given a runtime), counted for those the run imports; the result's
+    "libraries" is that table."""
     shape = model_shape(config.model)
     s = settings(config, device, prompt_tokens, completion_tokens)
     held = states(shape, s, config)
     if runtime is None:
         runtime = CUDA_CONTEXT if device == "cuda" else runtime_bytes(shape)
+        if libraries is None and device == "cpu":
+            libraries = library_bytes()
+    libraries = libraries or {}
+    imported = sum(libraries.get(name, 0) for name in _libraries_used(s))
     acts = activations(shape, s)
     draw = sampling(shape, s, held["gradients"])
     share = _vllm_share(shape, s, config, memory)
-    fixed = runtime + sum(v for k, v in held.items() if k != "gradients") + (share or 0)
+    fixed = runtime + imported + sum(v for k, v in held.items() if k != "gradients") + (share or 0)
     no_grad = (
         _pass_tokens(s, s.micro_rows)
         * (
@@ -503,13 +543,16 @@ def predict(
         "device": device,
         "model": config.model,
         "parameters": shape.parameters,
-        "components": {"runtime": runtime, **held, **draw, "activations": acts["held"], "head": acts["head"]}
+        "components": {"runtime": runtime}
+        | ({"libraries": imported} if imported else {})
+        | {**held, **draw, "activations": acts["held"], "head": acts["head"]}
         | {k: v for k, v in extra.items() if v}
         | ({"vllm engine": share} if s.sampler == "vllm" else {}),
         "activations": acts,
         "phases": phases,
         "peak": phases[peak_phase],
         "peak_phase": peak_phase,
+        "libraries": libraries,
         "vllm_share_known": share is not None,
         "assumed": {
             "prompt_tokens": s.prompt_tokens,

@@ -126,6 +126,23 @@ def test_the_verdict_moves_with_lora_and_its_4bit_base(make_config):
     assert not under["line"].startswith("fits: ")
 
 
+def test_the_libraries_a_run_imports_count_where_it_imports_them(make_config):
+    """peft (with bitsandbytes, which it imports) for LoRA, bitsandbytes alone for 8-bit
+    moments, neither for full training; the verdict of a size between moves with them."""
+    libraries = {"bitsandbytes": 40 * MiB, "peft": 7 * MiB}
+
+    def planned(*overrides, memory=None):
+        c = make_config() if not overrides else config_from_dict(make_config(), list(overrides))
+        return advise(c, device="cpu", runtime=0, libraries=libraries, memory=memory)
+
+    exact, lora, eight_bit = planned(), planned("lora.r=4"), planned("train.optimizer=adamw_8bit")
+    assert "libraries" not in exact["components"]
+    assert lora["components"]["libraries"] == 47 * MiB and eight_bit["components"]["libraries"] == 40 * MiB
+    between = exact["peak"] + 20 * MiB  # over full training's peak, under 8-bit moments' with bitsandbytes
+    assert planned(memory=between)["verdict"]["line"].startswith("fits: ")
+    assert not planned("train.optimizer=adamw_8bit", memory=between)["verdict"]["line"].startswith("fits: ")
+
+
 def test_the_phases_follow_the_settings_that_move_them(make_config):
     """Checkpointing lowers the update's activations, longer completions raise the sampling's
     cache and the update's activations, a colocated vLLM engine on a CPU holds its KV cache
