@@ -67,9 +67,16 @@ def config(model, tmp_path, steps, **train):
     }
 
 
-def test_a_run_on_an_agent_s_episodes_logs_its_metrics_and_conversations(random_tool_model, tmp_path):
+@pytest.mark.parametrize(
+    "rollout",
+    [{}, pytest.param({"async": {"max_staleness": 1}}, marks=pytest.mark.slow)],
+    ids=["sync", "async"],
+)
+def test_a_run_on_an_agent_s_episodes_logs_its_metrics_and_conversations(random_tool_model, tmp_path, rollout):
+    """With rollout.async the agents run in the generator's process, which imports the agent
+    by its spec, and their results travel to the trainer with the batch."""
     given = config(random_tool_model, tmp_path, 2)
-    given["rollout"]["agent"] = digits  # a function, from Python
+    given["rollout"].update(agent=digits, **rollout)  # a function, from Python
     result = grpo.train(given, progress=False)
     written = yaml.safe_load((result.output_dir / "config.yaml").read_text())
     assert written["rollout"]["agent"] == "tests.train.test_agent:digits"
