@@ -189,7 +189,7 @@ class RolloutConfig(Frozen):
     vllm: VllmConfig = opt(VllmConfig(), "The vLLM engine, with sampler: vllm.")
     tools: list[str | Callable] = opt(
         [],
-        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a chat template in one of rollout.tool_format's formats; tool tokens stay out of the loss (docs/tools.md).",
+        "Tools the model may call while it generates (TRL's tools=): 'pkg.module:function' specs or functions with type hints and a docstring. Needs chat prompts and a template in a rollout.tool_format; tool tokens stay out of the loss (docs/tools.md).",
     )
     environment: str | type | Callable | dict[str, str | type | Callable] | None = opt(
         None,
@@ -226,7 +226,7 @@ class RolloutConfig(Frozen):
     )
     tool_format: Literal["auto", "hermes", "qwen3", "llama3"] = opt(
         "auto",
-        "With tools: how the model calls them, hermes (<tool_call> JSON: Qwen2.5, Qwen3-Instruct-2507), qwen3 (Qwen3's, through grpo's prefix-preserving template; thinking on or off with chat_template_kwargs enable_thinking) or llama3 (Llama 3.1/3.2 JSON calls); auto reads the chat template (docs/tools.md#tool-call-formats).",
+        "With tools: how the model writes calls, hermes (<tool_call> JSON: Qwen2.5), qwen3 (Qwen3's template made prefix-preserving) or llama3 (Llama 3.1/3.2 JSON); auto reads the chat template (docs/tools.md#tool-call-formats).",
     )
 
 
