@@ -162,7 +162,7 @@ class _Ended(Exception):
 def _first(sampler, model, episode: _Episode, request: ChatRequest, stream) -> None:
     """An episode's first request: its rendered messages become the prompt."""
     text = _render(sampler, request.messages, request.tools, True)
-    ids, mask, cut, texts = encode_prompts(sampler.tokenizer, [text], sampler.max_prompt_length)
+    ids, mask, cut, texts = encode_prompts(sampler.tokenizer, [text], sampler.max_prompt_length, chat=True)
     try:
         check_fits(model, ids.shape[1], sampler.max_prompt_length, sampler.params.max_new_tokens)
     except UserError as err:
@@ -365,7 +365,8 @@ def sample_agents(sampler, model, rows: list[dict], seeds, *, step: int, version
     for episode in episodes:  # an agent that never asked: its row's prompt, an empty completion
         if episode.trajectory is None:
             text = _row_prompt(sampler, episode.row)
-            ids, mask, cut, texts = encode_prompts(tok, [text], sampler.max_prompt_length)
+            chat = isinstance(episode.row.get(sampler.prompt_column), list)  # rendered by the template
+            ids, mask, cut, texts = encode_prompts(tok, [text], sampler.max_prompt_length, chat=chat)
             episode.trajectory = Trajectory(ids[0][mask[0].bool()].tolist(), None, None)
             episode.text, episode.cut = texts[0], bool(cut[0])
     trajectories = [e.trajectory for e in episodes]

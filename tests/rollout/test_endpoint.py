@@ -322,3 +322,28 @@ def test_the_queue_gives_what_waits_after_its_window():
     assert conflict.status == 409
     requests.close()
     assert second.done.wait(5) and second.status == 400
+
+
+def test_a_template_that_writes_the_bos_gets_it_once(tool_lm):
+    """A tokenizer that adds <s> with a template that writes it too (as Llama 3's): the
+    episode's prompt holds one <s>, as the chat template writes it."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    tok, model = tool_lm
+    tok = copy.deepcopy(tok)
+    bos = tok.bos_token_id
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tok.chat_template = "{{ bos_token }}" + tok.chat_template
+    answers = []
+
+    def agent(base_url, row, *, model):
+        answers.append(post(f"{base_url}/chat/completions", {"messages": row["prompt"], "max_tokens": 4})[1])
+
+    sampler = agent_sampler(tok, agent, group_size=1, max_new_tokens=8)
+    rollout = sampler.sample(model, [ROW])
+    prompt_ids = answers[0]["prompt_token_ids"]
+    assert prompt_ids[0] == bos and bos not in prompt_ids[1:]
+    t_len = rollout.completion_mask.shape[1]
+    assert rollout.input_ids[0, :-t_len][rollout.attention_mask[0, :-t_len].bool()].tolist() == prompt_ids
