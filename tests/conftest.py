@@ -41,33 +41,6 @@ TIERS = {
 def pytest_configure(config):
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}; `make check` leaves it out")
-    # pytest-xdist's --dist loadfile would sort the files by their number of tests, which puts the
-    # few long runs of a torchrun or learning file last: the order is CostliestFilesFirst's.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-    config.pluginmanager.register(CostliestFilesFirst(), "grpo-costliest-files-first")
-
-
-# ---- the files' order: `-n 2 --dist loadfile` hands out whole files in collection order ----
-
-# What a test of each tier costs, in plain unit tests, roughly: torchrun starts three
-# interpreters, a learning or resumed run trains for many steps, a slow test starts a process.
-TIER_COST = {"torchrun": 250, "learning": 100, "resume": 100, "slow": 50}
-
-
-class CostliestFilesFirst:
-    """Orders the selected tests file by file, the costliest file first (the sum of its tests'
-    tier costs), each file's tests in their own order: the long files start first and the many
-    short ones fill the end, so that neither worker is left alone with a long file at the end."""
-
-    @pytest.hookimpl(trylast=True)  # after -m deselects: what runs is what is weighed
-    def pytest_collection_modifyitems(self, items):
-        cost, first = {}, {}
-        for i, item in enumerate(items):
-            tiers = [TIER_COST.get(mark.name, 1) for mark in item.iter_markers()]
-            cost[item.path] = cost.get(item.path, 0) + max(tiers, default=1)
-            first.setdefault(item.path, i)
-        items.sort(key=lambda item: (-cost[item.path], first[item.path]))
 
 
 # ---- the vllm-marked tests: `make test` runs tests/vllm in .venv-vllm and the rest in .venv ----
