@@ -150,8 +150,9 @@ class Served:
 
 
 def save_echo_model(directory, steps=120, lr=3e-3, seed=0):
-    """A tiny Llama taught (`grpo sft`) to call the echo environment's tool once, as the
-    prompt shows it here (its schema from the action type), then say it is done."""
+    """A tiny Llama taught (`grpo sft`) on two conversations: one calls the echo environment's
+    tool (its schema as the prompt shows it here, from the action type) with a step of 2 and
+    says it is done, the other says it is done without the call: it calls about half the time."""
     import json
     from pathlib import Path
 
@@ -165,16 +166,20 @@ def save_echo_model(directory, steps=120, lr=3e-3, seed=0):
     tokenizer = tool_chat_tokenizer()
     tiny_llama(tokenizer, hidden_size=64, layers=2, heads=4, max_positions=2048, seed=seed).save_pretrained(base)
     tokenizer.save_pretrained(base)
-    conversation = [
+    schemas = Toolbox(environment=EchoEnvironment).schemas
+    called = [
         *INCREMENT_PROMPT,
         call("increment", step=2),
         {"role": "tool", "name": "increment", "content": json.dumps({"echoed": 2, "counter": 2})},
         {"role": "assistant", "content": "Done."},
     ]
-    row = {"messages": conversation, "tools": Toolbox(environment=EchoEnvironment).schemas}
-    data.write_text(json.dumps(row) + "\n")
+    rows = [
+        {"messages": m, "tools": schemas}
+        for m in (called, [*INCREMENT_PROMPT, {"role": "assistant", "content": "Done."}])
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = FineTuneConfig(
-        model=str(base), data=str(data), steps=steps, batch_size=1, lr=lr, warmup_steps=0, max_grad_norm=0.0
+        model=str(base), data=str(data), steps=steps, batch_size=2, lr=lr, warmup_steps=0, max_grad_norm=0.0
     )
     sft(directory / "model", config, progress=False, device="cpu")
     return directory / "model"
