@@ -16,6 +16,11 @@ def first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+class Lost(UserError):
+    """An environment that cannot go on (its server gone): raised by one of its tools, it stops
+    the run in one line (the loop saves the last completed step) instead of answering the call."""
+
+
 class Stopped(Exception):
     """A run that stopped on a signal (Ctrl-C, SIGTERM) after saving what it had: the message
     says what was saved and how to resume; `code` is the exit status (128 + the signal)."""

@@ -8,7 +8,7 @@ parameters, named after the class: EchoAction -> echo) or from an MCP environmen
 a tool's answer is the observation's fields as text; an episode's reward is the last
 observation's (as TRL's OpenEnv examples keep it) or their sum; an observation with `done`
 ends the episode (`done` is set: the Toolbox runs no further call). A server that stops
-answering stops the run in one line (`tools.Lost`): the loop saves the last completed step.
+answering stops the run in one line (`grpo.errors.Lost`): the loop saves the last completed step.
 
 Nothing here imports openenv until a URL or a client needs it: a user's OpenEnv class was
 made with openenv imported, so its base classes are looked up in `sys.modules`.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.errors import UserError
+from grpo.errors import Lost, UserError
 from grpo.infra.imports import describe, import_object, one_line, spec_of
 
 __all__ = ["REWARDS", "adapt", "is_url", "tool_of_action"]
@@ -370,8 +370,6 @@ class OpenEnvEpisode:
         self.done = step.done
 
     def _lost(self, what: str, err: BaseException):
-        from grpo.rollout.tools import Lost
-
         return Lost(
             f"environment {self._label!r}: the server stopped answering during {what} ({describe(err)}); "
             "restart it and resume the run (grpo train CONFIG --resume)"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.errors import UserError
+from grpo.errors import Lost, UserError
 from grpo.infra import contain
 from grpo.infra.imports import import_object, one_line, spec_of
 from grpo.rewards.types import WeightedReward
@@ -168,11 +168,6 @@ def environment_tools(instance) -> dict[str, Callable]:
         for name, member in inspect.getmembers(instance, predicate=inspect.ismethod)
         if not name.startswith("_") and name not in _RESERVED
     }
-
-
-class Lost(UserError):
-    """An environment that cannot go on (its server gone): raised by one of its tools, it stops
-    the run in one line (the loop saves the last completed step) instead of answering the call."""
 
 
 ENVIRONMENT_COLUMN = "environment"  # with several environments: the row's field that picks one (TRL's)
