@@ -42,6 +42,10 @@ EIGHT_BIT_BLOCK, EIGHT_BIT_FROM = 256, 4096
 # The Rust tokenizer's resident memory a vocabulary entry: an estimate from the runtime that
 # benchmarks/_memory_child.py reads with and without a 151,936-token tokenizer.
 TOKENIZER_BYTES_PER_ENTRY = 330
+# The (rows, V) float32 tensors a step of transformers' `generate` holds at once (its logits,
+# their float32 copy, the probabilities, the draw's own): measured here on a 151,936-token
+# vocabulary, about eight, whatever the completions' length.
+GENERATE_VOCAB_ROWS = 8
 # What a CUDA process holds on the GPU besides its tensors (the context, the kernels): an
 # estimate, not measured here.
 CUDA_CONTEXT = 512 * MiB
@@ -366,16 +370,30 @@ def activations(shape: Shape, s: Settings) -> dict[str, int]:
     }
 
 
+def _generate_bytes(shape: Shape, s: Settings) -> int:
+    """What a `generate` call (rollout.sampler hf, and auto with LoRA) holds of its own: its
+    KV cache, every row's prompt and completion (one layer's twice for a moment, as the cache
+    grows by concatenation), GENERATE_VOCAB_ROWS (rows, V) float32 tensors, and the
+    prefill's widest activations (the MLP's gate and up, and the attention's)."""
+    rows, total = s.generation_rows, s.prompt_tokens + s.new_tokens
+    cache = (shape.layers + 1) * rows * total * 2 * shape.kv_heads * shape.head_dim * s.compute_bytes
+    logits = GENERATE_VOCAB_ROWS * rows * shape.vocab * 4
+    prefill = rows * s.prompt_tokens * (2 * shape.intermediate + 4 * shape.heads * shape.head_dim) * s.compute_bytes
+    return cache + logits + prefill
+
+
 def sampling(shape: Shape, s: Settings, gradients: int) -> dict[str, int]:
     """What sampling holds beside the states: its KV cache, logits and prefill as the fast
-    loop sizes them (`grpo.rollout.fast.sampling_bytes`; generate's alike), the fast loop's
-    stacked q/k/v and gate/up copies, and on a CPU the single matrices it packs in the room
-    the gradients leave (`grpo.rollout.fast.pack_single_matrices`)."""
+    loop sizes them (`grpo.rollout.fast.sampling_bytes`; generate's: `_generate_bytes`), the
+    fast loop's stacked q/k/v and gate/up copies, and on a CPU the single matrices it packs
+    in the room the gradients leave (`grpo.rollout.fast.pack_single_matrices`)."""
     from grpo.rollout.fast.decoding import SHARE_FROM, sampling_bytes
     from grpo.rollout.fast.forward import PACK_FROM, cache_bytes
 
     import torch
 
+    if s.sampler == "hf":
+        return {"kv cache and logits": _generate_bytes(shape, s), "fused copies": 0, "packed copies": 0}
     # On a GPU the cache is in the compute dtype, on a CPU in float32 (fast.cache_dtype).
     w = _fused(shape.model, torch.bfloat16 if s.device == "cuda" and s.compute_bytes == 2 else torch.float32)
     if s.sampler in ("vllm", "server") or w is None:
