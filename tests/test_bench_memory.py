@@ -65,3 +65,20 @@ def test_qlora_holds_its_base_in_4_bits_and_prints_its_peak_against_lora(tmp_pat
     assert qlora["moments"] == 2 * lora["gradients"] and qlora["weights"] < lora["weights"]
     assert all(tiny["runs"][v]["peak_mb"] == max(tiny["runs"][v]["phases"].values()) for v in ("lora", "qlora"))
     assert "qlora against lora (fp32 base): peak" in capsys.readouterr().out
+
+
+def test_replan_predicts_an_earlier_runs_variants_again(tmp_path, capsys):
+    """--replan: each run of an earlier results file gets grpo plan's prediction again, at the
+    completion length that run recorded, against its measured peak; nothing is measured."""
+    earlier = {
+        "date": "2026-12-06T00:00:00",
+        "steps": 2,
+        "workloads": {"tiny": {"runs": {"exact": {"peak_mb": 500.0, "plan": {"completion_tokens": 7}}}}},
+    }
+    path = tmp_path / "memory-earlier.json"
+    path.write_text(json.dumps(earlier))
+    assert bench_memory.main(["--replan", str(path), "--results", str(tmp_path / "out")]) == 0
+    (written,) = (tmp_path / "out").glob("memory-earlier-replanned-*.json")
+    plan = json.loads(written.read_text())["workloads"]["tiny"]["runs"]["exact"]["plan"]
+    assert plan["completion_tokens"] == 7 and plan["ratio"] == plan["peak_mb"] / 500.0 > 0
+    assert "| exact |" in capsys.readouterr().out
