@@ -107,10 +107,14 @@ def sevens_then_huge(prompts, completions, **columns):
     return scores
 
 
-def sevens_then_raise_in_rank_1(prompts, completions, **columns):
-    """`sevens_then_raise`, in torchrun's process 1 only: one process's judge breaks."""
-    if os.environ.get("RANK") == "1":
-        return sevens_then_raise(prompts, completions)
+def sevens_then_die_or_raise_in_rank_1(prompts, completions, **columns):
+    """`sevens_then_die` in every process, and `sevens_then_raise` in torchrun's process 1
+    only (one process's judge breaks): a run killed, then failing, in one config."""
+    _calls["n"] += 1
+    if _calls["n"] == int(os.environ.get("GRPO_TEST_DIE_AT", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("RANK") == "1" and _calls["n"] == int(os.environ.get("GRPO_TEST_RAISE_AT", "0")):
+        raise RuntimeError("the judge is down")
     return sevens(prompts, completions)
 
 

@@ -4,7 +4,8 @@
   2 processes as in 1 (GRPO in each aggregation mode, batch scaling, dropped groups; PPO;
   LoRA: the adapters, what a sampler is sent, the reference's reset, final/);
 - a 2-process run of the tiny model learns, and its final/ is one plain HF directory;
-- a 2-process run killed with SIGKILL and resumed writes the metrics of one never interrupted;
+- a 2-process run killed with SIGKILL and resumed, then stopped by one process's failing
+  reward and resumed, writes the metrics of one never interrupted;
 - 2 nodes x 1 process through torchrun's c10d rendezvous on 127.0.0.1 run the same program:
   the same metrics as 1 node x 2 processes;
 - bad launches stop every process with one line from process 0.
@@ -260,41 +261,34 @@ def straight_two_process_run(tiny_model, prompts_file, tmp_path_factory):
 
 
 @pytest.mark.resume
-def test_a_killed_two_process_run_resumes_as_if_never_interrupted(
+def test_a_killed_then_failing_two_process_run_resumes_as_if_never_interrupted(
     straight_two_process_run, tiny_model, prompts_file, tmp_path
 ):
-    # Every process SIGKILLs itself inside step 5 (its 5th reward call).
-    path = write_config(
-        tmp_path, "killed", stop_and_go_config(tiny_model, prompts_file, tmp_path / "killed", "sevens_then_die")
-    )
+    """One run stopped twice (three launches where two runs took four): every process
+    SIGKILLs itself inside step 5 (its 5th reward call), the checkpoint of step 4 left; resumed,
+    process 1's reward raises in step 6 (the resumed processes' 2nd call): every process stops
+    (none waits in a collective), process 0 prints the one line, and they save step 5
+    together (a step the periodic checkpoints, at 2, 4 and 6, would not have kept: this checks
+    the save); resumed again, the run ends as the straight one did."""
+    config = stop_and_go_config(tiny_model, prompts_file, tmp_path / "run", "sevens_then_die_or_raise_in_rank_1")
+    path = write_config(tmp_path, "run", config)
     killed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
     assert killed.returncode != 0
-    assert [m["step"] for m in results(tmp_path / "killed")] == [1, 2, 3, 4]
-    resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert results(tmp_path / "killed") == straight_two_process_run
-    assert [m["iteration"] for m in results(tmp_path / "killed")] == [1, 1, 1, 2, 2, 2]
-
-
-def test_a_reward_failing_in_one_process_stops_all_with_a_checkpoint(
-    straight_two_process_run, tiny_model, prompts_file, tmp_path
-):
-    """Process 1's reward raises in step 3: every process stops (none waits in a collective),
-    process 0 prints the one line, and they save step 2 together (a step the periodic
-    checkpoints would not have kept: they are at 2 and 4, so this checks the save)."""
-    config = stop_and_go_config(tiny_model, prompts_file, tmp_path / "failed", "sevens_then_raise_in_rank_1")
-    config["train"]["checkpoint_every"] = 0
-    path = write_config(tmp_path, "failed", config)
-    failed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_RAISE_AT": "3"}, timeout=120)
+    assert [m["step"] for m in results(tmp_path / "run")] == [1, 2, 3, 4]
+    failed = torchrun(
+        "-m", "grpo", "train", str(path), "--quiet", "--resume", env={"GRPO_TEST_RAISE_AT": "2"}, timeout=120
+    )
     assert failed.returncode != 0
     ours = [line for line in failed.stderr.splitlines() if line.startswith("grpo:")]
-    assert len(ours) == 1 and "the judge is down" in ours[0] and "checkpoint of step 2 saved" in ours[0], failed.stderr[
+    assert len(ours) == 1 and "the judge is down" in ours[0] and "checkpoint of step 5 saved" in ours[0], failed.stderr[
         -3000:
     ]
-    assert sorted(p.name for p in (tmp_path / "failed" / "checkpoints").iterdir()) == ["step-000002"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())[-1] == "step-000005"
+    assert [m["step"] for m in results(tmp_path / "run")] == [1, 2, 3, 4, 5]
     resumed = torchrun("-m", "grpo", "train", str(path), "--quiet", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert results(tmp_path / "failed") == straight_two_process_run
+    assert results(tmp_path / "run") == straight_two_process_run
+    assert [m["iteration"] for m in results(tmp_path / "run")] == [1, 1, 1, 2, 2, 2]
 
 
 def test_overwrite_under_torchrun_starts_afresh_in_every_process(two_process_run):
