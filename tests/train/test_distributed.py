@@ -236,8 +236,9 @@ def test_two_nodes_through_c10d_rendezvous_run_the_same_program(two_process_run,
     assert nodes == one_node
 
 
-def stop_and_go_config(tiny_model, prompts_file, output_dir, reward):
-    """6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4."""
+def stop_and_go_config(tiny_model, prompts_file, output_dir, reward, **train):
+    """6 steps in 2 iterations (the reference is reset at step 4), checkpoints at 2 and 4;
+    `train`: more of train's settings."""
     return {
         "algorithm": "grpo",
         "model": tiny_model,
@@ -246,15 +247,17 @@ def stop_and_go_config(tiny_model, prompts_file, output_dir, reward):
         "data": {"path": prompts_file},
         "rewards": [{"function": f"tests.train.rewards_for_tests:{reward}"}],
         "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 8, "min_new_tokens": 8},
-        "train": {"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 2},
+        "train": {"steps": 6, "iterations": 2, "checkpoint_every": 2, "lr": 1e-3, "sample_every": 2, **train},
         "loss": {"beta": 0.04},
     }
 
 
 @pytest.fixture(scope="module")
 def straight_two_process_run(tiny_model, prompts_file, tmp_path_factory):
+    """The stop-and-go run, straight through, its reference a bf16 copy."""
     tmp = tmp_path_factory.mktemp("straight")
-    path = write_config(tmp, "straight", stop_and_go_config(tiny_model, prompts_file, tmp / "run", "sevens"))
+    config = stop_and_go_config(tiny_model, prompts_file, tmp / "run", "sevens", reference_dtype="bfloat16")
+    path = write_config(tmp, "straight", config)
     run = torchrun("-m", "grpo", "train", str(path), "--quiet")
     assert run.returncode == 0, run.stderr[-3000:]
     return results(tmp / "run")
@@ -270,7 +273,8 @@ def test_a_killed_then_failing_two_process_run_resumes_as_if_never_interrupted(
     (none waits in a collective), process 0 prints the one line, and they save step 5
     together (a step the periodic checkpoints, at 2, 4 and 6, would not have kept: this checks
     the save); resumed again, the run ends as the straight one did."""
-    config = stop_and_go_config(tiny_model, prompts_file, tmp_path / "run", "sevens_then_die_or_raise_in_rank_1")
+    reward = "sevens_then_die_or_raise_in_rank_1"
+    config = stop_and_go_config(tiny_model, prompts_file, tmp_path / "run", reward, reference_dtype="bfloat16")
     path = write_config(tmp_path, "run", config)
     killed = torchrun("-m", "grpo", "train", str(path), "--quiet", env={"GRPO_TEST_DIE_AT": "5"})
     assert killed.returncode != 0
@@ -289,6 +293,15 @@ def test_a_killed_then_failing_two_process_run_resumes_as_if_never_interrupted(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert results(tmp_path / "run") == straight_two_process_run
     assert [m["iteration"] for m in results(tmp_path / "run")] == [1, 1, 1, 2, 2, 2]
+
+
+def test_a_bf16_reference_under_torchrun_resets_from_the_sharded_policy(straight_two_process_run):
+    """The stop-and-go run's bf16 reference (a full replica; FSDP2 shards the policy) is reset
+    from the policy's gathered shards before step 4, whose KL is bf16's rounding again, as
+    step 1's is, where the other steps measure the policy's moves."""
+    kl = [m["kl"] for m in straight_two_process_run]
+    assert kl[0] > 0 and kl[3] > 0, kl  # bf16 rounding: an fp32 copy of the same weights gives 0
+    assert min(kl[1], kl[2], kl[4], kl[5]) > 10 * max(kl[0], kl[3]), kl
 
 
 def test_overwrite_under_torchrun_starts_afresh_in_every_process(two_process_run):
