@@ -163,43 +163,52 @@ def test_two_processes_share_one_server_one_push_per_version_and_learn(tiny_mode
 
 
 @pytest.mark.resume
-@pytest.mark.parametrize(
-    ("fault", "during"),
-    [({"die_at_push": 3}, "the weight push"), ({"drop_at": 5}, "generation")],
-    ids=["push", "generate"],
-)
 def test_a_server_failing_mid_run_stops_every_process_in_one_line_and_resume_continues(
-    tiny_model, prompts_file, tmp_path, fault, during
+    tiny_model, prompts_file, tmp_path
 ):
-    """The server dies as process 0 pushes version 2 (the other process waits for that push,
-    and never samples), or leaves the first generate request of step 3 unanswered (one
-    process's; the other's is answered): every process stops with one line, step 2's
-    checkpoint saved by both, none left waiting in a collective (a 60 s limit); --resume
-    against another server runs to the end."""
+    """One run, three servers (three launches where two runs took four): the first dies as
+    process 0 pushes version 2 (the other process waits for that push, and never samples);
+    resumed against the second, which leaves the first generate request of step 4 unanswered
+    (one process's; the other's is answered). Each time every process stops with one line,
+    the checkpoint of the last whole step (2, then 3) saved by both, none left waiting in a
+    collective (a 60 s limit); --resume against the third runs to the end."""
     from tests.rollout.fake_vllm_server import FakeServer
     from tests.train.test_faults import checkpoints, our_lines
 
-    dying, fresh = FakeServer(tiny_model, **fault), FakeServer(tiny_model)
+    servers = [FakeServer(tiny_model, die_at_push=3), FakeServer(tiny_model, drop_at=3), FakeServer(tiny_model)]
     try:
-        config = server_config(tiny_model, prompts_file, tmp_path / "run", dying.address, 4)
+        config = server_config(tiny_model, prompts_file, tmp_path / "run", servers[0].address, 4)
         config["rollout"]["vllm"]["timeout"] = 20
         path = write_config(tmp_path, "dying", config)
-        failed = torchrun("-m", "grpo", "train", str(path), "--quiet", timeout=60)
-        assert failed.returncode != 0, failed.stderr[-3000:]
-        (line,) = our_lines(failed.stderr)
-        said = f"grpo: error: the vLLM server at {dying.address} stopped answering during {during} ("
-        assert line.startswith(said) and "checkpoint of step 2 saved" in line, failed.stderr[-3000:]
-        assert str(ROOT / "grpo") not in failed.stderr  # no traceback through our code
-        assert checkpoints(tmp_path / "run") == ["step-000002"]
+        for server, during, step, resume in (
+            (servers[0], "the weight push", 2, ()),
+            (servers[1], "generation", 3, ("--resume",)),
+        ):
+            against = f"rollout.vllm.server={server.address}"
+            failed = torchrun("-m", "grpo", "train", str(path), "--quiet", *resume, "--set", against, timeout=60)
+            assert failed.returncode != 0, failed.stderr[-3000:]
+            (line,) = our_lines(failed.stderr)
+            said = f"grpo: error: the vLLM server at {server.address} stopped answering during {during} ("
+            assert line.startswith(said) and f"checkpoint of step {step} saved" in line, failed.stderr[-3000:]
+            assert str(ROOT / "grpo") not in failed.stderr  # no traceback through our code
+            assert checkpoints(tmp_path / "run")[-1:] == [f"step-{step:06d}"]
+        assert checkpoints(tmp_path / "run") == ["step-000002", "step-000003"]
         resumed = torchrun(
-            "-m", "grpo", "train", str(path), "--quiet", "--resume", "--set", f"rollout.vllm.server={fresh.address}"
+            "-m",
+            "grpo",
+            "train",
+            str(path),
+            "--quiet",
+            "--resume",
+            "--set",
+            f"rollout.vllm.server={servers[2].address}",
         )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [m["step"] for m in metrics_of(tmp_path / "run")] == [1, 2, 3, 4]
     finally:
-        fresh.close()
-        if not dying.gone:
-            dying.close()
+        for server in servers:
+            if not server.gone:
+                server.close()
 
 
 def iterative_config(tiny_model, prompts_file, tmp, name):
