@@ -5,7 +5,8 @@
   LoRA: the adapters, what a sampler is sent, the reference's reset, final/);
 - a 2-process run of the tiny model learns, and its final/ is one plain HF directory;
 - a 2-process run killed with SIGKILL and resumed, then stopped by one process's failing
-  reward and resumed, writes the metrics of one never interrupted;
+  reward and resumed, writes the metrics of one never interrupted; its bf16 reference is
+  reset from the sharded policy;
 - 2 nodes x 1 process through torchrun's c10d rendezvous on 127.0.0.1 run the same program:
   the same metrics as 1 node x 2 processes;
 - bad launches stop every process with one line from process 0.
