@@ -35,7 +35,7 @@ OPENENV_VENV    := .venv-openenv
 OPENENV_PY      := $(OPENENV_VENV)/bin/python
 OPENENV_STAMP   := $(OPENENV_VENV)/.installed
 
-.PHONY: check test test-vllm demo install install-vllm install-openenv install-verifiers clean smollm2 bench-install
+.PHONY: check test test-vllm demo install install-vllm install-openenv install-verifiers clean smollm2 bench-install hooks
 
 install: $(STAMP)
 
@@ -112,6 +112,10 @@ smollm2: $(STAMP)
 # The benchmarks' peers: TRL (and what reads the real model's GGUF), pyproject's `bench` extra.
 bench-install: $(STAMP)
 	$(PY) $(PIP) -e ".[bench]"
+
+# For those who commit: git refuses a subject over 72 characters (.githooks/commit-msg).
+hooks:
+	git config core.hooksPath .githooks
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) .pytest_cache .hypothesis build *.egg-info
