@@ -161,7 +161,7 @@ def test_defaults_are_documented_ones():
         (
             "prompts.jsonl",
             {"min_digits": 2},
-            "data.task_options: only a 'reasoning_gym:NAME' data.path takes task options",
+            "data.task_options: only a 'reasoning_gym:NAME' or 'verifiers:NAME' data.path takes task options",
         ),
     ],
 )

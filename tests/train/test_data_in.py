@@ -42,8 +42,8 @@ def rendered(monkeypatch):
     seen: list[str] = []
     real = sampler_module.encode_prompts
 
-    def recording(tokenizer, texts, max_prompt_length):
-        ids, mask, cut, shown = real(tokenizer, texts, max_prompt_length)
+    def recording(tokenizer, texts, max_prompt_length, **options):
+        ids, mask, cut, shown = real(tokenizer, texts, max_prompt_length, **options)
         seen.extend(tokenizer.decode(row[row_mask.bool()]) for row, row_mask in zip(ids, mask))
         return ids, mask, cut, shown
 

@@ -34,6 +34,9 @@ ALLOWED = {
     ("train/models.py", "prepare_4bit", "module.support_avx512bf16_for_cpu"),
     # a KV cache's layer, not a model's
     ("train/shared_prompt.py", "_turn", "layer.__class__"),
+    # a 4-bit model built from its folder's tensors read one at a time: named as from_pretrained names it
+    ("train/models.py", "_load_read", "model.name_or_path"),
+    ("train/models.py", "_load_read", "model.config._name_or_path"),
 }
 
 
