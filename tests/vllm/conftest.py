@@ -35,3 +35,15 @@ def built_engines(monkeypatch):
 
     monkeypatch.setattr(decoder, "local_engine", recorded)
     return built
+
+
+@pytest.fixture(scope="session")
+def tool_lm(tmp_path_factory):
+    """The tool model (tests/rollout/tool_models.py), wider for vLLM's attention: its tokenizer and
+    model, built once a worker for the tool and agent tests."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.rollout.tool_models import save_tool_model
+
+    directory = save_tool_model(tmp_path_factory.mktemp("vllm_tool_model"), hidden_size=128, heads=2)
+    return AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()

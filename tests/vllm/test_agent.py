@@ -5,23 +5,15 @@ trainer's as the engine's do (tests/rollout/test_endpoint.py checks the same on 
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import VllmConfig
 from grpo.rollout.sampler import Sampler
 from grpo.train.layouts import policy_logprobs
 from grpo.vllm.decoder import EngineOptions
 from tests.rollout.test_endpoint import ROW, MultiplyAgent
-from tests.rollout.tool_models import save_tool_model
 from tests.vllm.models import assert_same_logprobs
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module")
-def tool_lm(tmp_path_factory):
-    directory = save_tool_model(tmp_path_factory.mktemp("vllm_agent_model"), hidden_size=128, heads=2)
-    return AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()
 
 
 def test_vllm_serves_an_agent_s_episode_with_the_log_probs_it_sampled(tool_lm):

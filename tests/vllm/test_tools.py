@@ -4,22 +4,15 @@ sampled ones only (tests/rollout/test_tools.py checks the same on fast and hf)."
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import VllmConfig
 from grpo.rollout.sampler import Sampler
 from grpo.rollout.tools import Toolbox
 from grpo.vllm.decoder import EngineOptions
 from tests.rollout.test_tools import sampled_and_appended, spy_on
-from tests.rollout.tool_models import MULTIPLY_PROMPT, async_add, multiply, save_tool_model
+from tests.rollout.tool_models import MULTIPLY_PROMPT, async_add, multiply
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module")
-def tool_lm(tmp_path_factory):
-    directory = save_tool_model(tmp_path_factory.mktemp("vllm_tool_model"), hidden_size=128, heads=2)
-    return AutoTokenizer.from_pretrained(directory), AutoModelForCausalLM.from_pretrained(directory).eval()
 
 
 def test_vllm_samples_multi_turn_rollouts_with_the_tokens_as_sampled(tool_lm):
